@@ -1,0 +1,185 @@
+//! Table names and other settings, validated once at configuration time.
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// Longest accepted identifier part. PostgreSQL truncates identifiers at 63 bytes; we keep
+/// room for the suffixes of derived names (`_pending_idx`, `_migrations`, ...).
+pub const MAX_IDENTIFIER_LEN: usize = 48;
+
+/// A validated, optionally schema-qualified SQL table name such as `outbox` or
+/// `billing.outbox`.
+///
+/// Parts match `[A-Za-z_][A-Za-z0-9_]*`. They are always quoted in generated SQL, so
+/// names are case-sensitive and may be reserved words.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// Parses and validates `name`; `what` names the setting in the error message.
+    pub fn parse(what: &'static str, name: &str) -> Result<Self> {
+        let invalid = |reason| Error::InvalidIdentifier {
+            what,
+            name: name.to_owned(),
+            reason,
+        };
+        let mut parts = name.split('.');
+        let first = parts.next().unwrap_or_default();
+        let (schema, table) = match (parts.next(), parts.next()) {
+            (None, _) => (None, first),
+            (Some(second), None) => (Some(first), second),
+            (Some(_), Some(_)) => return Err(invalid("more than one `.`; only `schema.table` is allowed")),
+        };
+        for part in schema.iter().chain(std::iter::once(&table)) {
+            validate_part(part).map_err(invalid)?;
+        }
+        Ok(TableName {
+            schema: schema.map(str::to_owned),
+            name: table.to_owned(),
+        })
+    }
+
+    /// The schema, if the name is qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The unqualified table name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The name quoted for PostgreSQL: `"schema"."table"`.
+    pub fn quoted(&self) -> String {
+        match &self.schema {
+            Some(s) => format!("\"{s}\".\"{}\"", self.name),
+            None => format!("\"{}\"", self.name),
+        }
+    }
+
+    /// A sibling table or object name in the same schema: `name` + `suffix`.
+    pub(crate) fn with_suffix(&self, suffix: &str) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: format!("{}{suffix}", self.name),
+        }
+    }
+}
+
+fn validate_part(part: &str) -> std::result::Result<(), &'static str> {
+    let mut chars = part.chars();
+    match chars.next() {
+        None => return Err("a name part is empty"),
+        Some(c) if !(c.is_ascii_alphabetic() || c == '_') => {
+            return Err("a name part must start with a letter or `_`");
+        }
+        Some(_) => {}
+    }
+    if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err("only ASCII letters, digits and `_` are allowed");
+    }
+    if part.len() > MAX_IDENTIFIER_LEN {
+        return Err("a name part is too long");
+    }
+    Ok(())
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(s) => write!(f, "{s}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TableName({self})")
+    }
+}
+
+/// The names the outbox uses in the database.
+#[derive(Debug, Clone)]
+pub struct Tables {
+    /// The outbox table (default `outbox`).
+    pub outbox: TableName,
+    /// The consumers' processed-messages table (default `outbox_processed`).
+    pub processed: TableName,
+    /// The table recording applied migrations (default: outbox table + `_migrations`).
+    pub migrations: TableName,
+    /// The `LISTEN`/`NOTIFY` channel woken at every commit that wrote events
+    /// (default: the outbox table's name).
+    pub channel: String,
+}
+
+impl Tables {
+    /// Names derived from one outbox table name.
+    pub fn new(outbox: TableName) -> Self {
+        let processed = outbox.with_suffix("_processed");
+        Tables {
+            migrations: outbox.with_suffix("_migrations"),
+            channel: outbox.to_string(),
+            processed,
+            outbox,
+        }
+    }
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables::new(TableName {
+            schema: None,
+            name: "outbox".to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_and_qualified_names() {
+        let t = TableName::parse("outbox table name", "outbox").expect("valid");
+        assert_eq!(t.quoted(), "\"outbox\"");
+        let t = TableName::parse("outbox table name", "billing.Outbox_2").expect("valid");
+        assert_eq!(t.quoted(), "\"billing\".\"Outbox_2\"");
+        assert_eq!(t.schema(), Some("billing"));
+        assert_eq!(t.to_string(), "billing.Outbox_2");
+    }
+
+    #[test]
+    fn rejects_injection_and_malformed_names() {
+        for (bad, reason) in [
+            ("", "empty"),
+            ("outbox; DROP TABLE users", "only ASCII"),
+            ("a.b.c", "more than one"),
+            ("1outbox", "start with a letter"),
+            ("out\"box", "only ASCII"),
+            (".outbox", "empty"),
+            ("schema.", "empty"),
+            ("ünïcode", "start with a letter"),
+        ] {
+            let err = TableName::parse("outbox table name", bad).expect_err(bad);
+            let msg = err.to_string();
+            assert!(msg.contains(reason), "{bad:?}: {msg}");
+            assert!(msg.contains("outbox table name"), "{msg}");
+        }
+        let long = "a".repeat(MAX_IDENTIFIER_LEN + 1);
+        assert!(TableName::parse("outbox table name", &long).is_err());
+        assert!(TableName::parse("outbox table name", &long[1..]).is_ok());
+    }
+
+    #[test]
+    fn derived_names_share_the_schema() {
+        let tables = Tables::new(TableName::parse("t", "s.events").expect("valid"));
+        assert_eq!(tables.processed.to_string(), "s.events_processed");
+        assert_eq!(tables.migrations.to_string(), "s.events_migrations");
+        assert_eq!(tables.channel, "s.events");
+    }
+}

@@ -1,0 +1,157 @@
+//! The one error type of the outbox runtime.
+
+use std::borrow::Cow;
+
+/// Everything that can go wrong in `outbox-core`.
+///
+/// Each variant says what happened, to what, and what to do about it. Match on the
+/// variant to act; print it (`Display`) to tell a person.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A table name or other SQL identifier given in the configuration is not valid.
+    ///
+    /// Raised at configuration time, before any SQL runs.
+    #[error(
+        "invalid {what} {name:?}: {reason}; use an SQL identifier such as `outbox` or `my_schema.outbox` \
+         (letters, digits and `_`, not starting with a digit, at most {max} characters per part)",
+        max = crate::config::MAX_IDENTIFIER_LEN
+    )]
+    InvalidIdentifier {
+        /// Which setting was wrong (e.g. "outbox table name").
+        what: &'static str,
+        /// The rejected value.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// An event could not be serialized to JSON. The transaction is still usable and
+    /// can be rolled back (or committed without this event).
+    #[error("could not serialize event `{event_type}` to JSON: {source}; check its `Serialize` implementation")]
+    Serialize {
+        /// The event type that failed.
+        event_type: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// An event or message is not valid (empty event type or destination, bad header...).
+    #[error("invalid outbox message: {0}")]
+    InvalidMessage(Cow<'static, str>),
+
+    /// The outbox tables do not exist (or are not at the version this library needs).
+    #[error(
+        "the outbox table {table} does not exist in this database; run the migrations first: \
+         `outbox.migrate().await?` (or the `outbox migrate` command)"
+    )]
+    SchemaMissing {
+        /// The table that was not found.
+        table: String,
+    },
+
+    /// The database holds migrations that this library version does not know, or an
+    /// applied migration differs from the one shipped.
+    #[error("outbox migration {version} ({description}) {problem}")]
+    Migration {
+        /// The migration's version number.
+        version: i64,
+        /// The migration's description.
+        description: String,
+        /// What is wrong and what to do.
+        problem: Cow<'static, str>,
+    },
+
+    /// The database could not be reached.
+    #[error(
+        "cannot reach the database{target}: {source}; check that the server is running and that \
+         the URL (e.g. DATABASE_URL) points at it"
+    )]
+    Unavailable {
+        /// Where we tried to connect (password removed), prefixed with " at ", or empty.
+        target: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A database operation failed.
+    #[error("database error while {context}: {source}")]
+    Database {
+        /// What the library was doing.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps a driver error, recognising an unreachable server and missing tables.
+    pub(crate) fn db(context: &'static str, table: &str, source: sqlx::Error) -> Self {
+        if is_connection_error(&source) {
+            return Error::Unavailable {
+                target: String::new(),
+                source,
+            };
+        }
+        if let sqlx::Error::Database(db) = &source {
+            // 42P01: undefined_table (PostgreSQL).
+            if db.code().as_deref() == Some("42P01") {
+                return Error::SchemaMissing {
+                    table: table.to_owned(),
+                };
+            }
+        }
+        Error::Database { context, source }
+    }
+}
+
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_)
+    )
+}
+
+/// Removes the password from a database URL so it can be shown in an error or a log line.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparseable url>".to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{user}@{host}{tail}")
+            }
+        }
+        None => format!("{scheme}://{authority}{tail}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(
+            redact_url("postgres://bob:s3cret@db:5432/app?sslmode=require"),
+            "postgres://bob:***@db:5432/app?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://bob@db/app"), "postgres://bob@db/app");
+        assert_eq!(redact_url("postgres://db/app"), "postgres://db/app");
+        assert_eq!(redact_url("not a url"), "<unparseable url>");
+    }
+}

@@ -1,0 +1,208 @@
+//! The [`Outbox`] handle: a pool plus the validated table configuration.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sqlx::{Pool, Transaction};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::config::{TableName, Tables};
+use crate::store::Backend;
+use crate::{Error, OutboxEvent, OutboxMessage, OutboxTx, Result};
+
+/// The entry point: a database pool and where the outbox lives in it.
+///
+/// Cheap to clone (an `Arc` inside); build it once at start-up and share it.
+///
+/// ```no_run
+/// # async fn demo() -> outbox_core::Result<()> {
+/// use outbox_core::Outbox;
+///
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await.expect("db");
+/// let outbox = Outbox::builder(pool).table("billing.outbox").build()?;
+/// outbox.migrate().await?;
+/// # Ok(()) }
+/// ```
+pub struct Outbox<DB: Backend = sqlx::Postgres> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: Backend> {
+    pool: Pool<DB>,
+    tables: Tables,
+}
+
+impl<DB: Backend> Clone for Outbox<DB> {
+    fn clone(&self) -> Self {
+        Outbox {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Outbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("tables", &self.inner.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> Outbox<DB> {
+    /// An outbox in table `outbox` (processed ids in `outbox_processed`) of `pool`'s database.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Outbox {
+            inner: Arc::new(Inner {
+                pool,
+                tables: Tables::default(),
+            }),
+        }
+    }
+
+    /// Configures table names before building the handle.
+    pub fn builder(pool: Pool<DB>) -> OutboxBuilder<DB> {
+        OutboxBuilder {
+            pool,
+            outbox: None,
+            processed: None,
+            channel: None,
+        }
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The table names and notification channel in use.
+    pub fn tables(&self) -> &Tables {
+        &self.inner.tables
+    }
+
+    /// Creates or upgrades the outbox tables. Safe to call at every start-up and from
+    /// several processes at once: applied migrations are skipped.
+    ///
+    /// Returns the versions applied by this call (empty when already up to date).
+    pub async fn migrate(&self) -> Result<Vec<i64>> {
+        DB::migrate(&self.inner.pool, &self.inner.tables).await
+    }
+
+    /// Starts a transaction. Do your business writes through it, [`emit`](OutboxTx::emit)
+    /// events, then [`commit`](OutboxTx::commit): the events are written atomically with
+    /// your changes, or not at all.
+    pub async fn begin(&self) -> Result<OutboxTx<'static, DB>> {
+        let tx = self
+            .inner
+            .pool
+            .begin()
+            .await
+            .map_err(|e| Error::db("starting a transaction", &self.inner.tables.outbox.to_string(), e))?;
+        Ok(OutboxTx::new(tx, self.clone()))
+    }
+
+    /// Writes `events` into the outbox inside a transaction you already own.
+    ///
+    /// The events become visible, and relays are woken, when you commit `tx`; if you roll
+    /// it back, they are gone with your other changes. Returns the message ids.
+    pub async fn enqueue<I>(&self, tx: &mut Transaction<'_, DB>, events: I) -> Result<Vec<Uuid>>
+    where
+        I: IntoIterator,
+        I::Item: OutboxEvent,
+    {
+        let messages = events
+            .into_iter()
+            .map(|e| OutboxMessage::from_event(&e))
+            .collect::<Result<Vec<_>>>()?;
+        self.enqueue_messages(tx, &messages).await?;
+        Ok(messages.iter().map(|m| m.id).collect())
+    }
+
+    /// Like [`enqueue`](Self::enqueue), for messages built by hand.
+    pub async fn enqueue_messages(&self, tx: &mut Transaction<'_, DB>, messages: &[OutboxMessage]) -> Result<()> {
+        for m in messages {
+            m.validate()?;
+        }
+        self.write(&mut *tx, messages).await
+    }
+
+    pub(crate) async fn write(&self, conn: &mut DB::Connection, messages: &[OutboxMessage]) -> Result<()> {
+        let span = tracing::debug_span!("outbox.write", count = messages.len());
+        DB::insert_messages(conn, &self.inner.tables, messages)
+            .instrument(span)
+            .await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Outbox<sqlx::Postgres> {
+    /// Connects to PostgreSQL at `url` with a default pool and the default table names.
+    ///
+    /// The error names the server (without the password) and says what to check.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let pool = sqlx::PgPool::connect(url).await.map_err(|source| {
+            let target = format!(" at {}", crate::error::redact_url(url));
+            match source {
+                sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
+                    context: "connecting to the database",
+                    source,
+                },
+                source => Error::Unavailable { target, source },
+            }
+        })?;
+        Ok(Outbox::new(pool))
+    }
+}
+
+/// Builds an [`Outbox`] with non-default table names. Names are validated in
+/// [`build`](Self::build).
+#[derive(Debug)]
+pub struct OutboxBuilder<DB: Backend = sqlx::Postgres> {
+    pool: Pool<DB>,
+    outbox: Option<String>,
+    processed: Option<String>,
+    channel: Option<String>,
+}
+
+impl<DB: Backend> OutboxBuilder<DB> {
+    /// The outbox table, optionally schema-qualified (`"outbox"`, `"billing.outbox"`).
+    /// The processed-messages table and the notification channel default to names derived
+    /// from it (`<table>_processed`, `<table>`).
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.outbox = Some(name.into());
+        self
+    }
+
+    /// The consumers' processed-messages table.
+    pub fn processed_table(mut self, name: impl Into<String>) -> Self {
+        self.processed = Some(name.into());
+        self
+    }
+
+    /// The `LISTEN`/`NOTIFY` channel relays are woken on.
+    pub fn channel(mut self, name: impl Into<String>) -> Self {
+        self.channel = Some(name.into());
+        self
+    }
+
+    /// Validates the names and builds the handle.
+    pub fn build(self) -> Result<Outbox<DB>> {
+        let mut tables = match &self.outbox {
+            Some(name) => Tables::new(TableName::parse("outbox table name", name)?),
+            None => Tables::default(),
+        };
+        if let Some(name) = &self.processed {
+            tables.processed = TableName::parse("processed-messages table name", name)?;
+        }
+        if let Some(channel) = self.channel {
+            TableName::parse("notification channel", &channel)?;
+            tables.channel = channel;
+        }
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                pool: self.pool,
+                tables,
+            }),
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! PostgreSQL: one `INSERT ... SELECT FROM UNNEST(...)` per flush, `pg_notify` at commit.
+
+use futures_util::future::BoxFuture;
+use sqlx::{Connection, Executor, PgConnection, Postgres};
+
+use super::{Backend, Sealed};
+use crate::config::{TableName, Tables};
+use crate::migrate::{Migration, POSTGRES as MIGRATIONS};
+use crate::{Error, OutboxMessage, Result};
+
+impl Sealed for Postgres {}
+
+impl Backend for Postgres {
+    fn insert_messages<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        messages: &'c [OutboxMessage],
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(insert_messages(conn, tables, messages))
+    }
+
+    fn migrate<'c>(pool: &'c sqlx::PgPool, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>> {
+        Box::pin(migrate(pool, tables))
+    }
+}
+
+/// The flush statement. The writing transaction's id is taken (and so assigned) before
+/// the identity column draws its `seq` values, so a relay that sees a `seq` can tell from
+/// a snapshot whether every smaller `seq` has committed or aborted. Rows get their `seq`
+/// in emit order (the `ORDER BY` keeps the sub-select from being flattened). The
+/// notification is delivered to listeners exactly when the transaction commits.
+fn insert_sql(tables: &Tables) -> String {
+    format!(
+        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid), \
+         ins AS (\
+           INSERT INTO {outbox} \
+             (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
+           SELECT x.xid, m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
+                  m.payload::jsonb, m.headers::jsonb \
+           FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+                WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
+           ORDER BY m.ord\
+         ) \
+         SELECT pg_notify($8, '')",
+        outbox = tables.outbox.quoted()
+    )
+}
+
+async fn insert_messages(conn: &mut PgConnection, tables: &Tables, messages: &[OutboxMessage]) -> Result<()> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let n = messages.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut versions = Vec::with_capacity(n);
+    let mut destinations = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut headers = Vec::with_capacity(n);
+    for m in messages {
+        ids.push(m.id);
+        types.push(m.event_type.as_str());
+        versions.push(m.event_version);
+        destinations.push(m.destination.as_str());
+        keys.push(m.partition_key.as_deref());
+        payloads.push(m.payload.as_str());
+        headers.push(if m.headers.is_empty() {
+            "{}".to_owned()
+        } else {
+            serde_json::to_string(&m.headers).map_err(|source| Error::Serialize {
+                event_type: m.event_type.clone(),
+                source,
+            })?
+        });
+    }
+    sqlx::query(&insert_sql(tables))
+        .bind(&ids)
+        .bind(&types)
+        .bind(&versions)
+        .bind(&destinations)
+        .bind(&keys)
+        .bind(&payloads)
+        .bind(&headers)
+        .bind(&tables.channel)
+        .execute(conn)
+        .await
+        .map_err(|e| Error::db("writing events to the outbox", &tables.outbox.to_string(), e))?;
+    Ok(())
+}
+
+async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
+    let table = tables.migrations.to_string();
+    let mut conn = pool.acquire().await.map_err(|e| Error::db("connecting to migrate", &table, e))?;
+    let mut tx = conn.begin().await.map_err(|e| Error::db("starting the migration transaction", &table, e))?;
+    // One migrator at a time per outbox table; others wait here, then find nothing to do.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("outbox-migrate:{}", tables.outbox))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| Error::db("locking the migrations", &table, e))?;
+    if let Some(schema) = tables.outbox.schema() {
+        let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+        (&mut *tx)
+            .execute(sql.as_str())
+            .await
+            .map_err(|e| Error::db("creating the outbox schema", &table, e))?;
+    }
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {} (\
+           version bigint PRIMARY KEY, \
+           description text NOT NULL, \
+           checksum bigint NOT NULL, \
+           applied_at timestamptz NOT NULL DEFAULT now())",
+        tables.migrations.quoted()
+    );
+    (&mut *tx)
+        .execute(sql.as_str())
+        .await
+    .map_err(|e| Error::db("creating the migrations table", &table, e))?;
+
+    let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
+        "SELECT version, description, checksum FROM {} ORDER BY version",
+        tables.migrations.quoted()
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| Error::db("reading the applied migrations", &table, e))?;
+
+    for (version, description, checksum) in &applied {
+        match MIGRATIONS.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(Error::Migration {
+                    version: *version,
+                    description: description.clone(),
+                    problem: "was applied to this database by a newer version of outbox-core; \
+                              upgrade this program's outbox-core"
+                        .into(),
+                });
+            }
+            Some(m) if m.checksum() != *checksum => {
+                return Err(Error::Migration {
+                    version: *version,
+                    description: description.clone(),
+                    problem: "was applied with different SQL than this outbox-core ships; \
+                              the tables may have been changed by hand — compare them with the shipped migration"
+                        .into(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+
+    let pending: Vec<&Migration> = MIGRATIONS
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _, _)| *v == m.version))
+        .collect();
+    let mut done = Vec::new();
+    for m in pending {
+        let sql = m.render(tables, TableName::quoted);
+        (&mut *tx)
+            .execute(sql.as_str())
+            .await
+            .map_err(|source| Error::Migration {
+                version: m.version,
+                description: m.description.to_owned(),
+                problem: format!("failed: {source}; nothing was changed").into(),
+            })?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (version, description, checksum) VALUES ($1, $2, $3)",
+            tables.migrations.quoted()
+        ))
+        .bind(m.version)
+        .bind(m.description)
+        .bind(m.checksum())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| Error::db("recording a migration", &table, e))?;
+        tracing::info!(version = m.version, description = m.description, "applied outbox migration");
+        done.push(m.version);
+    }
+    tx.commit().await.map_err(|e| Error::db("committing the migrations", &table, e))?;
+    Ok(done)
+}

