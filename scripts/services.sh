@@ -4,8 +4,8 @@
 #   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #
-# Source it (`. scripts/services.sh`) to get TANSU_BIN exported into your shell,
-# or run it and read the `export` lines it prints.
+# It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
+# brokers of their own on other ports): `eval "$(scripts/services.sh)"` keeps it.
 set -euo pipefail
 
 OUTBOX_TOOLS_DIR="${OUTBOX_TOOLS_DIR:-$HOME/.cache/outbox-tools}"

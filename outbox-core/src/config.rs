@@ -4,9 +4,12 @@ use std::fmt;
 
 use crate::{Error, Result};
 
-/// Longest accepted identifier part. PostgreSQL truncates identifiers at 63 bytes; we keep
-/// room for the suffixes of derived names (`_pending_idx`, `_migrations`, ...).
+/// Longest accepted table name (without the schema). PostgreSQL truncates identifiers at
+/// 63 bytes; we keep room for the suffixes of derived names (`_pending_idx`, `_migrations`).
 pub const MAX_IDENTIFIER_LEN: usize = 48;
+
+/// Longest accepted schema name: PostgreSQL's limit.
+pub const MAX_SCHEMA_LEN: usize = 63;
 
 /// A validated, optionally schema-qualified SQL table name such as `outbox` or
 /// `billing.outbox`.
@@ -32,11 +35,14 @@ impl TableName {
         let (schema, table) = match (parts.next(), parts.next()) {
             (None, _) => (None, first),
             (Some(second), None) => (Some(first), second),
-            (Some(_), Some(_)) => return Err(invalid("more than one `.`; only `schema.table` is allowed")),
+            (Some(_), Some(_)) => {
+                return Err(invalid("more than one `.`; only `schema.table` is allowed"));
+            }
         };
-        for part in schema.iter().chain(std::iter::once(&table)) {
-            validate_part(part).map_err(invalid)?;
+        if let Some(schema) = schema {
+            validate_part(schema, MAX_SCHEMA_LEN).map_err(invalid)?;
         }
+        validate_part(table, MAX_IDENTIFIER_LEN).map_err(invalid)?;
         Ok(TableName {
             schema: schema.map(str::to_owned),
             name: table.to_owned(),
@@ -70,7 +76,7 @@ impl TableName {
     }
 }
 
-fn validate_part(part: &str) -> std::result::Result<(), &'static str> {
+fn validate_part(part: &str, max_len: usize) -> std::result::Result<(), &'static str> {
     let mut chars = part.chars();
     match chars.next() {
         None => return Err("a name part is empty"),
@@ -82,7 +88,7 @@ fn validate_part(part: &str) -> std::result::Result<(), &'static str> {
     if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err("only ASCII letters, digits and `_` are allowed");
     }
-    if part.len() > MAX_IDENTIFIER_LEN {
+    if part.len() > max_len {
         return Err("a name part is too long");
     }
     Ok(())
@@ -173,6 +179,9 @@ mod tests {
         let long = "a".repeat(MAX_IDENTIFIER_LEN + 1);
         assert!(TableName::parse("outbox table name", &long).is_err());
         assert!(TableName::parse("outbox table name", &long[1..]).is_ok());
+        let schema = "s".repeat(MAX_SCHEMA_LEN);
+        assert!(TableName::parse("outbox table name", &format!("{schema}.t")).is_ok());
+        assert!(TableName::parse("outbox table name", &format!("{schema}s.t")).is_err());
     }
 
     #[test]

@@ -14,8 +14,10 @@ pub enum Error {
     /// Raised at configuration time, before any SQL runs.
     #[error(
         "invalid {what} {name:?}: {reason}; use an SQL identifier such as `outbox` or `my_schema.outbox` \
-         (letters, digits and `_`, not starting with a digit, at most {max} characters per part)",
-        max = crate::config::MAX_IDENTIFIER_LEN
+         (ASCII letters, digits and `_`, not starting with a digit; at most {table_max} characters for a table, \
+         {schema_max} for a schema)",
+        table_max = crate::config::MAX_IDENTIFIER_LEN,
+        schema_max = crate::config::MAX_SCHEMA_LEN
     )]
     InvalidIdentifier {
         /// Which setting was wrong (e.g. "outbox table name").
@@ -28,7 +30,9 @@ pub enum Error {
 
     /// An event could not be serialized to JSON. The transaction is still usable and
     /// can be rolled back (or committed without this event).
-    #[error("could not serialize event `{event_type}` to JSON: {source}; check its `Serialize` implementation")]
+    #[error(
+        "could not serialize event `{event_type}` to JSON: {source}; check its `Serialize` implementation"
+    )]
     Serialize {
         /// The event type that failed.
         event_type: String,
@@ -114,7 +118,10 @@ impl Error {
 fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_)
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
     )
 }
 

@@ -170,7 +170,11 @@ impl OutboxMessage {
     ///
     /// `payload` must be JSON text; that and the routing fields are checked when the
     /// message is emitted, and a bad message is refused with [`Error::InvalidMessage`].
-    pub fn new(event_type: impl Into<String>, destination: impl Into<String>, payload: impl Into<String>) -> Self {
+    pub fn new(
+        event_type: impl Into<String>,
+        destination: impl Into<String>,
+        payload: impl Into<String>,
+    ) -> Self {
         OutboxMessage {
             id: Uuid::now_v7(),
             event_type: event_type.into(),
@@ -212,7 +216,11 @@ impl OutboxMessage {
     fn validate_routing(&self) -> Result<()> {
         if self.event_type.trim().is_empty() {
             return Err(Error::InvalidMessage(
-                format!("message {} has an empty event type; give every event a type name", self.id).into(),
+                format!(
+                    "message {} has an empty event type; give every event a type name",
+                    self.id
+                )
+                .into(),
             ));
         }
         if self.destination.trim().is_empty() {

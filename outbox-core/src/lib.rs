@@ -71,3 +71,8 @@ pub mod __private {
     pub use ::serde_json;
     pub use ::sqlx;
 }
+
+/// The README's example compiles (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

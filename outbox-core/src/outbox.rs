@@ -92,12 +92,13 @@ impl<DB: Backend> Outbox<DB> {
     /// events, then [`commit`](OutboxTx::commit): the events are written atomically with
     /// your changes, or not at all.
     pub async fn begin(&self) -> Result<OutboxTx<'static, DB>> {
-        let tx = self
-            .inner
-            .pool
-            .begin()
-            .await
-            .map_err(|e| Error::db("starting a transaction", &self.inner.tables.outbox.to_string(), e))?;
+        let tx = self.inner.pool.begin().await.map_err(|e| {
+            Error::db(
+                "starting a transaction",
+                &self.inner.tables.outbox.to_string(),
+                e,
+            )
+        })?;
         Ok(OutboxTx::new(tx, self.clone()))
     }
 
@@ -119,14 +120,22 @@ impl<DB: Backend> Outbox<DB> {
     }
 
     /// Like [`enqueue`](Self::enqueue), for messages built by hand.
-    pub async fn enqueue_messages(&self, tx: &mut Transaction<'_, DB>, messages: &[OutboxMessage]) -> Result<()> {
+    pub async fn enqueue_messages(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        messages: &[OutboxMessage],
+    ) -> Result<()> {
         for m in messages {
             m.validate()?;
         }
         self.write(&mut *tx, messages).await
     }
 
-    pub(crate) async fn write(&self, conn: &mut DB::Connection, messages: &[OutboxMessage]) -> Result<()> {
+    pub(crate) async fn write(
+        &self,
+        conn: &mut DB::Connection,
+        messages: &[OutboxMessage],
+    ) -> Result<()> {
         let span = tracing::debug_span!("outbox.write", count = messages.len());
         DB::insert_messages(conn, &self.inner.tables, messages)
             .instrument(span)
@@ -140,16 +149,31 @@ impl Outbox<sqlx::Postgres> {
     ///
     /// The error names the server (without the password) and says what to check.
     pub async fn connect(url: &str) -> Result<Self> {
-        let pool = sqlx::PgPool::connect(url).await.map_err(|source| {
-            let target = format!(" at {}", crate::error::redact_url(url));
-            match source {
-                sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
-                    context: "connecting to the database",
-                    source,
-                },
-                source => Error::Unavailable { target, source },
-            }
-        })?;
+        use sqlx::Connection as _;
+        let target = format!(" at {}", crate::error::redact_url(url));
+        let classify = |source: sqlx::Error| match source {
+            sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
+                context: "connecting to the database",
+                source,
+            },
+            source => Error::Unavailable {
+                target: target.clone(),
+                source,
+            },
+        };
+        let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(classify)?;
+        // One direct attempt first: a pool retries until its acquire timeout (30 s), while
+        // a server that is down should be reported at once.
+        sqlx::PgConnection::connect_with(&options)
+            .await
+            .map_err(classify)?
+            .close()
+            .await
+            .map_err(classify)?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_with(options)
+            .await
+            .map_err(classify)?;
         Ok(Outbox::new(pool))
     }
 }

@@ -1,1 +1,103 @@
+//! Shared fixtures for the integration tests: every test gets its own PostgreSQL schema,
+//! so tests run in parallel against one server without seeing each other's rows.
+//!
+//! The server comes from `OUTBOX_TEST_DATABASE_URL` (or `DATABASE_URL`), defaulting to
+//! the one `scripts/services.sh` makes sure of: `postgres://postgres@127.0.0.1:5432/test`.
+//! A missing server fails the test with a message saying how to start it; it never skips.
 
+use std::str::FromStr;
+
+use outbox_core::Outbox;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// The PostgreSQL server the tests use.
+pub fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of its own for one test, dropped by [`TestDb::cleanup`].
+#[derive(Debug)]
+pub struct TestDb {
+    /// A pool whose `search_path` is the test's schema.
+    pub pool: PgPool,
+    /// The schema's name.
+    pub schema: String,
+    options: PgConnectOptions,
+}
+
+impl TestDb {
+    /// Creates a fresh schema and a pool (up to 8 connections) that uses it.
+    pub async fn new() -> TestDb {
+        Self::with_max_connections(8).await
+    }
+
+    /// Like [`TestDb::new`] with a chosen pool size.
+    pub async fn with_max_connections(max: u32) -> TestDb {
+        let url = database_url();
+        let base = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("bad test database URL {url:?}: {e}"));
+        let schema = format!("outbox_test_{}", uuid::Uuid::now_v7().simple());
+        let mut admin = sqlx::PgConnection::connect_with(&base)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot connect to the test PostgreSQL at {url}: {e}\n\
+                 start the services with `scripts/services.sh` (or set OUTBOX_TEST_DATABASE_URL)"
+                )
+            });
+        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&mut admin)
+            .await
+            .expect("create the test schema");
+        let options = base.options([("search_path", schema.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .connect_with(options.clone())
+            .await
+            .expect("connect the test pool");
+        TestDb {
+            pool,
+            schema,
+            options,
+        }
+    }
+
+    /// An outbox with the default table names in this schema, migrated.
+    pub async fn outbox(&self) -> Outbox {
+        let outbox = Outbox::new(self.pool.clone());
+        outbox.migrate().await.expect("migrate the test schema");
+        outbox
+    }
+
+    /// A new single connection into this schema (outside the pool).
+    pub async fn connect(&self) -> sqlx::PgConnection {
+        sqlx::PgConnection::connect_with(&self.options)
+            .await
+            .expect("connect to the test schema")
+    }
+
+    /// Counts the rows of `table` in this schema.
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{table}\""))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("count rows of {table}: {e}"))
+    }
+
+    /// Drops the schema and closes the pool.
+    pub async fn cleanup(self) {
+        self.pool.close().await;
+        let mut admin = sqlx::PgConnection::connect(&database_url())
+            .await
+            .expect("connect to drop the test schema");
+        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
+            .execute(&mut admin)
+            .await
+            .expect("drop the test schema");
+    }
+}
+
+use sqlx::Connection as _;

@@ -27,5 +27,8 @@ pub trait Backend: sqlx::Database + Sealed {
 
     /// Applies the pending migrations; returns the versions applied now.
     #[doc(hidden)]
-    fn migrate<'c>(pool: &'c sqlx::Pool<Self>, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>>;
+    fn migrate<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, Result<Vec<i64>>>;
 }

@@ -46,7 +46,11 @@ fn insert_sql(tables: &Tables) -> String {
     )
 }
 
-async fn insert_messages(conn: &mut PgConnection, tables: &Tables, messages: &[OutboxMessage]) -> Result<()> {
+async fn insert_messages(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    messages: &[OutboxMessage],
+) -> Result<()> {
     if messages.is_empty() {
         return Ok(());
     }
@@ -85,14 +89,26 @@ async fn insert_messages(conn: &mut PgConnection, tables: &Tables, messages: &[O
         .bind(&tables.channel)
         .execute(conn)
         .await
-        .map_err(|e| Error::db("writing events to the outbox", &tables.outbox.to_string(), e))?;
+        .map_err(|e| {
+            Error::db(
+                "writing events to the outbox",
+                &tables.outbox.to_string(),
+                e,
+            )
+        })?;
     Ok(())
 }
 
 async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
     let table = tables.migrations.to_string();
-    let mut conn = pool.acquire().await.map_err(|e| Error::db("connecting to migrate", &table, e))?;
-    let mut tx = conn.begin().await.map_err(|e| Error::db("starting the migration transaction", &table, e))?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| Error::db("connecting to migrate", &table, e))?;
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| Error::db("starting the migration transaction", &table, e))?;
     // One migrator at a time per outbox table; others wait here, then find nothing to do.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("outbox-migrate:{}", tables.outbox))
@@ -117,7 +133,7 @@ async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
     (&mut *tx)
         .execute(sql.as_str())
         .await
-    .map_err(|e| Error::db("creating the migrations table", &table, e))?;
+        .map_err(|e| Error::db("creating the migrations table", &table, e))?;
 
     let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
         "SELECT version, description, checksum FROM {} ORDER BY version",
@@ -176,9 +192,15 @@ async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
         .execute(&mut *tx)
         .await
         .map_err(|e| Error::db("recording a migration", &table, e))?;
-        tracing::info!(version = m.version, description = m.description, "applied outbox migration");
+        tracing::info!(
+            version = m.version,
+            description = m.description,
+            "applied outbox migration"
+        );
         done.push(m.version);
     }
-    tx.commit().await.map_err(|e| Error::db("committing the migrations", &table, e))?;
+    tx.commit()
+        .await
+        .map_err(|e| Error::db("committing the migrations", &table, e))?;
     Ok(done)
 }

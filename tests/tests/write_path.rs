@@ -1,0 +1,615 @@
+//! The PostgreSQL write path: what `OutboxTx::commit` writes, and what it must not.
+
+use std::collections::{BTreeMap, HashMap};
+
+use outbox_core::sqlx::{self, Row};
+use outbox_core::{Destination, Error, Outbox, OutboxEvent, OutboxMessage, OutboxTx};
+use outbox_tests::TestDb;
+use serde::Serialize;
+use uuid::Uuid;
+
+const ORDERS: Destination = Destination::new("orders.events");
+
+#[derive(Debug, Serialize)]
+struct OrderConfirmed {
+    order_id: i64,
+    customer: String,
+}
+
+impl OutboxEvent for OrderConfirmed {
+    fn event_type(&self) -> &'static str {
+        "OrderConfirmed"
+    }
+    fn destination(&self) -> Destination {
+        ORDERS
+    }
+    fn partition_key(&self) -> Option<String> {
+        Some(self.order_id.to_string())
+    }
+    fn version(&self) -> Option<i32> {
+        Some(2)
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Heartbeat {}
+
+impl OutboxEvent for Heartbeat {
+    fn event_type(&self) -> &'static str {
+        "Heartbeat"
+    }
+    fn destination(&self) -> Destination {
+        Destination::new("health")
+    }
+}
+
+/// Serializing this fails: JSON object keys must be strings.
+#[derive(Debug, Serialize)]
+struct Unserializable {
+    by_pair: HashMap<(i32, i32), i32>,
+}
+
+impl OutboxEvent for Unserializable {
+    fn event_type(&self) -> &'static str {
+        "Unserializable"
+    }
+    fn destination(&self) -> Destination {
+        ORDERS
+    }
+}
+
+async fn orders_table(db: &TestDb) {
+    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create orders");
+    sqlx::query("INSERT INTO orders SELECT g, 'new' FROM generate_series(1, 10) g")
+        .execute(&db.pool)
+        .await
+        .expect("seed orders");
+}
+
+async fn confirm(tx: &mut OutboxTx<'_>, order_id: i64) {
+    sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await
+        .expect("update order");
+}
+
+async fn status(db: &TestDb, order_id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM orders WHERE id = $1")
+        .bind(order_id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("read status")
+}
+
+#[tokio::test]
+async fn commit_writes_exactly_the_emitted_rows() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 7).await;
+    let id1 = tx
+        .emit(OrderConfirmed {
+            order_id: 7,
+            customer: "ada".into(),
+        })
+        .expect("emit");
+    let id2 = tx.emit(&Heartbeat {}).expect("emit by reference");
+    let id3 = tx
+        .emit_message(
+            OutboxMessage::new("Raw", "raw.topic", r#"{"a": [1, 2]}"#)
+                .with_key("k")
+                .with_header(
+                    "traceparent",
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                ),
+        )
+        .expect("emit message");
+    assert_eq!(tx.pending().len(), 3);
+    tx.commit().await.expect("commit");
+
+    assert_eq!(status(&db, 7).await, "confirmed");
+    let rows = sqlx::query(
+        "SELECT seq, id, event_type, event_version, destination, partition_key, payload, headers, \
+                created_at, sent_at, attempts, next_attempt_at, last_error, dead_at, \
+                xact_id::text AS xact_id, now() - created_at < interval '1 minute' AS recent \
+         FROM outbox ORDER BY seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read outbox");
+    assert_eq!(rows.len(), 3, "exactly the emitted rows");
+
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
+    assert_eq!(ids, vec![id1, id2, id3], "rows in emit order");
+    assert_eq!(id1.get_version_num(), 7, "message ids are UUIDv7");
+    let seqs: Vec<i64> = rows.iter().map(|r| r.get("seq")).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "seq increases in emit order: {seqs:?}"
+    );
+    let xids: Vec<String> = rows.iter().map(|r| r.get("xact_id")).collect();
+    assert!(
+        xids.iter().all(|x| x == &xids[0]),
+        "one writing transaction: {xids:?}"
+    );
+
+    let r = &rows[0];
+    assert_eq!(r.get::<String, _>("event_type"), "OrderConfirmed");
+    assert_eq!(r.get::<Option<i32>, _>("event_version"), Some(2));
+    assert_eq!(r.get::<String, _>("destination"), "orders.events");
+    assert_eq!(
+        r.get::<Option<String>, _>("partition_key").as_deref(),
+        Some("7")
+    );
+    assert_eq!(
+        r.get::<serde_json::Value, _>("payload"),
+        serde_json::json!({"order_id": 7, "customer": "ada"})
+    );
+    assert_eq!(
+        r.get::<serde_json::Value, _>("headers"),
+        serde_json::json!({})
+    );
+    assert!(
+        r.get::<bool, _>("recent"),
+        "created_at is set to the commit's time"
+    );
+    for r in &rows {
+        assert!(
+            r.get::<Option<chrono::DateTime<chrono::Utc>>, _>("sent_at")
+                .is_none()
+        );
+        assert!(
+            r.get::<Option<chrono::DateTime<chrono::Utc>>, _>("next_attempt_at")
+                .is_none()
+        );
+        assert!(
+            r.get::<Option<chrono::DateTime<chrono::Utc>>, _>("dead_at")
+                .is_none()
+        );
+        assert!(r.get::<Option<String>, _>("last_error").is_none());
+        assert_eq!(r.get::<i32, _>("attempts"), 0);
+    }
+
+    let r = &rows[1];
+    assert_eq!(r.get::<String, _>("event_type"), "Heartbeat");
+    assert_eq!(r.get::<Option<String>, _>("partition_key"), None);
+    assert_eq!(r.get::<Option<i32>, _>("event_version"), None);
+    assert_eq!(
+        r.get::<serde_json::Value, _>("payload"),
+        serde_json::json!({})
+    );
+
+    let r = &rows[2];
+    assert_eq!(r.get::<String, _>("destination"), "raw.topic");
+    assert_eq!(
+        r.get::<Option<String>, _>("partition_key").as_deref(),
+        Some("k")
+    );
+    assert_eq!(
+        r.get::<serde_json::Value, _>("payload"),
+        serde_json::json!({"a": [1, 2]})
+    );
+    assert_eq!(
+        r.get::<serde_json::Value, _>("headers"),
+        serde_json::json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn rollback_drop_and_error_write_nothing() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+
+    // Explicit rollback.
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 1).await;
+    tx.emit(OrderConfirmed {
+        order_id: 1,
+        customer: "a".into(),
+    })
+    .expect("emit");
+    tx.flush()
+        .await
+        .expect("flush writes inside the transaction");
+    tx.rollback().await.expect("rollback");
+
+    // Dropped without commit (an early return, a cancelled future).
+    {
+        let mut tx = outbox.begin().await.expect("begin");
+        confirm(&mut tx, 2).await;
+        tx.emit(OrderConfirmed {
+            order_id: 2,
+            customer: "b".into(),
+        })
+        .expect("emit");
+        tx.flush().await.expect("flush");
+    }
+
+    // An `Err` in the middle of a service function, propagated with `?`.
+    async fn service(outbox: &Outbox, order_id: i64) -> Result<(), Error> {
+        let mut tx = outbox.begin().await?;
+        confirm(&mut tx, order_id).await;
+        tx.emit(OrderConfirmed {
+            order_id,
+            customer: "c".into(),
+        })?;
+        tx.emit(Unserializable {
+            by_pair: HashMap::from([((1, 2), 3)]),
+        })?;
+        tx.commit().await
+    }
+    let err = service(&outbox, 3).await.expect_err("serialization fails");
+    assert!(matches!(err, Error::Serialize { .. }), "{err:?}");
+
+    assert_eq!(db.count("outbox").await, 0, "no event survives a rollback");
+    for id in 1..=3 {
+        assert_eq!(
+            status(&db, id).await,
+            "new",
+            "order {id}'s change is undone too"
+        );
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_serialization_error_leaves_the_transaction_usable() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 4).await;
+    let err = tx
+        .emit(Unserializable {
+            by_pair: HashMap::from([((1, 2), 3)]),
+        })
+        .expect_err("cannot serialize");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`Unserializable`") && msg.contains("Serialize"),
+        "{msg}"
+    );
+    assert!(tx.pending().is_empty(), "the failed event is not collected");
+    tx.emit(OrderConfirmed {
+        order_id: 4,
+        customer: "d".into(),
+    })
+    .expect("emit");
+    tx.commit().await.expect("commit without the bad event");
+    assert_eq!(db.count("outbox").await, 1);
+    assert_eq!(status(&db, 4).await, "confirmed");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_thousand_events_are_written_by_one_statement() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 5).await;
+    for i in 0..1000 {
+        tx.emit(OrderConfirmed {
+            order_id: i,
+            customer: format!("c{i}"),
+        })
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    // Every SQL statement in a transaction gets its own command id, stored in each row it
+    // inserts as `cmin`: one distinct value means one INSERT wrote all 1,000 rows.
+    let (rows, commands, keys_in_order): (i64, i64, bool) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT cmin::text::int), \
+                bool_and(partition_key::int = rn - 1) \
+         FROM (SELECT cmin, partition_key, row_number() OVER (ORDER BY seq) AS rn FROM outbox) s",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("inspect rows");
+    assert_eq!(rows, 1000);
+    assert_eq!(commands, 1, "all rows come from one statement");
+    assert!(keys_in_order, "seq follows emit order");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn enqueue_joins_a_transaction_the_caller_owns() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+
+    let mut tx = db.pool.begin().await.expect("begin");
+    sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = 6")
+        .execute(&mut *tx)
+        .await
+        .expect("update");
+    let events = vec![
+        OrderConfirmed {
+            order_id: 6,
+            customer: "e".into(),
+        },
+        OrderConfirmed {
+            order_id: 6,
+            customer: "f".into(),
+        },
+    ];
+    let ids = outbox.enqueue(&mut tx, &events).await.expect("enqueue");
+    assert_eq!(ids.len(), 2);
+    let visible_outside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(visible_outside, 0, "not visible before commit");
+    tx.commit().await.expect("commit");
+    let stored: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM outbox ORDER BY seq")
+        .fetch_all(&db.pool)
+        .await
+        .expect("ids");
+    assert_eq!(stored, ids);
+
+    // A bad hand-built message is refused before anything is written.
+    let mut tx = db.pool.begin().await.expect("begin");
+    let err = outbox
+        .enqueue_messages(&mut tx, &[OutboxMessage::new("T", "d", "not json")])
+        .await
+        .expect_err("payload is not JSON");
+    assert!(err.to_string().contains("not JSON"), "{err}");
+    let err = outbox
+        .enqueue_messages(&mut tx, &[OutboxMessage::new("T", " ", "{}")])
+        .await
+        .expect_err("empty destination");
+    assert!(err.to_string().contains("empty destination"), "{err}");
+    tx.rollback().await.expect("rollback");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn listeners_are_woken_at_commit_and_not_before() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .expect("listener");
+    listener
+        .listen(&outbox.tables().channel)
+        .await
+        .expect("listen");
+
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.flush().await.expect("flush");
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
+    assert!(early.is_err(), "no notification before commit: {early:?}");
+    tx.commit().await.expect("commit");
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("notified within 5 s of commit")
+        .expect("notification");
+    assert_eq!(n.channel(), "outbox");
+
+    // A rolled-back transaction wakes nobody.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.flush().await.expect("flush");
+    tx.rollback().await.expect("rollback");
+    let late = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
+    assert!(late.is_err(), "no notification after rollback: {late:?}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn custom_schema_qualified_tables() {
+    let db = TestDb::new().await;
+    let table = format!("{}_custom.events", db.schema);
+    let outbox = Outbox::builder(db.pool.clone())
+        .table(table.clone())
+        .build()
+        .expect("valid names");
+    assert_eq!(outbox.migrate().await.expect("migrate"), vec![1]);
+    assert!(
+        outbox.migrate().await.expect("migrate again").is_empty(),
+        "second run is a no-op"
+    );
+
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.commit().await.expect("commit");
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{}_custom\".events",
+        db.schema
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(n, 1);
+    let processed: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{}_custom\".events_processed",
+        db.schema
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .expect("processed table exists");
+    assert_eq!(processed, 0);
+    sqlx::query(&format!("DROP SCHEMA \"{}_custom\" CASCADE", db.schema))
+        .execute(&db.pool)
+        .await
+        .expect("drop");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_safe_to_race() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.pool.clone());
+    let runs = futures_join_all((0..4).map(|_| {
+        let outbox = outbox.clone();
+        tokio::spawn(async move { outbox.migrate().await })
+    }))
+    .await;
+    let applied: Vec<Vec<i64>> = runs
+        .into_iter()
+        .map(|r| r.expect("join").expect("migrate"))
+        .collect();
+    assert_eq!(
+        applied.iter().filter(|a| !a.is_empty()).count(),
+        1,
+        "exactly one racer applies: {applied:?}"
+    );
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM outbox_migrations ORDER BY version")
+            .fetch_all(&db.pool)
+            .await
+            .expect("versions");
+    assert_eq!(versions, vec![1]);
+    db.cleanup().await;
+}
+
+async fn futures_join_all<T>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn migration_drift_and_newer_databases_are_refused() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+
+    sqlx::query("UPDATE outbox_migrations SET checksum = checksum + 1 WHERE version = 1")
+        .execute(&db.pool)
+        .await
+        .expect("tamper");
+    let err = outbox.migrate().await.expect_err("checksum differs");
+    assert!(
+        matches!(err, Error::Migration { version: 1, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("different SQL"), "{err}");
+    sqlx::query("UPDATE outbox_migrations SET checksum = checksum - 1 WHERE version = 1")
+        .execute(&db.pool)
+        .await
+        .expect("untamper");
+
+    sqlx::query("INSERT INTO outbox_migrations (version, description, checksum) VALUES (999, 'from the future', 0)")
+        .execute(&db.pool)
+        .await
+        .expect("future migration");
+    let err = outbox.migrate().await.expect_err("unknown version");
+    assert!(
+        err.to_string().contains("newer version of outbox-core"),
+        "{err}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn missing_tables_say_to_migrate() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.pool.clone()); // not migrated
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit(Heartbeat {}).expect("emit");
+    let err = tx.commit().await.expect_err("no table");
+    assert!(matches!(err, Error::SchemaMissing { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("outbox") && msg.contains("migrate()"), "{msg}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn invalid_names_are_rejected_at_configuration_time() {
+    let db = TestDb::new().await;
+    for bad in [
+        "outbox; DROP TABLE orders",
+        "a.b.c",
+        "9lives",
+        "",
+        "out-box",
+    ] {
+        let err = Outbox::builder(db.pool.clone())
+            .table(bad)
+            .build()
+            .expect_err("invalid table name");
+        assert!(
+            matches!(err, Error::InvalidIdentifier { .. }),
+            "{bad:?}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("outbox table name") && msg.contains(&format!("{bad:?}")),
+            "{msg}"
+        );
+    }
+    let err = Outbox::builder(db.pool.clone())
+        .processed_table("x y")
+        .build()
+        .expect_err("invalid processed table");
+    assert!(
+        err.to_string().contains("processed-messages table name"),
+        "{err}"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_a_clear_error() {
+    // Port 1 on loopback: nothing listens there.
+    let err = Outbox::connect("postgres://app:hunter2@127.0.0.1:1/app")
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("127.0.0.1:1"), "names the server: {msg}");
+    assert!(
+        msg.contains("server is running"),
+        "says what to check: {msg}"
+    );
+    assert!(!msg.contains("hunter2"), "never shows the password: {msg}");
+
+    // A pool that could connect once and then lost the server reports the same way.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(500))
+        .connect_lazy("postgres://app@127.0.0.1:1/app")
+        .expect("lazy pool");
+    let err = Outbox::new(pool).begin().await.expect_err("unreachable");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn headers_are_stored_as_a_json_object() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    let mut msg = OutboxMessage::new("T", "d", "[1,2,3]");
+    msg.headers = BTreeMap::from([
+        ("correlation-id".to_owned(), "abc".to_owned()),
+        ("x".to_owned(), "\"q\"".to_owned()),
+    ]);
+    tx.emit_message(msg).expect("emit");
+    tx.commit().await.expect("commit");
+    let (headers, payload): (serde_json::Value, serde_json::Value) =
+        sqlx::query_as("SELECT headers, payload FROM outbox")
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
+    assert_eq!(
+        headers,
+        serde_json::json!({"correlation-id": "abc", "x": "\"q\""})
+    );
+    assert_eq!(payload, serde_json::json!([1, 2, 3]));
+    db.cleanup().await;
+}
