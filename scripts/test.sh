@@ -9,5 +9,5 @@ trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "all tests: %d passed, %d failed, %d ignored\n", p, f, i }' "$log"
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
 exit "$status"
