@@ -118,9 +118,6 @@ pub struct Tables {
     pub processed: TableName,
     /// The table recording applied migrations (default: outbox table + `_migrations`).
     pub migrations: TableName,
-    /// The `LISTEN`/`NOTIFY` channel woken at every commit that wrote events
-    /// (default: the outbox table's name).
-    pub channel: String,
 }
 
 impl Tables {
@@ -129,11 +126,24 @@ impl Tables {
         let processed = outbox.with_suffix("_processed");
         Tables {
             migrations: outbox.with_suffix("_migrations"),
-            channel: outbox.to_string(),
             processed,
             outbox,
         }
     }
+}
+
+/// Advisory locks of one outbox table use the two-key form `(table oid as int4, id)`,
+/// so outboxes in different schemas or with different names never share a lock.
+pub(crate) mod locks {
+    /// Held shared by every transaction writing outbox rows, from before its rows draw
+    /// `seq` values until it ends.
+    pub(crate) const WRITERS: i32 = 0;
+    /// `PARTITIONS + p`: held by the relay publishing partition `p`.
+    pub(crate) const PARTITIONS: i32 = 1_000_000;
+    /// `RELAYS + slot`: held by each running relay (one slot each), to count them.
+    pub(crate) const RELAYS: i32 = 2_000_000;
+    /// Relay slots per outbox.
+    pub(crate) const MAX_RELAYS: i32 = 4096;
 }
 
 impl Default for Tables {
@@ -189,6 +199,5 @@ mod tests {
         let tables = Tables::new(TableName::parse("t", "s.events").expect("valid"));
         assert_eq!(tables.processed.to_string(), "s.events_processed");
         assert_eq!(tables.migrations.to_string(), "s.events_migrations");
-        assert_eq!(tables.channel, "s.events");
     }
 }

@@ -49,6 +49,8 @@ mod error;
 pub mod event;
 pub mod migrate;
 mod outbox;
+pub mod publisher;
+pub mod relay;
 pub mod store;
 mod tx;
 
@@ -56,6 +58,8 @@ pub use config::{TableName, Tables};
 pub use error::{Error, Result};
 pub use event::{Destination, OutboxEvent, OutboxMessage};
 pub use outbox::{Outbox, OutboxBuilder};
+pub use publisher::{OutboxRecord, PublishError, Publisher};
+pub use relay::{Relay, RelayHandle};
 pub use store::Backend;
 pub use tx::OutboxTx;
 

@@ -66,7 +66,6 @@ impl<DB: Backend> Outbox<DB> {
             pool,
             outbox: None,
             processed: None,
-            channel: None,
         }
     }
 
@@ -75,7 +74,7 @@ impl<DB: Backend> Outbox<DB> {
         &self.inner.pool
     }
 
-    /// The table names and notification channel in use.
+    /// The table names in use.
     pub fn tables(&self) -> &Tables {
         &self.inner.tables
     }
@@ -145,6 +144,23 @@ impl<DB: Backend> Outbox<DB> {
 
 #[cfg(feature = "postgres")]
 impl Outbox<sqlx::Postgres> {
+    /// The `LISTEN`/`NOTIFY` channel notified at every commit that wrote events:
+    /// `outbox_<oid of the outbox table>`, so outboxes in different schemas never wake
+    /// each other's relays.
+    pub async fn notify_channel(&self) -> Result<String> {
+        sqlx::query_scalar("SELECT 'outbox_' || $1::text::regclass::oid::text")
+            .bind(self.inner.tables.outbox.quoted())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| {
+                Error::db(
+                    "resolving the notification channel",
+                    &self.inner.tables.outbox.to_string(),
+                    e,
+                )
+            })
+    }
+
     /// Connects to PostgreSQL at `url` with a default pool and the default table names.
     ///
     /// The error names the server (without the password) and says what to check.
@@ -185,13 +201,12 @@ pub struct OutboxBuilder<DB: Backend = sqlx::Postgres> {
     pool: Pool<DB>,
     outbox: Option<String>,
     processed: Option<String>,
-    channel: Option<String>,
 }
 
 impl<DB: Backend> OutboxBuilder<DB> {
     /// The outbox table, optionally schema-qualified (`"outbox"`, `"billing.outbox"`).
-    /// The processed-messages table and the notification channel default to names derived
-    /// from it (`<table>_processed`, `<table>`).
+    /// The processed-messages and migrations tables default to names derived from it
+    /// (`<table>_processed`, `<table>_migrations`).
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.outbox = Some(name.into());
         self
@@ -203,12 +218,6 @@ impl<DB: Backend> OutboxBuilder<DB> {
         self
     }
 
-    /// The `LISTEN`/`NOTIFY` channel relays are woken on.
-    pub fn channel(mut self, name: impl Into<String>) -> Self {
-        self.channel = Some(name.into());
-        self
-    }
-
     /// Validates the names and builds the handle.
     pub fn build(self) -> Result<Outbox<DB>> {
         let mut tables = match &self.outbox {
@@ -217,10 +226,6 @@ impl<DB: Backend> OutboxBuilder<DB> {
         };
         if let Some(name) = &self.processed {
             tables.processed = TableName::parse("processed-messages table name", name)?;
-        }
-        if let Some(channel) = self.channel {
-            TableName::parse("notification channel", &channel)?;
-            tables.channel = channel;
         }
         Ok(Outbox {
             inner: Arc::new(Inner {

@@ -36,6 +36,7 @@ impl TestDb {
 
     /// Like [`TestDb::new`] with a chosen pool size.
     pub async fn with_max_connections(max: u32) -> TestDb {
+        init_tracing();
         let url = database_url();
         let base = PgConnectOptions::from_str(&url)
             .unwrap_or_else(|e| panic!("bad test database URL {url:?}: {e}"));
@@ -101,3 +102,14 @@ impl TestDb {
 }
 
 use sqlx::Connection as _;
+
+/// Logs to the test's captured output; `RUST_LOG=outbox_core=debug` for more.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_core=info")),
+        )
+        .with_test_writer()
+        .try_init();
+}

@@ -24,6 +24,11 @@ CREATE TABLE {outbox} (
 CREATE INDEX {outbox:_pending_idx} ON {outbox} (seq)
     WHERE sent_at IS NULL AND dead_at IS NULL;
 
+-- Rows that failed and wait for a retry block the later rows of their key; the relay
+-- checks for them with this (normally empty) index.
+CREATE INDEX {outbox:_retrying_idx} ON {outbox} (partition_key, seq)
+    WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at IS NOT NULL;
+
 -- Consumers record the ids they processed, in the same transaction as their effect.
 CREATE TABLE {processed} (
     consumer     text        NOT NULL,

@@ -4,7 +4,7 @@ use futures_util::future::BoxFuture;
 use sqlx::{Connection, Executor, PgConnection, Postgres};
 
 use super::{Backend, Sealed};
-use crate::config::{TableName, Tables};
+use crate::config::{TableName, Tables, locks};
 use crate::migrate::{Migration, POSTGRES as MIGRATIONS};
 use crate::{Error, OutboxMessage, Result};
 
@@ -24,14 +24,14 @@ impl Backend for Postgres {
     }
 }
 
-/// The flush statement. The writing transaction's id is taken (and so assigned) before
-/// the identity column draws its `seq` values, so a relay that sees a `seq` can tell from
-/// a snapshot whether every smaller `seq` has committed or aborted. Rows get their `seq`
-/// in emit order (the `ORDER BY` keeps the sub-select from being flattened). The
-/// notification is delivered to listeners exactly when the transaction commits.
+/// The flush statement. Before the rows draw their `seq` values (the materialized CTE
+/// runs first), the transaction takes the writer lock in shared mode and keeps it until
+/// it ends: relays compute their publish horizon from it (see `relay::horizon`). Rows get
+/// their `seq` in emit order (the `ORDER BY` keeps the sub-select from being flattened).
+/// The notification is delivered to listeners exactly when the transaction commits.
 fn insert_sql(tables: &Tables) -> String {
     format!(
-        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid), \
+        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked), \
          ins AS (\
            INSERT INTO {outbox} \
              (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
@@ -41,8 +41,9 @@ fn insert_sql(tables: &Tables) -> String {
                 WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
            ORDER BY m.ord\
          ) \
-         SELECT pg_notify($8, '')",
-        outbox = tables.outbox.quoted()
+         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '')",
+        outbox = tables.outbox.quoted(),
+        writers = locks::WRITERS,
     )
 }
 
@@ -86,7 +87,6 @@ async fn insert_messages(
         .bind(&keys)
         .bind(&payloads)
         .bind(&headers)
-        .bind(&tables.channel)
         .execute(conn)
         .await
         .map_err(|e| {

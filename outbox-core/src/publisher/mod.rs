@@ -1,0 +1,121 @@
+//! Publishers: where the relay sends outbox messages (Kafka, an in-memory channel, ...).
+
+mod memory;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+pub use memory::InMemoryPublisher;
+
+/// A pending outbox row, as handed to a [`Publisher`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRecord {
+    /// Relay order.
+    pub seq: i64,
+    /// The message id; consumers deduplicate on it.
+    pub id: Uuid,
+    /// The event type name.
+    pub event_type: String,
+    /// The payload's schema version.
+    pub event_version: Option<i32>,
+    /// Topic, exchange or subject.
+    pub destination: String,
+    /// Messages with the same key must reach the broker in `seq` order.
+    pub partition_key: Option<String>,
+    /// The payload, JSON text.
+    pub payload: String,
+    /// Headers stored with the message (trace context, correlation ids, ...).
+    pub headers: BTreeMap<String, String>,
+    /// When the writing transaction started.
+    pub created_at: DateTime<Utc>,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+}
+
+/// Why one message could not be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishError {
+    kind: PublishErrorKind,
+    message: String,
+}
+
+/// What the relay does with a failed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PublishErrorKind {
+    /// Worth retrying (broker down, timeout): retried with backoff until `max_attempts`.
+    Retryable,
+    /// Will never succeed (too large, rejected): dead-lettered at once.
+    Permanent,
+    /// Not attempted, because an earlier message with the same key failed in this batch.
+    /// The row is left as it was (no attempt counted) and waits behind that message.
+    NotAttempted,
+}
+
+impl PublishError {
+    /// A failure worth retrying.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: PublishErrorKind::Retryable,
+            message: message.into(),
+        }
+    }
+
+    /// A failure that retrying cannot fix.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: PublishErrorKind::Permanent,
+            message: message.into(),
+        }
+    }
+
+    /// Not sent because an earlier message of the same key failed.
+    pub fn not_attempted() -> Self {
+        PublishError {
+            kind: PublishErrorKind::NotAttempted,
+            message: "not attempted: an earlier message with the same key failed".to_owned(),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> PublishErrorKind {
+        self.kind
+    }
+
+    /// The error text stored in `last_error`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for PublishError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PublishError {}
+
+/// Sends batches of outbox messages to a broker.
+///
+/// The relay hands over a whole batch in `seq` order; an implementation should have all
+/// of it in flight at once (pipelined), then wait for every acknowledgement. It returns
+/// one result per message, in the batch's order, so one bad message does not fail the
+/// others.
+///
+/// **Ordering contract**: for messages with the same partition key, a publisher must
+/// deliver them in batch order, and must not report success for a message after it
+/// reported failure for an earlier one of the same key in the same batch (report
+/// [`PublishError::not_attempted`] for those instead, or fail them). Kafka's idempotent
+/// producer gives this per partition.
+pub trait Publisher: Send + Sync + 'static {
+    /// Publishes `batch`; returns exactly `batch.len()` results, in order.
+    fn publish(
+        &self,
+        batch: &[OutboxRecord],
+    ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+}

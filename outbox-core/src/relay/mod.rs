@@ -1,0 +1,357 @@
+//! The relay: publishes pending outbox rows to a [`Publisher`], in order, and marks them
+//! sent.
+//!
+//! ```no_run
+//! # async fn demo(outbox: outbox_core::Outbox) {
+//! use outbox_core::publisher::InMemoryPublisher;
+//! use outbox_core::relay::Relay;
+//!
+//! let publisher = InMemoryPublisher::new();
+//! let relay = Relay::builder(outbox, publisher.clone()).batch_size(500).spawn();
+//! // ... later, on shutdown:
+//! relay.shutdown().await;
+//! # }
+//! ```
+//!
+//! # How it works
+//! Each cycle the relay claims up to `batch_size` pending rows in `seq` order, hands the
+//! whole batch to the publisher (which has it all in flight at once), and marks the
+//! acknowledged rows sent in one statement (or deletes them, see [`OnSent`]).
+//!
+//! - **Wake-up**: `LISTEN` on the outbox channel (writers notify at commit), plus a
+//!   safety poll every `poll_interval` that costs one query while idle.
+//! - **Order**: rows with the same partition key are published in `seq` order. Rows are
+//!   only claimed below the *publish horizon* (see `horizon.rs`), so a transaction that
+//!   drew a smaller `seq` but commits later is never overtaken.
+//! - **Several relays**: rows are spread over `partitions` by key; each relay holds the
+//!   partitions it publishes through PostgreSQL advisory locks on its own connection, and
+//!   relays share partitions evenly. A relay that dies loses its connection and with it
+//!   its partitions, which the others take over; it cannot mark anything after that,
+//!   because claims and marks go through that same connection.
+//! - **Failures**: a failed message gets `attempts + 1`, `last_error`, and a
+//!   `next_attempt_at` with exponential backoff and jitter; after `max_attempts` (or at
+//!   once for a [permanent](crate::publisher::PublishError::permanent) error) it is
+//!   dead-lettered (`dead_at`). While a message waits for its retry, the later messages
+//!   of **its key** wait behind it; other keys flow on. A dead-lettered message no longer
+//!   blocks its key.
+//! - **Delivery** is at-least-once: a crash between the broker's ack and the mark
+//!   publishes that batch again.
+
+mod horizon;
+mod postgres;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::Outbox;
+use crate::publisher::Publisher;
+
+/// What the relay does with a row once the broker acknowledged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnSent {
+    /// Set `sent_at` and keep the row (for audits and replays) until retention removes it.
+    #[default]
+    Mark,
+    /// Delete the row.
+    Delete,
+}
+
+/// The relay's settings. Every field has a documented default.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// Rows claimed and published per cycle. Default 1000.
+    pub batch_size: usize,
+    /// Safety poll while no notification arrives. Default 5 s.
+    pub poll_interval: Duration,
+    /// Failed attempts before a message is dead-lettered. Default 10.
+    pub max_attempts: i32,
+    /// First retry delay; doubles per attempt, with ±25% jitter. Default 1 s.
+    pub backoff_base: Duration,
+    /// Longest retry delay. Default 5 min.
+    pub backoff_cap: Duration,
+    /// Partitions rows are spread over by key; the unit of work shared between relays.
+    /// Every relay of one outbox must use the same number. Default 16.
+    pub partitions: u16,
+    /// A publish call that takes longer fails the whole batch (retryable). Default 30 s.
+    pub publish_timeout: Duration,
+    /// Mark or delete acknowledged rows. Default [`OnSent::Mark`].
+    pub on_sent: OnSent,
+    /// Longest wait between reconnection attempts after a database error. Default 5 s.
+    pub reconnect_delay: Duration,
+    /// How often a busy relay re-checks how partitions are shared. Default 1 s.
+    pub rebalance_interval: Duration,
+    /// `application_name` of the relay's database sessions. Default `outbox-relay`.
+    pub application_name: String,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 1000,
+            poll_interval: Duration::from_secs(5),
+            max_attempts: 10,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(300),
+            partitions: 16,
+            publish_timeout: Duration::from_secs(30),
+            on_sent: OnSent::Mark,
+            reconnect_delay: Duration::from_secs(5),
+            rebalance_interval: Duration::from_secs(1),
+            application_name: "outbox-relay".to_owned(),
+        }
+    }
+}
+
+/// Counters of what a relay did, readable while it runs ([`RelayHandle::stats`]).
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    queries: AtomicU64,
+    batches: AtomicU64,
+    published: AtomicU64,
+    failed: AtomicU64,
+    dead: AtomicU64,
+    reconnects: AtomicU64,
+}
+
+/// A copy of [`RelayStats`] at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RelayStatsSnapshot {
+    /// SQL statements sent to the database.
+    pub queries: u64,
+    /// Batches handed to the publisher.
+    pub batches: u64,
+    /// Messages acknowledged and marked.
+    pub published: u64,
+    /// Failed publish attempts (including those that dead-lettered a message).
+    pub failed: u64,
+    /// Messages dead-lettered.
+    pub dead: u64,
+    /// Database sessions re-established after an error.
+    pub reconnects: u64,
+}
+
+impl RelayStats {
+    /// The current values.
+    pub fn snapshot(&self) -> RelayStatsSnapshot {
+        RelayStatsSnapshot {
+            queries: self.queries.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            published: self.published.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
+        }
+    }
+
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Configures a relay. Start with [`Relay::builder`].
+pub struct RelayBuilder<P> {
+    outbox: Outbox,
+    publisher: P,
+    config: RelayConfig,
+}
+
+impl<P> fmt::Debug for RelayBuilder<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayBuilder")
+            .field("outbox", &self.outbox)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Publisher> RelayBuilder<P> {
+    /// Rows per batch (at least 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.config.batch_size = n.max(1);
+        self
+    }
+    /// Safety poll interval.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.config.poll_interval = d;
+        self
+    }
+    /// Failed attempts before dead-lettering (at least 1).
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.config.max_attempts = n.max(1);
+        self
+    }
+    /// Retry backoff: first delay and cap.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.config.backoff_base = base;
+        self.config.backoff_cap = cap.max(base);
+        self
+    }
+    /// Number of partitions (at least 1; the same for every relay of this outbox).
+    pub fn partitions(mut self, n: u16) -> Self {
+        self.config.partitions = n.max(1);
+        self
+    }
+    /// Publish timeout per batch.
+    pub fn publish_timeout(mut self, d: Duration) -> Self {
+        self.config.publish_timeout = d;
+        self
+    }
+    /// Mark or delete acknowledged rows.
+    pub fn on_sent(mut self, on_sent: OnSent) -> Self {
+        self.config.on_sent = on_sent;
+        self
+    }
+    /// Longest wait between reconnection attempts.
+    pub fn reconnect_delay(mut self, d: Duration) -> Self {
+        self.config.reconnect_delay = d;
+        self
+    }
+    /// How often a busy relay re-checks the partition share.
+    pub fn rebalance_interval(mut self, d: Duration) -> Self {
+        self.config.rebalance_interval = d;
+        self
+    }
+    /// `application_name` of the relay's sessions, to find them in `pg_stat_activity`.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.config.application_name = name.into();
+        self
+    }
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The relay, to run in a task of your own with [`Relay::run`].
+    pub fn build(self) -> Relay<P> {
+        Relay {
+            outbox: self.outbox,
+            publisher: self.publisher,
+            config: self.config,
+            stats: Arc::new(RelayStats::default()),
+        }
+    }
+
+    /// Starts the relay on the current tokio runtime.
+    pub fn spawn(self) -> RelayHandle {
+        let relay = self.build();
+        let stats = Arc::clone(&relay.stats);
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay.run(rx));
+        RelayHandle {
+            shutdown: tx,
+            task,
+            stats,
+        }
+    }
+}
+
+/// A relay between one outbox and one publisher.
+pub struct Relay<P> {
+    outbox: Outbox,
+    publisher: P,
+    config: RelayConfig,
+    stats: Arc<RelayStats>,
+}
+
+impl<P> fmt::Debug for Relay<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("outbox", &self.outbox)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay<()> {
+    /// Starts configuring a relay from `outbox` to `publisher`.
+    pub fn builder<P: Publisher>(outbox: Outbox, publisher: P) -> RelayBuilder<P> {
+        RelayBuilder {
+            outbox,
+            publisher,
+            config: RelayConfig::default(),
+        }
+    }
+}
+
+impl<P: Publisher> Relay<P> {
+    /// The relay's counters.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Runs until `shutdown` turns `true` (forever if its sender is dropped). A batch in flight
+    /// is finished (published and marked) first; nothing is marked that was not acked.
+    ///
+    /// Database errors never end the relay: it logs them, reconnects with backoff and
+    /// carries on where the database says it left off.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match postgres::Session::run(&self, &mut shutdown).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
+                    metrics::counter!("outbox_relay_reconnects_total").increment(1);
+                    RelayStats::add(&self.stats.reconnects, 1);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(&mut shutdown) => return,
+            }
+            delay = (delay * 2).min(self.config.reconnect_delay);
+        }
+    }
+}
+
+/// Resolves when shutdown is requested. If the sender is dropped without asking (a
+/// detached relay), it never resolves: the relay runs as long as the runtime.
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Controls a spawned relay.
+#[derive(Debug)]
+pub struct RelayHandle {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    stats: Arc<RelayStats>,
+}
+
+impl RelayHandle {
+    /// Asks the relay to stop after its current batch and waits until it has.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+
+    /// Stops the relay at once, wherever it is (as a crash would): a batch in flight
+    /// is published again by the next relay.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+
+    /// Whether the relay task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// The relay's counters.
+    pub fn stats(&self) -> RelayStatsSnapshot {
+        self.stats.snapshot()
+    }
+}

@@ -1,0 +1,532 @@
+//! The relay against real PostgreSQL, with the in-memory publisher.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use outbox_core::publisher::{InMemoryPublisher, PublishError};
+use outbox_core::relay::{Relay, RelayHandle};
+use outbox_core::sqlx;
+use outbox_core::{Outbox, OutboxMessage, OutboxRecord};
+use outbox_tests::TestDb;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn message(key: &str, n: usize) -> OutboxMessage {
+    OutboxMessage::new("Counted", "counts", format!(r#"{{"key":"{key}","n":{n}}}"#)).with_key(key)
+}
+
+/// Writes `per_key` events for each of `keys` keys, `per_tx` per transaction, from `writers`
+/// concurrent tasks (each task owns a subset of keys, so per-key emit order is defined).
+async fn write_events(outbox: &Outbox, keys: usize, per_key: usize, per_tx: usize, writers: usize) {
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let outbox = outbox.clone();
+        tasks.push(tokio::spawn(async move {
+            let my_keys: Vec<String> = (0..keys)
+                .filter(|k| k % writers == w)
+                .map(|k| format!("k{k}"))
+                .collect();
+            let mut pending = Vec::new();
+            for n in 0..per_key {
+                for key in &my_keys {
+                    pending.push(message(key, n));
+                }
+            }
+            for chunk in pending.chunks(per_tx) {
+                let mut tx = outbox.begin().await.expect("begin");
+                for m in chunk {
+                    tx.emit_message(m.clone()).expect("emit");
+                }
+                tx.commit().await.expect("commit");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+}
+
+/// Asserts every (key, n) appears, and per key in increasing `n` order at first appearance.
+/// Returns the number of duplicate deliveries.
+fn check_order(published: &[OutboxRecord], keys: usize, per_key: usize) -> usize {
+    let mut next: HashMap<String, usize> = HashMap::new();
+    let mut seen: HashSet<uuid::Uuid> = HashSet::new();
+    let mut duplicates = 0;
+    for r in published {
+        if !seen.insert(r.id) {
+            duplicates += 1;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&r.payload).expect("payload");
+        let key = v["key"].as_str().expect("key").to_owned();
+        let n = v["n"].as_u64().expect("n") as usize;
+        let expected = next.entry(key.clone()).or_default();
+        assert_eq!(
+            n, *expected,
+            "key {key}: got event {n}, expected {expected} (order broken)"
+        );
+        *expected += 1;
+    }
+    assert_eq!(next.len(), keys, "every key published");
+    for (key, count) in &next {
+        assert_eq!(*count, per_key, "key {key}: all events published");
+    }
+    duplicates
+}
+
+async fn sent_count(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count sent")
+}
+
+#[tokio::test]
+async fn publishes_pending_rows_in_order_and_marks_them_sent() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    let id = tx
+        .emit_message(
+            OutboxMessage::new("OrderConfirmed", "orders.events", r#"{"order_id":1}"#)
+                .with_key("1")
+                .with_header("traceparent", "00-abc-def-01"),
+        )
+        .expect("emit");
+    for n in 1..50 {
+        tx.emit_message(message("k", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(20)
+        .spawn();
+    assert!(publisher.wait_for(50, WAIT).await, "all 50 published");
+    relay.shutdown().await;
+
+    let published = publisher.published();
+    assert_eq!(published.len(), 50, "no duplicates");
+    let first = &published[0];
+    assert_eq!(first.id, id);
+    assert_eq!(first.event_type, "OrderConfirmed");
+    assert_eq!(first.destination, "orders.events");
+    assert_eq!(first.partition_key.as_deref(), Some("1"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&first.payload).expect("json"),
+        serde_json::json!({"order_id": 1})
+    );
+    assert_eq!(
+        first.headers.get("traceparent").map(String::as_str),
+        Some("00-abc-def-01")
+    );
+    assert_eq!(first.attempts, 0);
+    let seqs: Vec<i64> = published.iter().map(|r| r.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seq order: {seqs:?}");
+    assert_eq!(
+        sent_count(&db).await,
+        50,
+        "every published row is marked sent"
+    );
+    assert!(publisher.batches() >= 3, "batches of at most 20");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn three_relays_share_ten_thousand_events_in_order_without_duplicates() {
+    let db = TestDb::with_max_connections(12).await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relays: Vec<RelayHandle> = (0..3)
+        .map(|_| {
+            Relay::builder(outbox.clone(), publisher.clone())
+                .batch_size(200)
+                .rebalance_interval(Duration::from_millis(100))
+                .spawn()
+        })
+        .collect();
+    // Writers run while the relays publish: late commits and the horizon are exercised.
+    write_events(&outbox, 100, 100, 50, 4).await;
+    assert!(
+        publisher.wait_for(10_000, WAIT).await,
+        "all published: {}",
+        publisher.published_count()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await; // would-be duplicates arrive
+    let stats: Vec<_> = relays.iter().map(RelayHandle::stats).collect();
+    for r in relays {
+        r.shutdown().await;
+    }
+    let published = publisher.published();
+    let duplicates = check_order(&published, 100, 100);
+    assert_eq!(duplicates, 0, "no duplicates while no relay crashes");
+    assert_eq!(published.len(), 10_000);
+    assert_eq!(sent_count(&db).await, 10_000);
+    let working = stats.iter().filter(|s| s.published > 0).count();
+    assert!(working >= 2, "the work is shared between relays: {stats:?}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_aborted_relay_loses_nothing_and_duplicates_only_its_batch_in_flight() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    write_events(&outbox, 10, 50, 100, 1).await;
+
+    let publisher = InMemoryPublisher::new();
+    // The broker receives the batch, but its ack takes long: the relay dies before marking.
+    publisher.set_delay(Duration::from_secs(30));
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(100)
+        .spawn();
+    assert!(publisher.wait_for(100, WAIT).await, "first batch received");
+    relay.abort();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let in_flight: HashSet<uuid::Uuid> = publisher.published().iter().map(|r| r.id).collect();
+    assert_eq!(in_flight.len(), 100);
+    assert_eq!(
+        sent_count(&db).await,
+        0,
+        "nothing marked: the ack never came"
+    );
+
+    publisher.set_delay(Duration::ZERO);
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(100)
+        .spawn();
+    assert!(
+        publisher.wait_for(600, WAIT).await,
+        "everything published after the restart"
+    );
+    relay.shutdown().await;
+    let published = publisher.published();
+    let duplicates = check_order(&published, 10, 50);
+    assert_eq!(
+        duplicates, 100,
+        "exactly the batch in flight is published twice"
+    );
+    let mut counts: HashMap<uuid::Uuid, usize> = HashMap::new();
+    for r in &published {
+        *counts.entry(r.id).or_default() += 1;
+    }
+    for (id, n) in counts {
+        assert_eq!(
+            n,
+            if in_flight.contains(&id) { 2 } else { 1 },
+            "message {id}"
+        );
+    }
+    assert_eq!(sent_count(&db).await, 500);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_late_commit_with_a_smaller_seq_is_not_overtaken() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+
+    // A draws seq first but commits last; B (same key) commits first.
+    let mut a = outbox.begin().await.expect("begin a");
+    a.emit_message(message("same", 0)).expect("emit");
+    a.flush().await.expect("flush a");
+    let mut b = outbox.begin().await.expect("begin b");
+    b.emit_message(message("same", 1)).expect("emit");
+    b.emit_message(message("other", 0)).expect("emit");
+    b.commit().await.expect("commit b");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        publisher.published_count(),
+        0,
+        "B's rows are above the horizon while A (smaller seq) is in flight"
+    );
+    a.commit().await.expect("commit a");
+    assert!(publisher.wait_for(3, WAIT).await);
+    let keys: Vec<(String, String)> = publisher
+        .published()
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r.payload).expect("json");
+            (
+                v["key"].as_str().expect("key").to_owned(),
+                v["n"].to_string(),
+            )
+        })
+        .collect();
+    let same: Vec<&str> = keys
+        .iter()
+        .filter(|(k, _)| k == "same")
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(same, vec!["0", "1"], "per-key order follows seq: {keys:?}");
+
+    // A writer that rolls back (and so notifies nobody) does not hold the horizon back.
+    let mut c = outbox.begin().await.expect("begin c");
+    c.emit_message(message("gone", 0)).expect("emit");
+    c.flush().await.expect("flush");
+    let mut d = outbox.begin().await.expect("begin d");
+    d.emit_message(message("same", 2)).expect("emit");
+    d.commit().await.expect("commit d");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(publisher.published_count(), 3, "D waits for C");
+    c.rollback().await.expect("rollback c");
+    assert!(
+        publisher.wait_for(4, Duration::from_secs(1)).await,
+        "published right after the rollback, not at the next 5 s poll"
+    );
+    relay.shutdown().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failing_message_backs_off_then_dies_without_blocking_other_keys() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("Poison", "d", "{}").with_key("bad"))
+        .expect("emit");
+    tx.emit_message(message("bad", 1)).expect("emit");
+    for n in 0..10 {
+        tx.emit_message(message("good", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::retryable("broker rejected it"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .max_attempts(3)
+        .backoff(Duration::from_millis(300), Duration::from_secs(2))
+        .poll_interval(Duration::from_millis(200))
+        .spawn();
+
+    assert!(publisher.wait_for(10, WAIT).await, "other keys flow");
+    // After the first failure: attempts 1, a future next_attempt_at, the error stored.
+    let started = std::time::Instant::now();
+    let (attempts, wait_ms, error) = loop {
+        let row: (i32, Option<f64>, Option<String>) = sqlx::query_as(
+            "SELECT attempts, (extract(epoch FROM next_attempt_at - now()) * 1000)::float8, last_error \
+             FROM outbox WHERE event_type = 'Poison'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("poison row");
+        if let (attempts @ 1.., Some(wait_ms), Some(error)) = row {
+            break (attempts, wait_ms, error);
+        }
+        assert!(started.elapsed() < WAIT, "the failure is recorded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(attempts >= 1, "attempts counted");
+    assert!(
+        wait_ms > 0.0 && wait_ms <= 2000.0,
+        "backoff scheduled: {wait_ms} ms"
+    );
+    assert_eq!(error, "broker rejected it");
+    assert!(
+        !publisher
+            .published()
+            .iter()
+            .any(|r| r.partition_key.as_deref() == Some("bad")),
+        "the later message of the failing key waits behind it"
+    );
+
+    // Dead after 3 attempts; then the key's later message flows.
+    assert!(
+        publisher.wait_for(11, WAIT).await,
+        "the key is unblocked by the dead letter"
+    );
+    relay.shutdown().await;
+    let (attempts, dead, next): (i32, bool, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT attempts, dead_at IS NOT NULL, next_attempt_at FROM outbox WHERE event_type = 'Poison'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("poison row");
+    assert_eq!(attempts, 3);
+    assert!(dead, "dead-lettered");
+    assert!(next.is_some(), "the last backoff stays visible");
+    let bad: Vec<String> = publisher
+        .published()
+        .iter()
+        .filter(|r| r.partition_key.as_deref() == Some("bad"))
+        .map(|r| r.event_type.clone())
+        .collect();
+    assert_eq!(bad, vec!["Counted"]);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_permanent_error_dead_letters_at_once() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("TooBig", "d", "{}").with_key("x"))
+        .expect("emit");
+    tx.emit_message(message("x", 1)).expect("emit");
+    tx.commit().await.expect("commit");
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "TooBig",
+        None,
+        PublishError::permanent("message too large"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    assert!(publisher.wait_for(1, WAIT).await);
+    // The next message of the key was not attempted in the failing batch; it follows.
+    let stats = relay.stats();
+    relay.shutdown().await;
+    let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+        "SELECT attempts, dead_at IS NOT NULL, last_error FROM outbox WHERE event_type = 'TooBig'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("row");
+    assert_eq!(
+        (attempts, dead, error.as_str()),
+        (1, true, "message too large")
+    );
+    assert_eq!(stats.dead, 1);
+    assert_eq!(publisher.published()[0].event_type, "Counted");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_idle_relay_is_quiet_and_wakes_at_commit() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_secs(5))
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await; // connected, first probe done
+    let before = relay.stats().queries;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = relay.stats().queries - before;
+    assert!(
+        idle <= 2,
+        "an idle relay queries at most once per 5 s poll: {idle} queries in 10 s"
+    );
+
+    let started = std::time::Instant::now();
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("k", 0)).expect("emit");
+    tx.commit().await.expect("commit");
+    assert!(
+        publisher.wait_for(1, Duration::from_secs(5)).await,
+        "published"
+    );
+    let latency = started.elapsed();
+    assert!(
+        latency < Duration::from_secs(1),
+        "LISTEN delivers well under the 5 s poll: {latency:?}"
+    );
+    relay.shutdown().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_the_batch_in_flight() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    write_events(&outbox, 5, 100, 100, 1).await;
+    let publisher = InMemoryPublisher::new();
+    publisher.set_delay(Duration::from_millis(500));
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(100)
+        .spawn();
+    assert!(publisher.wait_for(1, WAIT).await, "a batch is in flight");
+    relay.shutdown().await;
+    let acked: HashSet<uuid::Uuid> = publisher.published().iter().map(|r| r.id).collect();
+    let sent: HashSet<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE sent_at IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .expect("sent ids")
+            .into_iter()
+            .collect();
+    assert!(
+        !sent.is_empty(),
+        "the batch in flight was finished and marked"
+    );
+    assert_eq!(sent, acked, "marked sent = acknowledged, nothing more");
+    assert!(sent.len() < 500, "stopped instead of draining everything");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn killed_connections_are_re_established_without_loss_or_reordering() {
+    let db = TestDb::with_max_connections(8).await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let app = format!("relay-{}", db.schema);
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(50)
+        .poll_interval(Duration::from_secs(30))
+        .reconnect_delay(Duration::from_millis(200))
+        .application_name(app.clone())
+        .spawn();
+
+    let writer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move { write_events(&outbox, 20, 100, 10, 2).await })
+    };
+    let mut killed = 0_i64;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        killed += sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = $1) t",
+        )
+        .bind(&app)
+        .fetch_one(&db.pool)
+        .await
+        .expect("terminate");
+    }
+    writer.await.expect("writer");
+    assert!(
+        killed >= 2,
+        "the relay's connections were killed ({killed})"
+    );
+    assert!(
+        publisher.wait_for(2000, WAIT).await,
+        "all published: {}",
+        publisher.published_count()
+    );
+
+    // LISTEN is back: a new commit is delivered long before the 30 s poll.
+    let started = std::time::Instant::now();
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("k0", 100)).expect("emit");
+    tx.commit().await.expect("commit");
+    let unique = |p: &InMemoryPublisher| {
+        p.published()
+            .iter()
+            .map(|r| r.id)
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    while unique(&publisher) < 2001 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "woken by LISTEN after reconnecting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = relay.stats();
+    relay.shutdown().await;
+    assert!(stats.reconnects >= 1, "{stats:?}");
+    let published: Vec<OutboxRecord> = publisher
+        .published()
+        .into_iter()
+        .filter(|r| !(r.partition_key.as_deref() == Some("k0") && r.payload.contains("100")))
+        .collect();
+    check_order(&published, 20, 100);
+    let by_key: BTreeMap<_, _> = published.iter().map(|r| (r.id, r.seq)).collect();
+    assert_eq!(by_key.len(), 2000);
+    db.cleanup().await;
+}
