@@ -44,20 +44,34 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
+pub mod catalog;
 pub mod config;
 mod error;
 pub mod event;
+mod key;
 pub mod migrate;
 mod outbox;
 pub mod store;
+mod transactional;
 mod tx;
 
 pub use config::{TableName, Tables};
 pub use error::{Error, Result};
+pub use catalog::EventInfo;
 pub use event::{Destination, OutboxEvent, OutboxMessage};
+pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use store::Backend;
 pub use tx::OutboxTx;
+
+/// `#[derive(OutboxEvent)]` and `#[transactional_outbox]`; see `docs/macros.md`.
+#[cfg(feature = "macros")]
+pub use outbox_macros::{OutboxEvent, transactional_outbox};
+
+/// Every event type registered by `#[derive(OutboxEvent)]` in this binary; see [`catalog`].
+pub fn catalog() -> Vec<&'static EventInfo> {
+    catalog::entries()
+}
 
 /// Re-exported so that users and generated code name the same `sqlx`.
 pub use sqlx;
@@ -68,8 +82,15 @@ pub mod __private {
     pub use ::core::option::Option;
     pub use ::core::result::Result;
     pub use ::inventory;
+    pub use ::serde;
     pub use ::serde_json;
     pub use ::sqlx;
+    pub use ::sqlx::Postgres;
+    pub use ::std::string::String;
+
+    pub use crate::catalog::EventInfo;
+    pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
+    pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};
 }
 
 /// The README's example compiles (`cargo test --doc`).
