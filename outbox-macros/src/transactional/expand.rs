@@ -71,7 +71,10 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
         match arg {
             FnArg::Receiver(r) => {
                 let mut r = r.clone();
-                r.mutability = None;
+                if r.reference.is_none() {
+                    // `mut self`: the wrapper only forwards it.
+                    r.mutability = None;
+                }
                 let self_token = r.self_token;
                 inputs.push(FnArg::Receiver(r));
                 call_args.push(quote!(#self_token));
