@@ -39,6 +39,8 @@ pub(crate) enum Destination {
     Literal(LitStr),
     /// `destination = ORDER_EVENTS`: a `Destination` constant.
     Path(syn::ExprPath),
+    /// Something else, already reported: only stops "missing destination" errors.
+    Invalid,
 }
 
 #[derive(Default)]
@@ -119,11 +121,14 @@ impl Attrs {
                         Expr::Path(p) if p.qself.is_none() => {
                             destination.set(errors, &path, keyed(&path, Destination::Path(p)))
                         }
-                        other => errors.spanned(
-                            other,
-                            "`destination` takes a string literal or a path to a `destinations!` constant: \
-                             `destination = \"orders.events\"` or `destination = ORDER_EVENTS`",
-                        ),
+                        other => {
+                            errors.spanned(
+                                other,
+                                "`destination` takes a string literal or a path to a `destinations!` constant: \
+                                 `destination = \"orders.events\"` or `destination = ORDER_EVENTS`",
+                            );
+                            destination.set(errors, &path, keyed(&path, Destination::Invalid));
+                        }
                     }
                 } else if meta.path.is_ident("key") {
                     let value = meta.value()?;

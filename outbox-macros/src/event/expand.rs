@@ -118,7 +118,7 @@ fn destination(p: &TokenStream, attrs: &Attrs) -> TokenStream {
         Some(Destination::Path(path)) => {
             quote_spanned!(path.span()=> { const __OUTBOX_DESTINATION: #p::Destination = #path; __OUTBOX_DESTINATION })
         }
-        None => unreachable!("rejected by valid::check"),
+        Some(Destination::Invalid) | None => unreachable!("rejected by valid::check"),
     }
 }
 

@@ -59,13 +59,15 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
     let mut inputs: Punctuated<FnArg, Token![,]> = Punctuated::new();
     let mut call_args: Vec<TokenStream> = Vec::new();
     let handle = match &args.outbox {
-        Some(expr) => quote!(#expr),
+        // Spanned on the expression, so a wrong type is reported there.
+        Some(expr) => quote_spanned!(expr.span()=> &(#expr)),
         None => {
             let outbox = syn::Ident::new("outbox", Span::call_site());
             inputs.push(syn::parse_quote!(#outbox: &#p::Outbox<#db>));
             quote!(#outbox)
         }
     };
+    let handle_local = syn::Ident::new("__outbox_handle", Span::mixed_site());
     let tx_local = syn::Ident::new("__outbox_tx", Span::mixed_site());
     for (i, arg) in sig.inputs.iter().enumerate() {
         match arg {
@@ -137,7 +139,7 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
     let value = syn::Ident::new("__outbox_value", Span::mixed_site());
     let error = syn::Ident::new("__outbox_error", Span::mixed_site());
     let begin = quote_spanned! {ret_span=>
-        match #p::begin::<#db, _>(&(#handle)).await {
+        match #p::begin::<#db, _>(#handle_local).await {
             #p::Result::Ok(tx) => tx,
             #p::Result::Err(#error) => return #p::Result::Err(#error),
         }
@@ -152,6 +154,7 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
         #(#docs)*
         #(#others)*
         #vis #wrapper_sig {
+            let #handle_local: &#p::Outbox<#db> = #handle;
             let mut #tx_local = #begin;
             let #result = #callee(#(#call_args),*).await;
             match #result {

@@ -64,7 +64,7 @@ pub(crate) fn check(args: &Args, function: &Function, errors: &mut Errors) {
         ReturnType::Type(_, ty) if !is_result(ty) => errors.spanned(
             ty,
             format_args!(
-                "a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox_core::Error>`): `Ok` commits, `Err` rolls back; `{}` is not a `Result`",
+                "a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox_core::Error>`): `Ok` commits, `Err` rolls back; `{}` is not a `Result` (an alias works if its name ends in `Result`)",
                 ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">")
             ),
         ),
@@ -94,15 +94,15 @@ pub(crate) fn check(args: &Args, function: &Function, errors: &mut Errors) {
     }
 }
 
-/// `Result<..>` spelled with any path ending in `Result` (`std::result::Result`,
-/// `anyhow::Result`, `outbox_core::Result`, a local alias).
+/// `Result<..>` spelled with any path whose last segment ends in `Result`
+/// (`std::result::Result`, `anyhow::Result`, `outbox_core::Result`, an `AppResult` alias).
 fn is_result(ty: &Type) -> bool {
     match ty {
         Type::Path(tp) => tp
             .path
             .segments
             .last()
-            .is_some_and(|s| s.ident == "Result"),
+            .is_some_and(|s| s.ident.to_string().ends_with("Result")),
         Type::Group(g) => is_result(&g.elem),
         Type::Paren(p) => is_result(&p.elem),
         _ => false,
