@@ -5,7 +5,7 @@
 //! same event type name on one destination ([`validate`]), to list the destinations a
 //! publisher must be able to reach, or to print an event catalog.
 //!
-//! ```
+//! ```standalone_crate
 //! use outbox_core::OutboxEvent;
 //!
 //! #[derive(serde::Serialize, OutboxEvent)]

@@ -124,7 +124,10 @@ mod tests {
         assert_eq!(None::<u8>.to_partition_key(), None);
         assert_eq!(Some(None::<String>).to_partition_key(), None);
         assert_eq!(Box::new(1_u8).to_partition_key().as_deref(), Some("1"));
-        assert_eq!(Arc::<str>::from("s").to_partition_key().as_deref(), Some("s"));
+        assert_eq!(
+            Arc::<str>::from("s").to_partition_key().as_deref(),
+            Some("s")
+        );
         assert_eq!(Rc::new(2_i8).to_partition_key().as_deref(), Some("2"));
         assert_eq!(Cow::Borrowed("c").to_partition_key().as_deref(), Some("c"));
         assert_eq!((&&7_u16).to_partition_key().as_deref(), Some("7"));

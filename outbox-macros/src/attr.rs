@@ -53,7 +53,10 @@ impl<T> Attr<T> {
         if self.value.is_some() {
             errors.spanned(
                 key,
-                format_args!("duplicate `{}`: keep only one `{} = ...`", self.name, self.name),
+                format_args!(
+                    "duplicate `{}`: keep only one `{} = ...`",
+                    self.name, self.name
+                ),
             );
         } else {
             self.value = Some(value);

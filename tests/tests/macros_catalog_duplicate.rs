@@ -46,7 +46,10 @@ fn validate_reports_the_duplicate_and_both_types() {
     );
     assert!(!msg.contains("other.events"), "no false conflict: {msg}");
     assert!(msg.contains("event_type = "), "says how to fix it: {msg}");
-    let _ = (AccountClosed.event_type(), crm::CustomerEvent::Other.event_type());
+    let _ = (
+        AccountClosed.event_type(),
+        crm::CustomerEvent::Other.event_type(),
+    );
     let _ = billing::AccountClosed { account: 1 }.event_type();
     let _ = crm::CustomerEvent::AccountClosed { customer: 1 }.event_type();
 }

@@ -30,7 +30,12 @@ struct OrderConfirmed {
 }
 
 #[derive(Debug, Serialize, OutboxEvent)]
-#[outbox(destination = "billing.events", event_type = "invoice.issued", version = 3, key = 1)]
+#[outbox(
+    destination = "billing.events",
+    event_type = "invoice.issued",
+    version = 3,
+    key = 1
+)]
 struct InvoiceIssued(String, u64);
 
 #[derive(Debug, Serialize, OutboxEvent)]
@@ -56,7 +61,10 @@ enum OrderEvent {
         items: u32,
     },
     #[outbox(event_type = "order.cancelled", version = 2)]
-    Cancelled { order_id: i64, reason: String },
+    Cancelled {
+        order_id: i64,
+        reason: String,
+    },
     /// Has its own key: a tuple variant names it by index.
     #[outbox(key = 0)]
     Moved(Option<String>, i64),
@@ -100,7 +108,7 @@ fn named_struct() {
     assert_eq!(e.partition_key(), Some(id.to_string()));
     assert_eq!(e.version(), None);
     // Through a reference too (the blanket impl).
-    assert_eq!((&e).event_type(), "OrderConfirmed");
+    assert_eq!(OutboxEvent::event_type(&&e), "OrderConfirmed");
 }
 
 #[test]
@@ -156,7 +164,11 @@ fn enums() {
     }
     assert_eq!(created.partition_key().as_deref(), Some("1"));
     assert_eq!(cancelled.partition_key().as_deref(), Some("2"));
-    assert_eq!(moved.partition_key().as_deref(), Some("m"), "own key: field 0");
+    assert_eq!(
+        moved.partition_key().as_deref(),
+        Some("m"),
+        "own key: field 0"
+    );
     assert_eq!(created.version(), Some(1), "the enum's version");
     assert_eq!(cancelled.version(), Some(2), "the variant's own version");
     assert_eq!(moved.version(), Some(1));
@@ -172,9 +184,15 @@ fn key_types() {
         shared: Arc::from("s"),
     };
     assert_eq!(e.partition_key().as_deref(), Some("b-1"));
-    assert_eq!(MaybeKeyed { id: Some(4) }.partition_key().as_deref(), Some("4"));
+    assert_eq!(
+        MaybeKeyed { id: Some(4) }.partition_key().as_deref(),
+        Some("4")
+    );
     assert_eq!(MaybeKeyed { id: None }.partition_key(), None);
-    assert_eq!(RawIdent { r#type: 'q' }.partition_key().as_deref(), Some("q"));
+    assert_eq!(
+        RawIdent { r#type: 'q' }.partition_key().as_deref(),
+        Some("q")
+    );
     assert_eq!(RawIdent { r#type: 'q' }.event_type(), "RawIdent");
     assert_eq!(e.shared.to_partition_key().as_deref(), Some("s"));
 }
@@ -211,7 +229,10 @@ fn catalog_lists_every_derived_event_type() {
     assert_eq!(find("Moved").variant, Some("Moved"));
 
     // Sorted by destination, then event type.
-    let keys: Vec<_> = catalog.iter().map(|e| (e.destination, e.event_type)).collect();
+    let keys: Vec<_> = catalog
+        .iter()
+        .map(|e| (e.destination, e.event_type))
+        .collect();
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted);

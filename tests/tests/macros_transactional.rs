@@ -79,10 +79,11 @@ async fn statements_and_transactions(db: &TestDb) -> (i64, i64) {
 /// Confirms an order: the update and the event commit together.
 #[transactional_outbox]
 async fn confirm_order(tx: &mut OutboxTx<'_>, order_id: i64) -> Result<(), OrderError> {
-    let done = sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1 AND status = 'new'")
-        .bind(order_id)
-        .execute(&mut **tx)
-        .await?;
+    let done =
+        sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1 AND status = 'new'")
+            .bind(order_id)
+            .execute(&mut **tx)
+            .await?;
     if done.rows_affected() == 0 {
         return Err(OrderError::NotNew(order_id));
     }
@@ -123,7 +124,10 @@ async fn ok_commits_the_change_and_the_event() {
     orders_table(&db).await;
     confirm_order(&outbox, 1).await.expect("confirmed");
     assert_eq!(status(&db, 1).await, "confirmed");
-    assert_eq!(rows(&db).await, vec![("OrderConfirmed".into(), Some("1".into()))]);
+    assert_eq!(
+        rows(&db).await,
+        vec![("OrderConfirmed".into(), Some("1".into()))]
+    );
     db.cleanup().await;
 }
 
@@ -166,12 +170,17 @@ async fn panic_rolls_back_and_propagates() {
         .downcast_ref::<String>()
         .cloned()
         .unwrap_or_default();
-    assert_eq!(msg, "boom after writing order 4", "the panic propagates as is");
+    assert_eq!(
+        msg, "boom after writing order 4",
+        "the panic propagates as is"
+    );
     // The dropped transaction is rolled back when its connection goes back to the pool.
     assert_eq!(db.count("outbox").await, 0, "no event survives a panic");
     assert_eq!(status(&db, 4).await, "new", "the business change is undone");
     // And the pool is still usable.
-    confirm_order(&outbox, 4).await.expect("works after the panic");
+    confirm_order(&outbox, 4)
+        .await
+        .expect("works after the panic");
     db.cleanup().await;
 }
 
@@ -205,7 +214,11 @@ async fn joined_transaction_writes_once_in_emit_order() {
     tx.rollback().await.expect("rollback");
     assert_eq!(status(&db, 6).await, "new");
     assert_eq!(status(&db, 7).await, "new");
-    assert_eq!(db.count("outbox").await, 3, "the rolled-back joins wrote nothing");
+    assert_eq!(
+        db.count("outbox").await,
+        3,
+        "the rolled-back joins wrote nothing"
+    );
     db.cleanup().await;
 }
 
@@ -295,7 +308,10 @@ async fn methods_of_a_generic_service() {
     assert_eq!(status(&db, 2).await, "new", "rolled back");
     assert_eq!(db.count("outbox").await, 1);
 
-    sqlx::query("TRUNCATE outbox").execute(&db.pool).await.expect("truncate");
+    sqlx::query("TRUNCATE outbox")
+        .execute(&db.pool)
+        .await
+        .expect("truncate");
     assert_eq!(service.confirm_many([2, 3, 4], false).await.expect("ok"), 3);
     assert_eq!(
         rows(&db).await,
@@ -330,7 +346,10 @@ async fn failing_begin_is_converted_into_the_error_type() {
     let outbox = Outbox::new(pool);
     let err = confirm_order(&outbox, 1).await.expect_err("unreachable");
     assert!(
-        matches!(err, OrderError::Outbox(outbox_core::Error::Unavailable { .. })),
+        matches!(
+            err,
+            OrderError::Outbox(outbox_core::Error::Unavailable { .. })
+        ),
         "{err:?}"
     );
 }
@@ -340,9 +359,14 @@ async fn failing_commit_rolls_back_and_is_converted() {
     let db = TestDb::new().await;
     let outbox = Outbox::new(db.pool.clone()); // not migrated: the outbox INSERT fails
     orders_table(&db).await;
-    let err = confirm_order(&outbox, 9).await.expect_err("no outbox table");
+    let err = confirm_order(&outbox, 9)
+        .await
+        .expect_err("no outbox table");
     assert!(
-        matches!(err, OrderError::Outbox(outbox_core::Error::SchemaMissing { .. })),
+        matches!(
+            err,
+            OrderError::Outbox(outbox_core::Error::SchemaMissing { .. })
+        ),
         "{err:?}"
     );
     assert_eq!(status(&db, 9).await, "new", "the change is not committed");

@@ -183,9 +183,12 @@ impl Attrs {
 }
 
 fn parse_lit_str(input: ParseStream<'_>, key: &str, example: &str) -> syn::Result<LitStr> {
-    input
-        .parse::<LitStr>()
-        .map_err(|e| syn::Error::new(e.span(), format_args!("`{key}` takes a string literal: {example}")))
+    input.parse::<LitStr>().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            format_args!("`{key}` takes a string literal: {example}"),
+        )
+    })
 }
 
 /// Skips `= value` or `(...)` after an unknown key so parsing goes on with the next one.

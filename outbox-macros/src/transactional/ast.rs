@@ -27,7 +27,10 @@ impl Args {
                 outbox.set(&mut local, &path, expr);
             } else if meta.path.is_ident("crate") {
                 let lit: syn::LitStr = meta.value()?.parse().map_err(|e| {
-                    syn::Error::new(e.span(), "`crate` takes a string literal: `crate = \"outbox\"`")
+                    syn::Error::new(
+                        e.span(),
+                        "`crate` takes a string literal: `crate = \"outbox\"`",
+                    )
                 })?;
                 match parse_crate_path(&lit) {
                     Ok(p) => krate.set(&mut local, &path, p),
@@ -138,7 +141,9 @@ fn not_a_function(tokens: TokenStream, errors: &mut Errors) {
         Ok(syn::Item::Use(_)) => "a `use` declaration",
         Ok(_) => "an item that is not a function",
         Err(_) => match syn::parse2::<syn::TraitItemFn>(tokens.clone()) {
-            Ok(_) => "a function without a body (in a trait, put it on the implementation's method)",
+            Ok(_) => {
+                "a function without a body (in a trait, put it on the implementation's method)"
+            }
             Err(_) => "something that is not a function",
         },
     };
@@ -170,7 +175,11 @@ fn first_tokens(tokens: TokenStream) -> TokenStream {
                 iter.next();
             }
             TokenTree::Group(_) if !out.is_empty() => break,
-            TokenTree::Punct(p) if !out.is_empty() && matches!(p.as_char(), ';' | '<' | ':' | '=') => break,
+            TokenTree::Punct(p)
+                if !out.is_empty() && matches!(p.as_char(), ';' | '<' | ':' | '=') =>
+            {
+                break;
+            }
             _ => out.extend(std::iter::once(tt)),
         }
         after_pub = is_pub;

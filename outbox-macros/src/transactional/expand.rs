@@ -28,10 +28,8 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
 
     // Documentation stays on the wrapper (the function callers see); every other
     // attribute (`cfg`, `allow`, `instrument`...) goes on both.
-    let (docs, others): (Vec<_>, Vec<_>) = item
-        .attrs
-        .iter()
-        .partition(|a| a.path().is_ident("doc"));
+    let (docs, others): (Vec<_>, Vec<_>) =
+        item.attrs.iter().partition(|a| a.path().is_ident("doc"));
 
     // The companion: the user's signature and body under the new name.
     let mut companion_sig = sig.clone();
