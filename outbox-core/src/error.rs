@@ -80,6 +80,14 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The event catalog is inconsistent: two Rust types claim the same event type name
+    /// on the same destination. See [`catalog::validate`](crate::catalog::validate).
+    #[error(
+        "inconsistent event catalog: {0}; consumers could not tell these payloads apart, so give \
+         all but one of them another name with `#[outbox(event_type = \"...\")]`"
+    )]
+    Catalog(String),
+
     /// A database operation failed.
     #[error("database error while {context}: {source}")]
     Database {

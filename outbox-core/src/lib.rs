@@ -5,26 +5,89 @@
 //! roll back together. A relay then publishes pending rows to your broker.
 //!
 //! ```no_run
-//! use outbox_core::{destinations, Destination, Outbox, OutboxEvent};
+//! use outbox_core::{destinations, transactional_outbox, Outbox, OutboxEvent, OutboxTx};
 //!
 //! destinations! {
 //!     /// Everything the order service announces.
 //!     pub ORDER_EVENTS = "orders.events";
 //! }
 //!
-//! #[derive(serde::Serialize)]
-//! struct OrderConfirmed { order_id: i64 }
-//!
-//! impl OutboxEvent for OrderConfirmed {
-//!     fn event_type(&self) -> &'static str { "OrderConfirmed" }
-//!     fn destination(&self) -> Destination { ORDER_EVENTS }
-//!     fn partition_key(&self) -> Option<String> { Some(self.order_id.to_string()) }
+//! // event_type defaults to "OrderConfirmed"; the key orders events per order.
+//! #[derive(Debug, serde::Serialize, OutboxEvent)]
+//! #[outbox(destination = ORDER_EVENTS, key = order_id)]
+//! pub struct OrderConfirmed {
+//!     pub order_id: i64,
 //! }
 //!
-//! # async fn demo() -> outbox_core::Result<()> {
+//! #[derive(Debug, thiserror::Error)]
+//! pub enum OrderError {
+//!     #[error("order {0} not found")]
+//!     NotFound(i64),
+//!     #[error(transparent)]
+//!     Outbox(#[from] outbox_core::Error),
+//!     #[error(transparent)]
+//!     Db(#[from] sqlx::Error),
+//! }
+//!
+//! pub struct OrderService {
+//!     outbox: Outbox,
+//! }
+//!
+//! impl OrderService {
+//!     /// Confirms an order. The macro begins a transaction, passes it as `tx`, and on
+//!     /// `Ok` writes the events in one INSERT and commits; on `Err` or a panic, nothing
+//!     /// is written and the UPDATE is undone. Callers write `service.confirm_order(42)`.
+//!     #[transactional_outbox(outbox = self.outbox)]
+//!     pub async fn confirm_order(
+//!         &self,
+//!         tx: &mut OutboxTx<'_>,
+//!         order_id: i64,
+//!     ) -> Result<(), OrderError> {
+//!         let updated = sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1")
+//!             .bind(order_id)
+//!             .execute(&mut **tx)
+//!             .await?;
+//!         if updated.rows_affected() == 0 {
+//!             return Err(OrderError::NotFound(order_id));
+//!         }
+//!         tx.emit(OrderConfirmed { order_id })?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! /// A free function gets the handle as a generated first parameter, `outbox: &Outbox`.
+//! /// It joins `confirm_order`'s work through the `_in_tx` companion: one transaction.
+//! #[transactional_outbox]
+//! pub async fn confirm_all(
+//!     tx: &mut OutboxTx<'_>,
+//!     service: &OrderService,
+//!     ids: &[i64],
+//! ) -> Result<(), OrderError> {
+//!     for &id in ids {
+//!         service.confirm_order_in_tx(tx, id).await?;
+//!     }
+//!     Ok(())
+//! }
+//!
+//! # async fn demo() -> Result<(), OrderError> {
 //! let outbox = Outbox::connect("postgres://postgres@127.0.0.1/test").await?;
 //! outbox.migrate().await?;
+//! outbox_core::catalog::validate()?; // no two types claim one event type name
 //!
+//! let service = OrderService { outbox: outbox.clone() };
+//! service.confirm_order(42).await?;
+//! confirm_all(&outbox, &service, &[43, 44]).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Without the macros it is plain API:
+//!
+//! ```no_run
+//! # use outbox_core::{Outbox, OutboxEvent};
+//! # #[derive(serde::Serialize, OutboxEvent)]
+//! # #[outbox(destination = "orders.events")]
+//! # struct OrderConfirmed { order_id: i64 }
+//! # async fn demo(outbox: Outbox) -> outbox_core::Result<()> {
 //! let mut tx = outbox.begin().await?;
 //! sqlx::query("UPDATE orders SET status = 'confirmed' WHERE id = $1")
 //!     .bind(42_i64)
@@ -36,6 +99,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The attributes, composition rules and error messages of the macros are described in
+//! `docs/macros.md`.
+//!
 //! ## Guarantees
 //! - **Atomic write**: events emitted in an [`OutboxTx`] are written in one statement
 //!   just before commit; they exist if and only if the transaction commits.
@@ -44,24 +110,65 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
+pub mod catalog;
 pub mod config;
 mod error;
 pub mod event;
+mod key;
 pub mod migrate;
 mod outbox;
 pub mod publisher;
 pub mod relay;
 pub mod store;
+mod transactional;
 mod tx;
 
+pub use catalog::EventInfo;
 pub use config::{TableName, Tables};
 pub use error::{Error, Result};
 pub use event::{Destination, OutboxEvent, OutboxMessage};
+pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};
 pub use store::Backend;
 pub use tx::OutboxTx;
+
+/// `#[derive(OutboxEvent)]`: implements [`OutboxEvent`](trait@OutboxEvent) and registers
+/// the type in the [`catalog`](mod@catalog).
+///
+/// `#[outbox(destination = ..., key = field, event_type = "...", version = N, crate = "...")]`:
+/// `destination` (required) is a string literal or a [`destinations!`] constant;
+/// `event_type` defaults to the type's name; `key` names the field (`key = 0` in a tuple
+/// struct) whose value, through [`PartitionKey`], orders the events; `version` is the
+/// payload's schema version. Enums are one event type per variant: `event_type`, `key`
+/// and `version` may be set per variant; an enum-level `key` names a field every variant
+/// without its own `key` must have.
+#[cfg(feature = "macros")]
+pub use outbox_macros::OutboxEvent;
+
+/// `#[transactional_outbox]`: runs an `async fn` in a transaction.
+///
+/// The function takes `tx: &mut OutboxTx<'_>` (or `OutboxTx<'_, DB>`) and returns a
+/// `Result` whose error type implements `From<outbox_core::Error>`. The macro emits:
+///
+/// * `<name>`: the same function without `tx`. It begins a transaction, runs the body,
+///   and commits on `Ok` (writing every emitted event in one INSERT) or rolls back on
+///   `Err` (returning the error unchanged); a panic drops, and so rolls back, the
+///   transaction. A free function gets a first parameter `outbox: &Outbox<DB>`; a method
+///   names its handle with `#[transactional_outbox(outbox = self.outbox)]` (any
+///   expression giving an `Outbox` or `&Outbox`, evaluated with the parameters in scope).
+/// * `<name>_in_tx`: the function as written, which joins the transaction it is given
+///   (no begin, no commit). Call it from another transactional function to compose.
+///
+/// `crate = "..."` names `outbox_core` when it is renamed in `Cargo.toml`.
+#[cfg(feature = "macros")]
+pub use outbox_macros::transactional_outbox;
+
+/// Every event type registered by `#[derive(OutboxEvent)]` in this binary; see [`catalog`].
+pub fn catalog() -> Vec<&'static EventInfo> {
+    catalog::entries()
+}
 
 /// Re-exported so that users and generated code name the same `sqlx`.
 pub use sqlx;
@@ -72,8 +179,15 @@ pub mod __private {
     pub use ::core::option::Option;
     pub use ::core::result::Result;
     pub use ::inventory;
+    pub use ::serde;
     pub use ::serde_json;
     pub use ::sqlx;
+    pub use ::sqlx::Postgres;
+    pub use ::std::string::String;
+
+    pub use crate::catalog::EventInfo;
+    pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
+    pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};
 }
 
 /// The README's example compiles (`cargo test --doc`).

@@ -1,0 +1,203 @@
+//! Code generation for a checked model: the `OutboxEvent` impl and the catalog entries.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{Fields, Member, Type};
+
+use super::ast::{Attrs, Data, Destination, Input, Variant};
+use crate::attr::private_path;
+
+pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
+    let p = private_path(input.attrs.krate.as_ref().map(|k| &k.value));
+    let ident = input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let mut where_clause = where_clause.cloned().unwrap_or_else(|| syn::WhereClause {
+        where_token: Default::default(),
+        predicates: Default::default(),
+    });
+    let generic = input.generics.type_params().next().is_some();
+    if generic {
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(Self: #p::serde::Serialize));
+    }
+    let destination = destination(&p, &input.attrs);
+    let version = |attrs: &Attrs| match &attrs.version {
+        Some(v) => {
+            let n = v.value.1;
+            quote!(#p::Option::Some(#n))
+        }
+        None => quote!(#p::Option::None),
+    };
+
+    let (event_type_body, key_body, version_body, registrations) = match &input.data {
+        Data::Struct(fields) => {
+            let name = event_type_name(&input.attrs, ident);
+            let key = match &input.attrs.key {
+                Some(k) => {
+                    if generic {
+                        push_key_bound(&mut where_clause, &p, fields, &k.value);
+                    }
+                    let conv = key_conversion(&p, &k.value);
+                    let member = &k.value;
+                    quote!(#conv(&self.#member))
+                }
+                None => quote!(#p::Option::None),
+            };
+            let v = version(&input.attrs);
+            let reg = register(&p, &name, &destination, &v, ident, None);
+            (quote!(#name), key, v, reg)
+        }
+        Data::Enum(variants) => {
+            let mut names = Vec::new();
+            let mut keys = Vec::new();
+            let mut versions = Vec::new();
+            let mut regs = TokenStream::new();
+            for v in variants {
+                let vi = v.ident;
+                let name = event_type_name(&v.attrs, vi);
+                let ver = match &v.attrs.version {
+                    Some(_) => version(&v.attrs),
+                    None => version(&input.attrs),
+                };
+                names.push(quote!(Self::#vi { .. } => #name,));
+                versions.push(quote!(Self::#vi { .. } => #ver,));
+                keys.push(variant_key(&p, v, &input.attrs, generic, &mut where_clause));
+                regs.extend(register(&p, &name, &destination, &ver, ident, Some(vi)));
+            }
+            if variants.is_empty() {
+                // An enum without variants has no values: `*self` is matched by nothing.
+                let none = quote!(match *self {});
+                (none.clone(), none.clone(), none, regs)
+            } else {
+                (
+                    quote!(match self { #(#names)* }),
+                    quote!(match self { #(#keys)* }),
+                    quote!(match self { #(#versions)* }),
+                    regs,
+                )
+            }
+        }
+        Data::Union(_) => unreachable!("rejected by valid::check"),
+    };
+
+    quote! {
+        #[automatically_derived]
+        impl #impl_generics #p::OutboxEvent for #ident #ty_generics #where_clause {
+            fn event_type(&self) -> &'static str {
+                #event_type_body
+            }
+            fn destination(&self) -> #p::Destination {
+                #destination
+            }
+            fn partition_key(&self) -> #p::Option<#p::String> {
+                #key_body
+            }
+            fn version(&self) -> #p::Option<::core::primitive::i32> {
+                #version_body
+            }
+        }
+        #registrations
+    }
+}
+
+fn event_type_name(attrs: &Attrs, ident: &syn::Ident) -> String {
+    match &attrs.event_type {
+        Some(et) => et.value.value(),
+        None => ident.unraw().to_string(),
+    }
+}
+
+/// A constant expression of type `Destination`. A path keeps its spans, so a misspelt
+/// constant is reported where the user wrote it.
+fn destination(p: &TokenStream, attrs: &Attrs) -> TokenStream {
+    match attrs.destination.as_ref().map(|d| &d.value) {
+        Some(Destination::Literal(lit)) => quote!(#p::Destination::new(#lit)),
+        Some(Destination::Path(path)) => {
+            quote_spanned!(path.span()=> { const __OUTBOX_DESTINATION: #p::Destination = #path; __OUTBOX_DESTINATION })
+        }
+        Some(Destination::Invalid) | None => unreachable!("rejected by valid::check"),
+    }
+}
+
+/// `PartitionKey::to_partition_key`, spanned on the `key = ...` token so an unsupported
+/// field type is reported there.
+fn key_conversion(p: &TokenStream, member: &Member) -> TokenStream {
+    quote_spanned!(member.span()=> <_ as #p::PartitionKey>::to_partition_key)
+}
+
+fn push_key_bound(
+    where_clause: &mut syn::WhereClause,
+    p: &TokenStream,
+    fields: &Fields,
+    member: &Member,
+) {
+    if let Some(ty) = field_type(fields, member) {
+        where_clause
+            .predicates
+            .push(syn::parse_quote_spanned!(member.span()=> #ty: #p::PartitionKey));
+    }
+}
+
+fn field_type<'f>(fields: &'f Fields, member: &Member) -> Option<&'f Type> {
+    fields
+        .iter()
+        .zip(fields.members())
+        .find(|(_, m)| m == member)
+        .map(|(f, _)| &f.ty)
+}
+
+fn variant_key(
+    p: &TokenStream,
+    v: &Variant<'_>,
+    enum_attrs: &Attrs,
+    generic: bool,
+    where_clause: &mut syn::WhereClause,
+) -> TokenStream {
+    let vi = v.ident;
+    let key = v.attrs.key.as_ref().or(enum_attrs.key.as_ref());
+    match key {
+        Some(k) => {
+            if generic {
+                push_key_bound(where_clause, p, v.fields, &k.value);
+            }
+            let member = &k.value;
+            let binding = format_ident!("__outbox_key");
+            let conv = key_conversion(p, member);
+            quote!(Self::#vi { #member: #binding, .. } => #conv(#binding),)
+        }
+        None => quote!(Self::#vi { .. } => #p::Option::None,),
+    }
+}
+
+fn register(
+    p: &TokenStream,
+    event_type: &str,
+    destination: &TokenStream,
+    version: &TokenStream,
+    ident: &syn::Ident,
+    variant: Option<&syn::Ident>,
+) -> TokenStream {
+    let type_name = ident.unraw().to_string();
+    let variant = match variant {
+        Some(v) => {
+            let v = v.unraw().to_string();
+            quote!(#p::Option::Some(#v))
+        }
+        None => quote!(#p::Option::None),
+    };
+    quote! {
+        #p::inventory::submit! {
+            #p::EventInfo::__new(
+                #event_type,
+                #destination,
+                #version,
+                ::core::concat!(::core::module_path!(), "::", #type_name),
+                #variant,
+                ::core::module_path!(),
+            )
+        }
+    }
+}

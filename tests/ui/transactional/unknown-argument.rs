@@ -1,0 +1,18 @@
+use outbox_core::{OutboxTx, transactional_outbox};
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<outbox_core::Error> for AppError {
+    fn from(_: outbox_core::Error) -> Self {
+        AppError
+    }
+}
+
+#[transactional_outbox(outbx = self.outbox, isolation = "serializable")]
+async fn confirm(tx: &mut OutboxTx<'_>, order_id: i64) -> Result<(), AppError> {
+    let _ = (tx, order_id);
+    Ok(())
+}
+
+fn main() {}
