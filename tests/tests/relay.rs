@@ -285,10 +285,14 @@ async fn a_failing_message_backs_off_then_dies_without_blocking_other_keys() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     let mut tx = outbox.begin().await.expect("begin");
+    // With batches of 3, the key's next message is in the batch claimed while the
+    // poison message is being published: the pipelined relay must hold it back too.
     tx.emit_message(OutboxMessage::new("Poison", "d", "{}").with_key("bad"))
         .expect("emit");
+    tx.emit_message(message("good", 0)).expect("emit");
+    tx.emit_message(message("good", 1)).expect("emit");
     tx.emit_message(message("bad", 1)).expect("emit");
-    for n in 0..10 {
+    for n in 2..10 {
         tx.emit_message(message("good", n)).expect("emit");
     }
     tx.commit().await.expect("commit");
@@ -300,6 +304,7 @@ async fn a_failing_message_backs_off_then_dies_without_blocking_other_keys() {
         PublishError::retryable("broker rejected it"),
     );
     let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(3)
         .max_attempts(3)
         .backoff(Duration::from_millis(300), Duration::from_secs(2))
         .poll_interval(Duration::from_millis(200))

@@ -45,7 +45,7 @@ impl Sql {
                 "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
                         o.payload::text AS payload, o.headers::text AS headers, o.created_at, o.attempts \
                  FROM {outbox} o \
-                 WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq <= $1 \
+                 WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq <= $1 AND o.seq > $5 \
                    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
                    AND ($3::int4[] IS NULL OR \
                         ((hashtextextended(coalesce(o.partition_key, o.id::text), 0) & 9223372036854775807) % $4)::int4 \
@@ -226,7 +226,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 next_rebalance = now + config.rebalance_interval;
             }
 
-            let claimed = self.cycle().await?;
+            let claimed = self.drain(shutdown).await?;
             if claimed > 0 {
                 continue; // there may be more
             }
@@ -365,15 +365,15 @@ impl<'r, P: Publisher> Session<'r, P> {
         })
     }
 
-    /// One claim → publish → mark cycle. Returns how many rows were claimed.
-    async fn cycle(&mut self) -> SqlResult<usize> {
+    /// Claims the next batch: samples the horizon, then the oldest claimable rows of the
+    /// owned partitions (after `after`, when a batch before them is still in flight).
+    async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
         let sample = self.sample().await?;
         let horizon = self.horizon.observe(sample);
         if self.owned.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let config = &self.relay.config;
-        let total = i32::from(config.partitions);
         let filter: Option<Vec<i32>> = (self.owned.len() < usize::from(config.partitions))
             .then(|| self.owned.iter().copied().collect());
         self.count_queries(1);
@@ -381,34 +381,133 @@ impl<'r, P: Publisher> Session<'r, P> {
             .bind(horizon)
             .bind(i64::try_from(config.batch_size).unwrap_or(i64::MAX))
             .bind(filter)
-            .bind(total)
+            .bind(i32::from(config.partitions))
+            .bind(after.unwrap_or(0))
             .fetch_all(&mut self.conn)
             .await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let batch = rows.iter().map(record).collect::<SqlResult<Vec<_>>>()?;
-        let span = tracing::info_span!(
-            "outbox.relay.batch",
-            size = batch.len(),
-            first_seq = batch.first().map(|r| r.seq),
-            last_seq = batch.last().map(|r| r.seq),
-        );
-        self.publish_and_mark(batch).instrument(span).await?;
-        Ok(rows.len())
+        rows.iter().map(record).collect()
     }
 
-    async fn publish_and_mark(&mut self, batch: Vec<OutboxRecord>) -> SqlResult<()> {
+    /// Publishes until nothing is claimable, pipelined: while batch N is with the
+    /// publisher, the results of batch N-1 are recorded and batch N+1 is claimed. Batch
+    /// N+1 is only sent once N's results are known, and without the messages whose key
+    /// failed in N, so a failure still blocks the later messages of its key.
+    ///
+    /// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
+    /// empties (everything in flight is published and recorded) and this returns.
+    /// Returns how many rows were claimed.
+    async fn drain(&mut self, shutdown: &watch::Receiver<bool>) -> SqlResult<usize> {
+        let relay = self.relay;
+        let prefetch_until = Instant::now() + relay.config.rebalance_interval;
+        let mut current = self.claim(None).await?;
+        let mut claimed = current.len();
+        let mut unrecorded: Option<Outcome> = None;
+        while !current.is_empty() || unrecorded.is_some() {
+            let prefetch =
+                !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until;
+            let after = current.last().map(|r| r.seq);
+            let span = tracing::info_span!(
+                "outbox.relay.batch",
+                size = current.len(),
+                first_seq = current.first().map(|r| r.seq),
+                last_seq = after,
+            );
+            let batch = &current;
+            let publish = async move {
+                if batch.is_empty() {
+                    None
+                } else {
+                    Some(publish(relay, batch).await)
+                }
+            }
+            .instrument(span);
+            let previous = unrecorded.take();
+            let database = async {
+                if let Some(outcome) = previous {
+                    self.record(outcome).await?;
+                }
+                if prefetch {
+                    self.claim(after).await
+                } else {
+                    Ok(Vec::new())
+                }
+            };
+            let (results, next) = tokio::join!(publish, database);
+            let mut next = next?;
+            if *shutdown.borrow() {
+                next.clear(); // claimed but not sent: left for the next relay
+            }
+            claimed += next.len();
+            if let Some(results) = results {
+                let outcome = Outcome::new(&current, results);
+                if !outcome.failed_keys.is_empty() {
+                    // Not sent: they wait in the table behind the failed message of their key.
+                    next.retain(|r| {
+                        r.partition_key
+                            .as_ref()
+                            .is_none_or(|k| !outcome.failed_keys.contains(k))
+                    });
+                }
+                unrecorded = Some(outcome);
+            }
+            current = next;
+        }
+        Ok(claimed)
+    }
+
+    /// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
+    /// rescheduled or dead-lettered.
+    async fn record(&mut self, outcome: Outcome) -> SqlResult<()> {
         let config = &self.relay.config;
         let stats = &self.relay.stats;
-        RelayStats::add(&stats.batches, 1);
-        let started = std::time::Instant::now();
-        let results = match tokio::time::timeout(
-            config.publish_timeout,
-            self.relay.publisher.publish(&batch),
-        )
-        .await
-        {
+        if !outcome.sent.is_empty() {
+            self.count_queries(1);
+            sqlx::query(&self.sql.mark)
+                .bind(&outcome.sent)
+                .execute(&mut self.conn)
+                .await?;
+            let n = outcome.sent.len() as u64;
+            RelayStats::add(&stats.published, n);
+            metrics::counter!("outbox_published_total").increment(n);
+        }
+        if !outcome.failed_seq.is_empty() {
+            self.count_queries(1);
+            let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
+                .bind(&outcome.failed_seq)
+                .bind(&outcome.failed_error)
+                .bind(&outcome.failed_permanent)
+                .bind(config.max_attempts)
+                .bind(config.backoff_base.as_secs_f64())
+                .bind(config.backoff_cap.as_secs_f64())
+                .fetch_all(&mut self.conn)
+                .await?;
+            let failed = outcome.failed_seq.len() as u64;
+            let dead = dead.iter().filter(|d| **d).count() as u64;
+            RelayStats::add(&stats.failed, failed);
+            RelayStats::add(&stats.dead, dead);
+            metrics::counter!("outbox_failed_total").increment(failed);
+            metrics::counter!("outbox_dead_lettered_total").increment(dead);
+            if dead > 0 {
+                tracing::error!(
+                    count = dead,
+                    "outbox messages dead-lettered after their last attempt"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hands `batch` to the publisher, bounded by `publish_timeout`; one result per message.
+async fn publish<P: Publisher>(
+    relay: &Relay<P>,
+    batch: &[OutboxRecord],
+) -> Vec<Result<(), PublishError>> {
+    let config = &relay.config;
+    RelayStats::add(&relay.stats.batches, 1);
+    let started = std::time::Instant::now();
+    let results =
+        match tokio::time::timeout(config.publish_timeout, relay.publisher.publish(batch)).await {
             Ok(results) if results.len() == batch.len() => results,
             Ok(results) => {
                 tracing::error!(
@@ -431,22 +530,33 @@ impl<'r, P: Publisher> Session<'r, P> {
                 batch.len()
             ],
         };
-        metrics::histogram!("outbox_publish_latency_seconds")
-            .record(started.elapsed().as_secs_f64());
+    metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
+    results
+}
 
-        let mut sent = Vec::with_capacity(batch.len());
-        let mut failed_seq = Vec::new();
-        let mut failed_error = Vec::new();
-        let mut failed_permanent = Vec::new();
-        let mut failed_keys: HashSet<&str> = HashSet::new();
-        for (record, result) in batch.iter().zip(&results) {
+/// What happened to one batch, ready to be written back.
+struct Outcome {
+    sent: Vec<i64>,
+    failed_seq: Vec<i64>,
+    failed_error: Vec<String>,
+    failed_permanent: Vec<bool>,
+    failed_keys: HashSet<String>,
+}
+
+impl Outcome {
+    fn new(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
+        let mut outcome = Outcome {
+            sent: Vec::with_capacity(batch.len()),
+            failed_seq: Vec::new(),
+            failed_error: Vec::new(),
+            failed_permanent: Vec::new(),
+            failed_keys: HashSet::new(),
+        };
+        for (record, result) in batch.iter().zip(results) {
+            let key = record.partition_key.as_deref();
             match result {
                 Ok(()) => {
-                    if let Some(key) = record
-                        .partition_key
-                        .as_deref()
-                        .filter(|k| failed_keys.contains(k))
-                    {
+                    if let Some(key) = key.filter(|k| outcome.failed_keys.contains(*k)) {
                         tracing::warn!(
                             seq = record.seq,
                             key,
@@ -454,67 +564,32 @@ impl<'r, P: Publisher> Session<'r, P> {
                              the broker has them out of order"
                         );
                     }
-                    sent.push(record.seq);
+                    outcome.sent.push(record.seq);
                 }
                 Err(e) if e.kind() == PublishErrorKind::NotAttempted => {}
                 Err(e) => {
-                    if let Some(key) = record.partition_key.as_deref() {
-                        failed_keys.insert(key);
+                    if let Some(key) = key {
+                        outcome.failed_keys.insert(key.to_owned());
                     }
                     tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
-                    failed_seq.push(record.seq);
-                    failed_error.push(e.message().to_owned());
-                    failed_permanent.push(e.kind() == PublishErrorKind::Permanent);
+                    outcome.failed_seq.push(record.seq);
+                    outcome
+                        .failed_permanent
+                        .push(e.kind() == PublishErrorKind::Permanent);
+                    outcome.failed_error.push(e.message().to_owned());
                 }
             }
         }
-
-        if !sent.is_empty() {
-            self.count_queries(1);
-            sqlx::query(&self.sql.mark)
-                .bind(&sent)
-                .execute(&mut self.conn)
-                .await?;
-            let n = sent.len() as u64;
-            RelayStats::add(&stats.published, n);
-            metrics::counter!("outbox_published_total").increment(n);
-        }
-        if !failed_seq.is_empty() {
-            self.count_queries(1);
-            let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
-                .bind(&failed_seq)
-                .bind(&failed_error)
-                .bind(&failed_permanent)
-                .bind(config.max_attempts)
-                .bind(config.backoff_base.as_secs_f64())
-                .bind(config.backoff_cap.as_secs_f64())
-                .fetch_all(&mut self.conn)
-                .await?;
-            let dead = dead.iter().filter(|d| **d).count() as u64;
-            RelayStats::add(&stats.failed, failed_seq.len() as u64);
-            RelayStats::add(&stats.dead, dead);
-            metrics::counter!("outbox_failed_total").increment(failed_seq.len() as u64);
-            metrics::counter!("outbox_dead_lettered_total").increment(dead);
-            if dead > 0 {
-                tracing::error!(
-                    count = dead,
-                    "outbox messages dead-lettered after their last attempt"
-                );
-            }
-        }
-        tracing::debug!(
-            sent = sent.len(),
-            failed = failed_seq.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "outbox batch done"
-        );
-        Ok(())
+        outcome
     }
 }
 
 /// Headers written by hand may hold non-string values: they are passed on as JSON text
 /// rather than blocking the relay on one row.
 fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
+    if text == "{}" {
+        return BTreeMap::new();
+    }
     match serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text) {
         Ok(map) => map
             .into_iter()
