@@ -19,6 +19,19 @@ use setup::{Args, BenchDb};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// seq, id, event_type, destination, partition_key, payload, headers.
+type ClaimedRow = (
+    i64,
+    uuid::Uuid,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+);
+/// seq, id, event_type, destination, partition_key, payload.
+type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, String);
+
 #[tokio::main]
 async fn main() {
     let args = match Args::parse(std::env::args().skip(1)) {
@@ -115,7 +128,7 @@ async fn pg_ceiling(args: &Args) -> Result<Measured, BoxError> {
     let started = Instant::now();
     let mut done = 0_u64;
     loop {
-        let rows: Vec<(i64, uuid::Uuid, String, String, Option<String>, String, String)> = sqlx::query_as(
+        let rows: Vec<ClaimedRow> = sqlx::query_as(
             "SELECT seq, id, event_type, destination, partition_key, payload::text, headers::text FROM outbox \
              WHERE sent_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT 1000",
         )
@@ -157,7 +170,7 @@ async fn article(args: &Args) -> Result<Measured, BoxError> {
     let mut done = 0_u64;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(i64, uuid::Uuid, String, String, Option<String>, String)> = sqlx::query_as(
+        let rows: Vec<ArticleRow> = sqlx::query_as(
             "SELECT seq, id, event_type, destination, partition_key, payload::text FROM outbox \
              WHERE sent_at IS NULL ORDER BY created_at LIMIT 50 FOR UPDATE SKIP LOCKED",
         )
