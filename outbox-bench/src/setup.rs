@@ -10,41 +10,85 @@ use crate::BoxError;
 
 /// Parsed command line.
 pub struct Args {
-    pub scenario: String,
+    pub scenarios: Vec<String>,
     pub events: u64,
     pub keys: u64,
     pub payload: usize,
-    pub json: Option<String>,
+    pub history: u64,
+    pub idle_seconds: u64,
+    pub write_iterations: usize,
+    pub smoke: bool,
+    pub out: String,
     pub database_url: String,
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|pg-ceiling|article|all> \
-        [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] [--json FILE]";
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|write|idle|history|scale|all>... \
+        [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
+        [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
+        [--smoke] [--out DIR (target/bench)]";
 
-    pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-        let scenario = it.next().ok_or("no scenario given")?;
+    pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
-            scenario,
+            scenarios: Vec::new(),
             events: 100_000,
             keys: 1000,
             payload: 1024,
-            json: None,
+            history: 10_000_000,
+            idle_seconds: 60,
+            write_iterations: 2000,
+            smoke: false,
+            out: "target/bench".to_owned(),
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         };
-        while let Some(flag) = it.next() {
-            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-            let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-            match flag.as_str() {
-                "--events" => args.events = number(value()?)?,
-                "--keys" => args.keys = number(value()?)?.max(1),
-                "--payload" => {
-                    args.payload = usize::try_from(number(value()?)?).map_err(|e| e.to_string())?
+        let mut it = it.peekable();
+        while let Some(word) = it.next() {
+            if !word.starts_with("--") {
+                match word.as_str() {
+                    "all" => args
+                        .scenarios
+                        .extend(["drain", "write", "idle", "history", "scale"].map(String::from)),
+                    _ => args.scenarios.push(word),
                 }
-                "--json" => args.json = Some(value()?),
+                continue;
+            }
+            if word == "--smoke" {
+                args.smoke = true;
+                continue;
+            }
+            let value = it.next().ok_or_else(|| format!("{word} needs a value"))?;
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|e| format!("{word} {value:?}: {e}"))
+            };
+            match word.as_str() {
+                "--events" => args.events = number()?.max(1),
+                "--keys" => args.keys = number()?.max(1),
+                "--payload" => {
+                    args.payload = usize::try_from(number()?).map_err(|e| e.to_string())?
+                }
+                "--history" => args.history = number()?,
+                "--idle-seconds" => args.idle_seconds = number()?.max(1),
+                "--write-iterations" => {
+                    args.write_iterations = usize::try_from(number()?)
+                        .map_err(|e| e.to_string())?
+                        .max(10)
+                }
+                "--out" => args.out = value,
                 other => return Err(format!("unknown option {other:?}")),
             }
+        }
+        if args.scenarios.is_empty() {
+            return Err("no scenario given".to_owned());
+        }
+        if args.smoke {
+            args.events = args.events.min(2_000);
+            args.keys = args.keys.min(50);
+            args.history = args.history.min(20_000);
+            args.idle_seconds = args.idle_seconds.min(6);
+            args.write_iterations = args.write_iterations.min(50);
         }
         Ok(args)
     }
@@ -59,6 +103,10 @@ pub struct BenchDb {
 
 impl BenchDb {
     pub async fn new(args: &Args) -> Result<BenchDb, BoxError> {
+        Self::with_pool_size(args, 16).await
+    }
+
+    pub async fn with_pool_size(args: &Args, size: u32) -> Result<BenchDb, BoxError> {
         let schema = format!("outbox_bench_{}", uuid::Uuid::now_v7().simple());
         let base = PgConnectOptions::from_str(&args.database_url)?;
         let mut admin = sqlx::PgConnection::connect_with(&base).await?;
@@ -66,7 +114,7 @@ impl BenchDb {
             .execute(&mut admin)
             .await?;
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(size)
             .connect_with(base.options([("search_path", schema.as_str())]))
             .await?;
         let outbox = Outbox::new(pool);
@@ -81,16 +129,29 @@ impl BenchDb {
     /// `events` pending rows, keys `k0..k{keys}` round robin, a JSON payload of about
     /// `payload` bytes; one statement, then VACUUM ANALYZE as a real table would have.
     pub async fn fill(&self, events: u64, keys: u64, payload: usize) -> Result<(), BoxError> {
+        self.fill_rows(events, keys, payload, false).await
+    }
+
+    /// Like [`fill`](Self::fill); `sent` rows are history (already published).
+    pub async fn fill_rows(
+        &self,
+        events: u64,
+        keys: u64,
+        payload: usize,
+        sent: bool,
+    ) -> Result<(), BoxError> {
         let filler = "x".repeat(payload.saturating_sub(60));
         sqlx::query(
-            "INSERT INTO outbox (id, event_type, destination, partition_key, payload) \
+            "INSERT INTO outbox (id, event_type, destination, partition_key, payload, sent_at) \
              SELECT gen_random_uuid(), 'BenchEvent', 'bench.events', 'k' || (g % $2), \
-                    jsonb_build_object('n', g, 'key', 'k' || (g % $2), 'filler', $3::text) \
+                    jsonb_build_object('n', g, 'key', 'k' || (g % $2), 'filler', $3::text), \
+                    CASE WHEN $4 THEN now() END \
              FROM generate_series(0, $1 - 1) g",
         )
         .bind(i64::try_from(events)?)
         .bind(i64::try_from(keys)?)
         .bind(filler)
+        .bind(sent)
         .execute(self.outbox.pool())
         .await?;
         sqlx::query("VACUUM ANALYZE outbox")
@@ -107,4 +168,26 @@ impl BenchDb {
             .await?;
         Ok(())
     }
+}
+
+/// Peak resident memory of this process since the last [`reset_peak_rss`], in bytes.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the kernel's peak-RSS mark of this process (Linux `clear_refs` 5).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The `q` quantile (0..=1) of sorted `values`.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }

@@ -1,0 +1,316 @@
+//! The benchmark scenarios. Each adds its measurements to the report.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::relay::Relay;
+use outbox_core::{OutboxMessage, sqlx};
+
+use crate::BoxError;
+use crate::publisher::CountingPublisher;
+use crate::report::Report;
+use crate::setup::{Args, BenchDb, peak_rss, quantile, reset_peak_rss};
+
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// seq, id, event_type, destination, partition_key, payload, headers.
+type ClaimedRow = (
+    i64,
+    uuid::Uuid,
+    String,
+    String,
+    Option<String>,
+    String,
+    String,
+);
+/// seq, id, event_type, destination, partition_key, payload.
+type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, String);
+
+/// Runs relays over a filled backlog until it is drained; events/s.
+async fn relay_drain(args: &Args, relays: usize) -> Result<(f64, Option<u64>), BoxError> {
+    let db = BenchDb::with_pool_size(args, 4 + 2 * relays as u32).await?;
+    db.fill(args.events, args.keys, args.payload).await?;
+    let publisher = CountingPublisher::default();
+    reset_peak_rss();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..relays)
+        .map(|_| Relay::builder(db.outbox.clone(), publisher.clone()).spawn())
+        .collect();
+    if !publisher.wait_for(args.events, DRAIN_TIMEOUT).await {
+        return Err(format!(
+            "relay published only {} of {}",
+            publisher.count(),
+            args.events
+        )
+        .into());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let rss = peak_rss();
+    for h in handles {
+        h.shutdown().await;
+    }
+    db.drop().await?;
+    Ok((args.events as f64 / seconds, rss))
+}
+
+/// 1. Drain throughput: our relay against the article's relay and the database ceiling.
+pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let (ceiling, _) = pg_ceiling(args).await?;
+    report.add(
+        "drain",
+        "(d) PostgreSQL claim+mark ceiling",
+        ceiling,
+        "events/s",
+    );
+    let (relay, rss) = relay_drain(args, 1).await?;
+    report.add("drain", "(a) outbox relay, defaults", relay, "events/s");
+    let article = article(args).await?;
+    report.add("drain", "(b) source article's relay", article, "events/s");
+    report.add(
+        "drain",
+        "(a) / (d)",
+        relay / ceiling,
+        "ratio (target >= 0.7)",
+    );
+    report.add(
+        "drain",
+        "(a) / (b)",
+        relay / article,
+        "ratio (target >= 20)",
+    );
+    if let Some(rss) = rss {
+        report.add(
+            "drain",
+            "relay peak RSS during the drain",
+            rss as f64 / 1_048_576.0,
+            "MiB",
+        );
+    }
+    Ok(())
+}
+
+/// (d) claim 1,000 pending rows in `seq` order and mark them sent, one connection.
+async fn pg_ceiling(args: &Args) -> Result<(f64, u64), BoxError> {
+    let db = BenchDb::new(args).await?;
+    db.fill(args.events, args.keys, args.payload).await?;
+    let mut conn = db.outbox.pool().acquire().await?;
+    let started = Instant::now();
+    let mut done = 0_u64;
+    loop {
+        let rows: Vec<ClaimedRow> = sqlx::query_as(
+            "SELECT seq, id, event_type, destination, partition_key, payload::text, headers::text FROM outbox \
+             WHERE sent_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT 1000",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        if rows.is_empty() {
+            break;
+        }
+        let seqs: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        sqlx::query("UPDATE outbox SET sent_at = now() WHERE seq = ANY($1)")
+            .bind(&seqs)
+            .execute(&mut *conn)
+            .await?;
+        done += rows.len() as u64;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    drop(conn);
+    db.drop().await?;
+    Ok((done as f64 / seconds, done))
+}
+
+/// (b) the source article's relay: 50 rows by creation time (with the article's index),
+/// send one message and wait for its ack, one UPDATE per row, in one transaction.
+async fn article(args: &Args) -> Result<f64, BoxError> {
+    use outbox_core::publisher::Publisher;
+    let db = BenchDb::new(args).await?;
+    // The article relay is ~100x slower: a tenth of the backlog keeps the run short.
+    let events = (args.events / 10).max(1000.min(args.events));
+    db.fill(events, args.keys, args.payload).await?;
+    sqlx::query("CREATE INDEX outbox_article_idx ON outbox (created_at) WHERE sent_at IS NULL")
+        .execute(db.outbox.pool())
+        .await?;
+    let publisher = CountingPublisher::default();
+    let pool = db.outbox.pool().clone();
+    let started = Instant::now();
+    let mut done = 0_u64;
+    loop {
+        let mut tx = pool.begin().await?;
+        let rows: Vec<ArticleRow> = sqlx::query_as(
+            "SELECT seq, id, event_type, destination, partition_key, payload::text FROM outbox \
+             WHERE sent_at IS NULL ORDER BY created_at LIMIT 50 FOR UPDATE SKIP LOCKED",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            break;
+        }
+        for (seq, id, event_type, destination, key, payload) in rows {
+            let record = outbox_core::OutboxRecord {
+                seq,
+                id,
+                event_type,
+                event_version: None,
+                destination,
+                partition_key: key,
+                payload,
+                headers: Default::default(),
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+            };
+            let result = publisher.publish(std::slice::from_ref(&record)).await;
+            if result.first().is_some_and(Result::is_ok) {
+                sqlx::query("UPDATE outbox SET sent_at = now() WHERE seq = $1")
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await?;
+                done += 1;
+            }
+        }
+        tx.commit().await?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    db.drop().await?;
+    Ok(done as f64 / seconds)
+}
+
+/// 3. Write overhead: a business transaction (one UPDATE) with 0, 1 and 10 events.
+pub async fn write_overhead(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let db = BenchDb::new(args).await?;
+    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0)")
+        .execute(db.outbox.pool())
+        .await?;
+    sqlx::query("INSERT INTO orders SELECT g, 'new' FROM generate_series(0, 9999) g")
+        .execute(db.outbox.pool())
+        .await?;
+    let variants = [0_usize, 1, 10];
+    let mut timings: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let warmup = 20;
+    for i in 0..args.write_iterations + warmup {
+        // Interleaved, so machine noise hits every variant alike.
+        for (v, &events) in variants.iter().enumerate() {
+            let started = Instant::now();
+            let mut tx = db.outbox.begin().await?;
+            sqlx::query("UPDATE orders SET n = n + 1, status = 'confirmed' WHERE id = $1")
+                .bind(i64::try_from(i % 10_000)?)
+                .execute(&mut *tx)
+                .await?;
+            for e in 0..events {
+                tx.emit_message(
+                    OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
+                        .with_key(format!("{i}-{e}")),
+                )?;
+            }
+            tx.commit().await?;
+            if i >= warmup {
+                timings[v].push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let mut p50s = Vec::new();
+    for (v, &events) in variants.iter().enumerate() {
+        let t = &mut timings[v];
+        t.sort_by(f64::total_cmp);
+        let (p50, p99) = (quantile(t, 0.5), quantile(t, 0.99));
+        p50s.push(p50);
+        report.add(
+            "write",
+            &format!("commit with {events} event(s), p50"),
+            p50,
+            "ms",
+        );
+        report.add(
+            "write",
+            &format!("commit with {events} event(s), p99"),
+            p99,
+            "ms",
+        );
+    }
+    report.add(
+        "write",
+        "one event's overhead at p50",
+        (p50s[1] / p50s[0] - 1.0) * 100.0,
+        "% (target <= 7)",
+    );
+    db.drop().await?;
+    Ok(())
+}
+
+/// 4. Idle cost: statements an idle relay sends per minute.
+pub async fn idle(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let db = BenchDb::new(args).await?;
+    let relay = Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = relay.stats().queries;
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let queries = relay.stats().queries - before;
+    relay.shutdown().await;
+    report.add(
+        "idle",
+        "queries per minute, idle relay (5 s poll)",
+        queries as f64 * 60.0 / args.idle_seconds as f64,
+        "queries/min (target <= 12)",
+    );
+    db.drop().await?;
+    Ok(())
+}
+
+/// 5. History size: the claim scan with 0 and with `history` retained sent rows.
+pub async fn history(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let mut medians = Vec::new();
+    for history in [0, args.history] {
+        let db = BenchDb::new(args).await?;
+        if history > 0 {
+            db.fill_rows(history, args.keys, 64, true).await?;
+        }
+        db.fill(1000, args.keys, args.payload).await?;
+        let mut conn = db.outbox.pool().acquire().await?;
+        let mut t = Vec::new();
+        for i in 0..60 {
+            let started = Instant::now();
+            let rows: Vec<ClaimedRow> = sqlx::query_as(
+                "SELECT seq, id, event_type, destination, partition_key, payload::text, headers::text FROM outbox \
+                 WHERE sent_at IS NULL AND dead_at IS NULL AND seq > $1 ORDER BY seq LIMIT 1000",
+            )
+            .bind(0_i64)
+            .fetch_all(&mut *conn)
+            .await?;
+            if rows.len() != 1000 {
+                return Err(format!("claim scan returned {} rows", rows.len()).into());
+            }
+            if i >= 10 {
+                t.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        drop(conn);
+        t.sort_by(f64::total_cmp);
+        let p50 = quantile(&t, 0.5);
+        medians.push(p50);
+        report.add(
+            "history",
+            &format!("claim of 1,000 rows with {history} sent rows retained, p50"),
+            p50,
+            "ms",
+        );
+        db.drop().await?;
+    }
+    report.add(
+        "history",
+        "claim latency, full history / empty",
+        medians[1] / medians[0],
+        "ratio (target <= 1.2)",
+    );
+    Ok(())
+}
+
+/// 6. Scale-out: drain throughput with 1, 2 and 3 relays.
+pub async fn scale_out(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    for relays in 1..=3 {
+        let (rate, _) = relay_drain(args, relays).await?;
+        report.add("scale", &format!("{relays} relay(s)"), rate, "events/s");
+    }
+    Ok(())
+}
