@@ -91,14 +91,14 @@ impl<DB: Backend> Outbox<DB> {
     /// events, then [`commit`](OutboxTx::commit): the events are written atomically with
     /// your changes, or not at all.
     pub async fn begin(&self) -> Result<OutboxTx<'static, DB>> {
-        let tx = self.inner.pool.begin().await.map_err(|e| {
+        let conn = self.inner.pool.acquire().await.map_err(|e| {
             Error::db(
                 "starting a transaction",
                 &self.inner.tables.outbox.to_string(),
                 e,
             )
         })?;
-        Ok(OutboxTx::new(tx, self.clone()))
+        OutboxTx::begin(conn, self.clone()).await
     }
 
     /// Writes `events` into the outbox inside a transaction you already own.

@@ -4,6 +4,8 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 use sqlx::Transaction;
+use sqlx::pool::PoolConnection;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::store::Backend;
@@ -31,33 +33,55 @@ use crate::{Error, Outbox, OutboxEvent, OutboxMessage, Result};
 /// # Ok(()) }
 /// ```
 pub struct OutboxTx<'c, DB: Backend = sqlx::Postgres> {
-    tx: Transaction<'c, DB>,
+    conn: Conn<'c, DB>,
     outbox: Outbox<DB>,
     pending: Vec<OutboxMessage>,
 }
 
+/// Where the transaction lives.
+enum Conn<'c, DB: Backend> {
+    /// Begun by [`Outbox::begin`] on a pooled connection; we send `BEGIN` and `COMMIT`
+    /// ourselves so the commit can carry the events in the same round trip. `open` is
+    /// true until it is committed or rolled back.
+    Own {
+        conn: PoolConnection<DB>,
+        open: bool,
+    },
+    /// A `sqlx` transaction the caller started ([`OutboxTx::from_transaction`]).
+    Sqlx(Transaction<'c, DB>),
+    /// Committed or rolled back (only seen inside `commit`, `rollback` and `drop`).
+    Taken,
+}
+
 impl<'c, DB: Backend> OutboxTx<'c, DB> {
-    pub(crate) fn new(tx: Transaction<'c, DB>, outbox: Outbox<DB>) -> Self {
-        OutboxTx {
-            tx,
+    pub(crate) async fn begin(mut conn: PoolConnection<DB>, outbox: Outbox<DB>) -> Result<Self> {
+        DB::begin(&mut conn).await?;
+        Ok(OutboxTx {
+            conn: Conn::Own { conn, open: true },
             outbox,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Wraps a transaction you started yourself, so events can be emitted into it.
+    ///
+    /// Its commit costs one more round trip than a transaction from [`Outbox::begin`]
+    /// (the events are written, then `COMMIT` is sent).
+    pub fn from_transaction(tx: Transaction<'c, DB>, outbox: &Outbox<DB>) -> Self {
+        OutboxTx {
+            conn: Conn::Sqlx(tx),
+            outbox: outbox.clone(),
             pending: Vec::new(),
         }
     }
 
-    /// Wraps a transaction you started yourself, so events can be emitted into it.
-    pub fn from_transaction(tx: Transaction<'c, DB>, outbox: &Outbox<DB>) -> Self {
-        OutboxTx::new(tx, outbox.clone())
-    }
-
     /// The connection, for your own queries.
     pub fn conn(&mut self) -> &mut DB::Connection {
-        &mut self.tx
-    }
-
-    /// The underlying `sqlx` transaction.
-    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
-        &mut self.tx
+        match &mut self.conn {
+            Conn::Own { conn, .. } => conn,
+            Conn::Sqlx(tx) => tx,
+            Conn::Taken => unreachable!("an OutboxTx is used only before commit or rollback"),
+        }
     }
 
     /// The outbox this transaction writes to.
@@ -97,32 +121,93 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.outbox.write(&mut self.tx, &self.pending).await?;
-        self.pending.clear();
+        let outbox = self.outbox.clone();
+        let pending = std::mem::take(&mut self.pending);
+        if let Err(e) = outbox.write(self.conn(), &pending).await {
+            self.pending = pending;
+            return Err(e);
+        }
         Ok(())
     }
 
     /// Writes the collected events in one statement and commits them with everything
-    /// else done in this transaction.
+    /// else done in this transaction. For a transaction from [`Outbox::begin`] the
+    /// events and the `COMMIT` travel in one round trip.
     pub async fn commit(mut self) -> Result<()> {
         let count = self.pending.len();
-        self.flush().await?;
-        let table = self.outbox.tables().outbox.to_string();
-        self.tx
-            .commit()
-            .await
-            .map_err(|e| Error::db("committing the transaction", &table, e))?;
+        let span = tracing::debug_span!("outbox.commit", events = count);
+        let tables = self.outbox.tables().clone();
+        let pending = std::mem::take(&mut self.pending);
+        match &mut self.conn {
+            Conn::Own { conn, open } => {
+                // On failure `open` stays true: the drop rolls back.
+                DB::write_and_commit(conn, &tables, &pending)
+                    .instrument(span)
+                    .await?;
+                *open = false;
+            }
+            Conn::Sqlx(_) => {
+                self.pending = pending;
+                self.flush().instrument(span).await?;
+                let Conn::Sqlx(tx) = std::mem::replace(&mut self.conn, Conn::Taken) else {
+                    unreachable!("matched above")
+                };
+                tx.commit().await.map_err(|e| {
+                    Error::db("committing the transaction", &tables.outbox.to_string(), e)
+                })?;
+            }
+            Conn::Taken => {}
+        }
         tracing::debug!(events = count, "outbox transaction committed");
         Ok(())
     }
 
     /// Rolls back: your changes are undone and no event is written.
-    pub async fn rollback(self) -> Result<()> {
-        let table = self.outbox.tables().outbox.to_string();
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| Error::db("rolling back the transaction", &table, e))
+    pub async fn rollback(mut self) -> Result<()> {
+        self.pending.clear();
+        match std::mem::replace(&mut self.conn, Conn::Taken) {
+            Conn::Own { mut conn, open } => {
+                if open {
+                    if let Err(e) = DB::rollback(&mut conn).await {
+                        // The connection's state is unknown: don't hand it to anyone else.
+                        conn.close_on_drop();
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            }
+            Conn::Sqlx(tx) => tx.rollback().await.map_err(|e| {
+                Error::db(
+                    "rolling back the transaction",
+                    &self.outbox.tables().outbox.to_string(),
+                    e,
+                )
+            }),
+            Conn::Taken => Ok(()),
+        }
+    }
+}
+
+impl<DB: Backend> Drop for OutboxTx<'_, DB> {
+    /// A transaction dropped while open (an early `?`, a panic, a cancelled future) is
+    /// rolled back on a background task before its connection returns to the pool; with
+    /// no runtime to run that on, the connection is closed, which rolls back too.
+    fn drop(&mut self) {
+        if let Conn::Own { open: true, .. } = &self.conn {
+            let Conn::Own { mut conn, .. } = std::mem::replace(&mut self.conn, Conn::Taken) else {
+                return;
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        if DB::rollback(&mut conn).await.is_err() {
+                            conn.close_on_drop();
+                        }
+                    });
+                }
+                Err(_) => conn.close_on_drop(),
+            }
+        }
     }
 }
 
@@ -130,13 +215,17 @@ impl<DB: Backend> Deref for OutboxTx<'_, DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &Self::Target {
-        &self.tx
+        match &self.conn {
+            Conn::Own { conn, .. } => conn,
+            Conn::Sqlx(tx) => tx,
+            Conn::Taken => unreachable!("an OutboxTx is used only before commit or rollback"),
+        }
     }
 }
 
 impl<DB: Backend> DerefMut for OutboxTx<'_, DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
+        self.conn()
     }
 }
 

@@ -613,3 +613,125 @@ async fn headers_are_stored_as_a_json_object() {
     assert_eq!(payload, serde_json::json!([1, 2, 3]));
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn hostile_strings_round_trip_verbatim() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    let nasty = [
+        r#"'); DROP TABLE orders; --"#,
+        r"back\slash \' \\' E'\x41' $$ $tag$ ",
+        "unicode: ünï ☃ 日本 \u{1F600} \u{FEFF}",
+        "newline\nand\ttab\r",
+        "''''",
+        "\\",
+    ];
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 9).await;
+    let mut expected = Vec::new();
+    for (i, s) in nasty.iter().enumerate() {
+        let payload = serde_json::json!({ "s": s, "i": i });
+        let msg = OutboxMessage::new(format!("Type{s}"), format!("dest{s}"), payload.to_string())
+            .with_key(*s)
+            .with_header(format!("h{s}"), *s);
+        expected.push((
+            msg.id,
+            msg.event_type.clone(),
+            msg.destination.clone(),
+            payload,
+        ));
+        tx.emit_message(msg).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        status(&db, 9).await,
+        "confirmed",
+        "the orders table is intact"
+    );
+    let rows: Vec<(Uuid, String, String, Option<String>, serde_json::Value, serde_json::Value)> =
+        sqlx::query_as("SELECT id, event_type, destination, partition_key, payload, headers FROM outbox ORDER BY seq")
+            .fetch_all(&db.pool)
+            .await
+            .expect("rows");
+    assert_eq!(rows.len(), nasty.len());
+    for ((s, (id, event_type, destination, payload)), row) in nasty.iter().zip(expected).zip(rows) {
+        assert_eq!(row.0, id);
+        assert_eq!(row.1, event_type);
+        assert_eq!(row.2, destination);
+        assert_eq!(row.3.as_deref(), Some(*s));
+        assert_eq!(row.4, payload);
+        assert_eq!(row.5, serde_json::json!({ format!("h{s}"): s }));
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_nul_character_is_refused_and_nothing_is_written() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 8).await;
+    tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key("a\0b"))
+        .expect("collected");
+    let err = tx.commit().await.expect_err("NUL cannot be stored");
+    assert!(matches!(err, Error::InvalidMessage(_)), "{err:?}");
+    assert!(err.to_string().contains("NUL"), "{err}");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(db.count("outbox").await, 0);
+    assert_eq!(
+        status(&db, 8).await,
+        "new",
+        "the business change was rolled back"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dropped_transaction_leaves_a_clean_connection_behind() {
+    let db = TestDb::with_max_connections(1).await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    for round in 0..3 {
+        let mut tx = outbox.begin().await.expect("begin on the only connection");
+        confirm(&mut tx, 3).await;
+        tx.emit(Heartbeat {}).expect("emit");
+        drop(tx); // an early return: rolled back before the connection is reused
+        let mut tx = outbox.begin().await.expect("the connection came back");
+        let open: bool = sqlx::query_scalar("SELECT count(*) = 0 FROM outbox")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("query");
+        assert!(
+            open,
+            "round {round}: the dropped transaction's rows are gone"
+        );
+        tx.rollback().await.expect("rollback");
+    }
+    assert_eq!(status(&db, 3).await, "new");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn from_transaction_wraps_a_caller_owned_transaction() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    let tx = db.pool.begin().await.expect("begin");
+    let mut tx = OutboxTx::from_transaction(tx, &outbox);
+    confirm(&mut tx, 2).await;
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.commit().await.expect("commit");
+    assert_eq!(db.count("outbox").await, 1);
+    assert_eq!(status(&db, 2).await, "confirmed");
+
+    let tx = db.pool.begin().await.expect("begin");
+    let mut tx = OutboxTx::from_transaction(tx, &outbox);
+    confirm(&mut tx, 5).await;
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(db.count("outbox").await, 1);
+    assert_eq!(status(&db, 5).await, "new");
+    db.cleanup().await;
+}

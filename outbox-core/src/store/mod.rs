@@ -25,6 +25,23 @@ pub trait Backend: sqlx::Database + Sealed {
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>>;
 
+    /// Starts a transaction on `conn` (a pooled connection [`OutboxTx`](crate::OutboxTx)
+    /// manages itself, so that its commit can carry the events).
+    #[doc(hidden)]
+    fn begin<'c>(conn: &'c mut Self::Connection) -> BoxFuture<'c, Result<()>>;
+
+    /// Writes `messages` (if any) and commits, in one round trip where the database allows.
+    #[doc(hidden)]
+    fn write_and_commit<'c>(
+        conn: &'c mut Self::Connection,
+        tables: &'c Tables,
+        messages: &'c [OutboxMessage],
+    ) -> BoxFuture<'c, Result<()>>;
+
+    /// Rolls back the transaction started by [`begin`](Self::begin).
+    #[doc(hidden)]
+    fn rollback<'c>(conn: &'c mut Self::Connection) -> BoxFuture<'c, Result<()>>;
+
     /// Applies the pending migrations; returns the versions applied now.
     #[doc(hidden)]
     fn migrate<'c>(

@@ -19,6 +19,32 @@ impl Backend for Postgres {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
+    fn begin<'c>(conn: &'c mut PgConnection) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute("BEGIN")
+                .await
+                .map_err(|e| Error::db("starting a transaction", "", e))?;
+            Ok(())
+        })
+    }
+
+    fn write_and_commit<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        messages: &'c [OutboxMessage],
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(write_and_commit(conn, tables, messages))
+    }
+
+    fn rollback<'c>(conn: &'c mut PgConnection) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute("ROLLBACK")
+                .await
+                .map_err(|e| Error::db("rolling back the transaction", "", e))?;
+            Ok(())
+        })
+    }
+
     fn migrate<'c>(pool: &'c sqlx::PgPool, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>> {
         Box::pin(migrate(pool, tables))
     }
@@ -47,6 +73,120 @@ fn insert_sql(tables: &Tables) -> String {
     )
 }
 
+/// The flush statement with the rows spelled out as literals, followed by `COMMIT`: sent
+/// as one simple-protocol query, the events cost no round trip of their own. Same
+/// semantics as [`insert_sql`] (writer lock before `seq`, emit order, notify at commit).
+///
+/// Literals are `E'...'` strings with `\` and `'` doubled, which PostgreSQL reads back
+/// verbatim whatever `standard_conforming_strings` says; the connection's encoding is
+/// UTF-8 (sqlx sets it), in which no multi-byte character contains either byte. NUL,
+/// which PostgreSQL text cannot hold, is refused before anything is sent.
+fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
+    let outbox = tables.outbox.quoted();
+    let payload_bytes: usize = messages.iter().map(|m| m.payload.len() + 160).sum();
+    let mut sql = String::with_capacity(payload_bytes + 1024);
+    sql.push_str(&format!(
+        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, \
+           pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked), \
+         ins AS (\
+           INSERT INTO {outbox} \
+             (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
+           SELECT x.xid, m.id::uuid, m.event_type, m.event_version::int4, m.destination, m.partition_key, \
+                  m.payload::jsonb, m.headers::jsonb \
+           FROM x, (VALUES ",
+        writers = locks::WRITERS,
+    ));
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        literal(&mut sql, &m.id.to_string(), m)?;
+        sql.push_str(", ");
+        literal(&mut sql, &m.event_type, m)?;
+        sql.push_str(", ");
+        match m.event_version {
+            Some(v) => sql.push_str(&v.to_string()),
+            None => sql.push_str("NULL"),
+        }
+        sql.push_str(", ");
+        literal(&mut sql, &m.destination, m)?;
+        sql.push_str(", ");
+        match &m.partition_key {
+            Some(k) => literal(&mut sql, k, m)?,
+            None => sql.push_str("NULL"),
+        }
+        sql.push_str(", ");
+        literal(&mut sql, &m.payload, m)?;
+        sql.push_str(", ");
+        literal(&mut sql, &headers_json(m)?, m)?;
+        sql.push_str(&format!(", {i})"));
+    }
+    sql.push_str(&format!(
+        ") AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
+           ORDER BY m.ord\
+         ) \
+         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, ''); COMMIT"
+    ));
+    Ok(sql)
+}
+
+/// Appends `value` as an `E'...'` literal.
+fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()> {
+    if value.contains('\0') {
+        return Err(Error::InvalidMessage(
+            format!(
+                "message {} (`{}`) contains a NUL character, which PostgreSQL text cannot store; \
+                 remove it from the key, headers or type",
+                message.id, message.event_type
+            )
+            .into(),
+        ));
+    }
+    sql.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => sql.push_str("''"),
+            '\\' => sql.push_str("\\\\"),
+            c => sql.push(c),
+        }
+    }
+    sql.push('\'');
+    Ok(())
+}
+
+fn headers_json(m: &OutboxMessage) -> Result<String> {
+    if m.headers.is_empty() {
+        return Ok("{}".to_owned());
+    }
+    serde_json::to_string(&m.headers).map_err(|source| Error::Serialize {
+        event_type: m.event_type.clone(),
+        source,
+    })
+}
+
+async fn write_and_commit(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    messages: &[OutboxMessage],
+) -> Result<()> {
+    let table = tables.outbox.to_string();
+    if messages.is_empty() {
+        conn.execute("COMMIT")
+            .await
+            .map_err(|e| Error::db("committing the transaction", &table, e))?;
+        return Ok(());
+    }
+    let sql = commit_sql(tables, messages)?;
+    // No arguments: the simple protocol runs both statements in one round trip. If the
+    // INSERT fails, COMMIT is not run and the transaction stays open (aborted) for the
+    // caller to roll back.
+    conn.execute(sql.as_str())
+        .await
+        .map_err(|e| Error::db("writing events to the outbox and committing", &table, e))?;
+    Ok(())
+}
+
 async fn insert_messages(
     conn: &mut PgConnection,
     tables: &Tables,
@@ -70,14 +210,7 @@ async fn insert_messages(
         destinations.push(m.destination.as_str());
         keys.push(m.partition_key.as_deref());
         payloads.push(m.payload.as_str());
-        headers.push(if m.headers.is_empty() {
-            "{}".to_owned()
-        } else {
-            serde_json::to_string(&m.headers).map_err(|source| Error::Serialize {
-                event_type: m.event_type.clone(),
-                source,
-            })?
-        });
+        headers.push(headers_json(m)?);
     }
     sqlx::query(&insert_sql(tables))
         .bind(&ids)
