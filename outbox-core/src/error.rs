@@ -88,6 +88,37 @@ pub enum Error {
     )]
     Catalog(String),
 
+    /// No message in the outbox has this id (an operations command named it).
+    #[error(
+        "no message with id {id} in {table}; check the id (`outbox pending`, `outbox dead` and \
+         `outbox status` show what is there) and the table (`--table`)"
+    )]
+    UnknownMessage {
+        /// The outbox table searched.
+        table: String,
+        /// The id that was not found.
+        id: uuid::Uuid,
+    },
+
+    /// A message is not in the state an operation needs (replaying a message that was
+    /// never sent, releasing one that is not dead-lettered...). Nothing was changed.
+    #[error("message {id} is {state}, so it cannot be {operation}; {hint}; nothing was changed")]
+    WrongState {
+        /// The message.
+        id: uuid::Uuid,
+        /// Its current state: `pending`, `in retry`, `sent` or `dead-lettered`.
+        state: &'static str,
+        /// What was asked: `replayed`, `released`...
+        operation: &'static str,
+        /// What to do instead.
+        hint: &'static str,
+    },
+
+    /// An argument of an operation is not valid (an empty time window, no ids...).
+    /// Nothing was changed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(Cow<'static, str>),
+
     /// A database operation failed.
     #[error("database error while {context}: {source}")]
     Database {
@@ -112,8 +143,8 @@ impl Error {
             };
         }
         if let sqlx::Error::Database(db) = &source {
-            // 42P01: undefined_table (PostgreSQL).
-            if db.code().as_deref() == Some("42P01") {
+            // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL).
+            if matches!(db.code().as_deref(), Some("42P01" | "3F000")) {
                 return Error::SchemaMissing {
                     table: table.to_owned(),
                 };

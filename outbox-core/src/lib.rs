@@ -110,6 +110,7 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod catalog;
 pub mod config;
 mod error;
@@ -119,6 +120,7 @@ pub mod migrate;
 mod outbox;
 pub mod publisher;
 pub mod relay;
+pub mod retention;
 pub mod store;
 mod transactional;
 mod tx;
@@ -131,6 +133,7 @@ pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};
+pub use retention::{Retention, RetentionHandle, RetentionReport};
 pub use store::Backend;
 pub use tx::OutboxTx;
 

@@ -70,11 +70,18 @@ impl Migration {
 }
 
 /// The PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the outbox and processed-messages tables",
-    sql: include_str!("../migrations/postgres/0001_create_outbox.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create the outbox and processed-messages tables",
+        sql: include_str!("../migrations/postgres/0001_create_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "index dead-lettered messages",
+        sql: include_str!("../migrations/postgres/0002_dead_letter_index.sql"),
+    },
+];
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,169 @@
+//! The command line, as clap parses it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand};
+use uuid::Uuid;
+
+use crate::time::{parse_age, parse_time};
+
+const TIMES: &str = "Times: RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01, midnight UTC), \
+                     `now`, or an age before now (90s, 15m, 12h, 7d, 2w; this machine's clock).";
+
+/// Operate a transactional outbox: migrate its tables, watch the queue, replay sent
+/// messages, release dead letters and purge history.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, after_help = TIMES)]
+pub struct Cli {
+    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/db.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
+
+    /// The outbox table, optionally schema-qualified (as in the library's configuration).
+    #[arg(
+        long,
+        env = "OUTBOX_TABLE",
+        global = true,
+        default_value = "outbox",
+        value_name = "TABLE"
+    )]
+    pub table: String,
+
+    /// The processed-messages table (default: the outbox table + `_processed`).
+    #[arg(
+        long,
+        env = "OUTBOX_PROCESSED_TABLE",
+        global = true,
+        value_name = "TABLE"
+    )]
+    pub processed_table: Option<String>,
+
+    /// Give up connecting after this long (an age such as 10s).
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_age, value_name = "AGE")]
+    pub connect_timeout: Duration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox tables (safe to run again).
+    Migrate,
+    /// Pending, in-retry and dead-lettered counts, overall and per destination.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List pending messages, oldest first.
+    Pending {
+        #[command(flatten)]
+        filter: Filter,
+        /// Only messages waiting for a retry after a failure.
+        #[arg(long)]
+        in_retry: bool,
+    },
+    /// List dead-lettered messages, oldest first.
+    Dead {
+        #[command(flatten)]
+        filter: Filter,
+    },
+    /// Re-queue sent messages so the relay publishes them again (e.g. after a consumer bug).
+    #[command(after_help = TIMES)]
+    Replay {
+        /// Message ids (repeat, or separate with commas).
+        #[arg(long = "id", value_name = "ID", value_delimiter = ',', required_unless_present = "since",
+              conflicts_with_all = ["since", "until", "destination"])]
+        ids: Vec<Uuid>,
+        /// Messages sent at or after this time.
+        #[arg(long, value_parser = parse_time, value_name = "TIME", requires = "until")]
+        since: Option<DateTime<Utc>>,
+        /// Messages sent before this time.
+        #[arg(long, value_parser = parse_time, value_name = "TIME", requires = "since")]
+        until: Option<DateTime<Utc>>,
+        /// With --since/--until: only messages for this destination.
+        #[arg(long)]
+        destination: Option<String>,
+    },
+    /// Return dead-lettered messages to pending (attempts reset).
+    Release {
+        /// Message ids (repeat, or separate with commas).
+        #[arg(
+            long = "id",
+            value_name = "ID",
+            value_delimiter = ',',
+            required_unless_present = "key",
+            conflicts_with = "key"
+        )]
+        ids: Vec<Uuid>,
+        /// Every dead-lettered message with this partition key.
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Delete sent (and, if asked, dead-lettered) messages in one transaction.
+    #[command(after_help = TIMES)]
+    Purge {
+        /// Delete messages sent before this time.
+        #[arg(long, value_parser = parse_time, value_name = "TIME", required_unless_present = "dead_before")]
+        sent_before: Option<DateTime<Utc>>,
+        /// Delete dead-lettered messages dead-lettered before this time.
+        #[arg(long, value_parser = parse_time, value_name = "TIME")]
+        dead_before: Option<DateTime<Utc>>,
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run retention once: delete old sent messages and processed ids in small batches.
+    Retention {
+        /// Delete messages sent longer ago than this age.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "7d", conflicts_with = "keep_sent")]
+        sent_older_than: Duration,
+        /// Delete processed-message ids older than this age.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "30d", conflicts_with = "keep_processed")]
+        processed_older_than: Duration,
+        /// Keep all sent messages.
+        #[arg(long)]
+        keep_sent: bool,
+        /// Keep all processed-message ids.
+        #[arg(long)]
+        keep_processed: bool,
+        /// Rows per DELETE statement.
+        #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+    },
+}
+
+/// Filters shared by `pending` and `dead`.
+#[derive(Debug, Args)]
+#[command(after_help = TIMES)]
+pub struct Filter {
+    /// Only this destination.
+    #[arg(long)]
+    pub destination: Option<String>,
+    /// Only this event type.
+    #[arg(long = "type")]
+    pub event_type: Option<String>,
+    /// Only this partition key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Only messages created at or after this time.
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub since: Option<DateTime<Utc>>,
+    /// Only messages created before this time.
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub until: Option<DateTime<Utc>>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Print JSON (an array of messages, with payloads and headers).
+    #[arg(long)]
+    pub json: bool,
+}

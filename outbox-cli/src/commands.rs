@@ -1,0 +1,349 @@
+//! What each command does: connect, call `outbox_core::admin` (or migrate, or retention),
+//! print the result.
+
+use std::fmt;
+use std::io::{self, Write};
+
+use outbox_core::admin::{Admin, ListFilter, MessageInfo, Status};
+use outbox_core::retention::Retention;
+use outbox_core::{Outbox, TableName};
+
+use crate::cli::{Cli, Command, Filter};
+use crate::time::human;
+
+/// Why a command failed. Displayed on one line.
+#[derive(Debug)]
+pub enum Failure {
+    /// From the library; its message says what to do.
+    Outbox(outbox_core::Error),
+    /// Found by the tool itself.
+    Message(String),
+    /// Standard output could not be written.
+    Output(io::Error),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Outbox(e) => write!(f, "{e}"),
+            Failure::Message(m) => f.write_str(m),
+            Failure::Output(e) => write!(f, "cannot write the output: {e}"),
+        }
+    }
+}
+
+impl From<outbox_core::Error> for Failure {
+    fn from(e: outbox_core::Error) -> Self {
+        Failure::Outbox(e)
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Output(e)
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(e: serde_json::Error) -> Self {
+        Failure::Output(e.into())
+    }
+}
+
+type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// Runs the command, writing its output to `out`.
+pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
+    let outbox = connect(&cli).await?;
+    let table = outbox.tables().outbox.to_string();
+    let admin = Admin::new(outbox.clone());
+    match cli.command {
+        Command::Migrate => {
+            let applied = outbox.migrate().await?;
+            if applied.is_empty() {
+                writeln!(out, "{table} is up to date; no migration to apply")?;
+            } else {
+                let list: Vec<String> = applied.iter().map(i64::to_string).collect();
+                writeln!(out, "applied migrations {} to {table}", list.join(", "))?;
+            }
+        }
+        Command::Status { json } => {
+            let status = admin.status().await?;
+            if json {
+                serde_json::to_writer_pretty(&mut *out, &status)?;
+                writeln!(out)?;
+            } else {
+                print_status(out, &status)?;
+            }
+        }
+        Command::Pending { filter, in_retry } => {
+            let json = filter.json;
+            let mut list_filter = list_filter(filter);
+            list_filter.in_retry_only = in_retry;
+            let messages = admin.pending(&list_filter).await?;
+            print_messages(out, &messages, json, "pending")?;
+        }
+        Command::Dead { filter } => {
+            let json = filter.json;
+            let messages = admin.dead(&list_filter(filter)).await?;
+            print_messages(out, &messages, json, "dead-lettered")?;
+        }
+        Command::Replay {
+            ids,
+            since,
+            until,
+            destination,
+        } => {
+            let n = match (since, until) {
+                (Some(since), Some(until)) => {
+                    admin
+                        .replay_sent_between(since, until, destination.as_deref())
+                        .await?
+                }
+                _ => admin.replay(&ids).await?,
+            };
+            writeln!(
+                out,
+                "re-queued {n} sent message(s) in {table}; the relay publishes them again, each before \
+                 the newer pending messages of its key"
+            )?;
+        }
+        Command::Release { ids, key } => {
+            let n = match &key {
+                Some(key) => {
+                    let n = admin.release_key(key).await?;
+                    if n == 0 {
+                        return Err(Failure::Message(format!(
+                            "no dead-lettered message has partition key {key:?} in {table}; \
+                             `outbox dead` lists them; nothing was changed"
+                        )));
+                    }
+                    n
+                }
+                None => admin.release(&ids).await?,
+            };
+            writeln!(
+                out,
+                "released {n} dead-lettered message(s) in {table}: pending again, attempts reset"
+            )?;
+        }
+        Command::Purge {
+            sent_before,
+            dead_before,
+            dry_run,
+        } => {
+            let report = admin.purge(sent_before, dead_before, dry_run).await?;
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            writeln!(
+                out,
+                "{verb} {} sent and {} dead-lettered message(s) from {table}{}",
+                report.sent,
+                report.dead,
+                if dry_run {
+                    " (dry run: nothing deleted)"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        Command::Retention {
+            sent_older_than,
+            processed_older_than,
+            keep_sent,
+            keep_processed,
+            batch_size,
+        } => {
+            let mut builder = Retention::builder(outbox.clone())
+                .sent_older_than(sent_older_than)
+                .processed_older_than(processed_older_than)
+                .batch_size(batch_size as usize);
+            if keep_sent {
+                builder = builder.keep_sent();
+            }
+            if keep_processed {
+                builder = builder.keep_processed();
+            }
+            let report = builder.build().run_once().await?;
+            writeln!(out, "{table}: {report}")?;
+        }
+    }
+    Ok(())
+}
+
+async fn connect(cli: &Cli) -> Result<Outbox> {
+    // Names first: a typo is reported without touching the database.
+    TableName::parse("outbox table name", &cli.table)?;
+    if let Some(name) = &cli.processed_table {
+        TableName::parse("processed-messages table name", name)?;
+    }
+    let url = cli
+        .database_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            Failure::Message(
+                "no database given; set DATABASE_URL or pass --database-url postgres://user@host:5432/db"
+                    .to_owned(),
+            )
+        })?;
+    let outbox = tokio::time::timeout(cli.connect_timeout, Outbox::connect(url))
+        .await
+        .map_err(|_| {
+            Failure::Message(format!(
+                "cannot reach the database: no answer within {}; check that the server is running and \
+                 that DATABASE_URL or --database-url points at it (or raise --connect-timeout)",
+                human(cli.connect_timeout.as_secs_f64())
+            ))
+        })??;
+    let mut builder = Outbox::builder(outbox.pool().clone()).table(&cli.table);
+    if let Some(name) = &cli.processed_table {
+        builder = builder.processed_table(name);
+    }
+    Ok(builder.build()?)
+}
+
+fn list_filter(filter: Filter) -> ListFilter {
+    ListFilter {
+        destination: filter.destination,
+        event_type: filter.event_type,
+        key: filter.key,
+        since: filter.since,
+        until: filter.until,
+        in_retry_only: false,
+        limit: filter.limit,
+    }
+}
+
+fn age(secs: Option<f64>) -> String {
+    secs.map_or_else(|| "-".to_owned(), human)
+}
+
+fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
+    writeln!(
+        out,
+        "{}: {} pending ({} in retry), {} dead-lettered, oldest pending {}; {} relay(s) connected; ~{} rows in the table",
+        s.table,
+        s.pending,
+        s.in_retry,
+        s.dead,
+        age(s.oldest_pending_age_seconds),
+        s.relays,
+        s.rows_estimate.max(0)
+    )?;
+    if s.destinations.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = s
+        .destinations
+        .iter()
+        .map(|d| {
+            vec![
+                d.destination.clone(),
+                d.pending.to_string(),
+                d.in_retry.to_string(),
+                d.dead.to_string(),
+                age(d.oldest_pending_age_seconds),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "DESTINATION",
+            "PENDING",
+            "IN RETRY",
+            "DEAD",
+            "OLDEST PENDING",
+        ],
+        &rows,
+    )
+}
+
+fn print_messages(
+    out: &mut impl Write,
+    messages: &[MessageInfo],
+    json: bool,
+    what: &str,
+) -> Result {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, messages)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    if messages.is_empty() {
+        writeln!(out, "no {what} messages")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = messages
+        .iter()
+        .map(|m| {
+            vec![
+                m.seq.to_string(),
+                m.id.to_string(),
+                m.state.to_string(),
+                m.event_type.clone(),
+                m.destination.clone(),
+                m.partition_key.clone().unwrap_or_else(|| "-".to_owned()),
+                m.created_at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                m.attempts.to_string(),
+                m.last_error
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |e| shorten(e, 60)),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "SEQ",
+            "ID",
+            "STATE",
+            "TYPE",
+            "DESTINATION",
+            "KEY",
+            "CREATED",
+            "ATTEMPTS",
+            "LAST ERROR",
+        ],
+        &rows,
+    )?;
+    Ok(())
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    let one_line = text.replace(['\n', '\r'], " ");
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut s: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            text.push_str(cell);
+            if i + 1 < cells.len() {
+                text.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+            }
+        }
+        writeln!(out, "{text}")
+    };
+    line(out, header)?;
+    for row in rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        line(out, &cells)?;
+    }
+    Ok(())
+}

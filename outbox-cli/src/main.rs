@@ -1,0 +1,51 @@
+//! `outbox`: the operations tool of the transactional outbox.
+//!
+//! Exit status: 0 on success, 1 when the command failed (the reason is on one line of
+//! standard error, and nothing was changed), 2 for a command line that does not parse.
+
+mod cli;
+mod commands;
+mod time;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    let mut out = std::io::stdout().lock();
+    match runtime.block_on(commands::run(cli, &mut out)) {
+        Ok(()) => match out.flush() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("cannot write the output: {e}")),
+        },
+        // The reader went away (`outbox dead | head`): not an error of ours.
+        Err(commands::Failure::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    // One line: messages from the library never span lines, but a driver error might.
+    let line = message.replace('\n', " ");
+    let _ = writeln!(std::io::stderr(), "outbox: error: {line}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,800 @@
+//! The real `outbox` binary against the real PostgreSQL: each test works in a schema of
+//! its own (`--table <schema>.outbox`) and checks both what the command prints and what
+//! it did to the rows.
+
+use std::process::Output;
+
+use outbox_core::sqlx;
+use outbox_tests::{TestDb, database_url};
+use uuid::Uuid;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(&self) -> &str {
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        &self.stdout
+    }
+
+    /// A runtime failure: exit 1, one line on stderr, never a panic.
+    fn failed(&self) -> &str {
+        assert_eq!(
+            self.code, 1,
+            "expected failure\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
+        assert_eq!(
+            self.stderr.trim_end().lines().count(),
+            1,
+            "one line: {}",
+            self.stderr
+        );
+        assert!(
+            self.stderr.starts_with("outbox: error: "),
+            "{}",
+            self.stderr
+        );
+        &self.stderr
+    }
+}
+
+/// Runs `outbox <args>` with `DATABASE_URL` set to the test server.
+async fn outbox(args: &[&str]) -> Run {
+    outbox_with_env(args, Some(&database_url())).await
+}
+
+async fn outbox_with_env(args: &[&str], url: Option<&str>) -> Run {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    cmd.args(args)
+        .env_remove("OUTBOX_TABLE")
+        .env_remove("OUTBOX_PROCESSED_TABLE")
+        .env_remove("DATABASE_URL");
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    let out: Output = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run the outbox binary");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `outbox --table <schema>.outbox <args>`.
+async fn in_db(db: &TestDb, args: &[&str]) -> Run {
+    let table = format!("{}.outbox", db.schema);
+    let mut all = vec!["--table", table.as_str()];
+    all.extend_from_slice(args);
+    outbox(&all).await
+}
+
+/// A message in a chosen state. Ages are SQL intervals before now (e.g. `'3 hours'`).
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    destination: &'a str,
+    key: Option<&'a str>,
+    created_ago: &'a str,
+    sent_ago: Option<&'a str>,
+    dead_ago: Option<&'a str>,
+    retry: bool,
+    attempts: i32,
+}
+
+const PENDING: Row<'static> = Row {
+    destination: "orders",
+    key: None,
+    created_ago: "1 minute",
+    sent_ago: None,
+    dead_ago: None,
+    retry: false,
+    attempts: 0,
+};
+
+async fn insert(db: &TestDb, row: Row<'_>) -> Uuid {
+    let id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox (id, event_type, destination, partition_key, payload, created_at, sent_at, \
+                             attempts, next_attempt_at, last_error, dead_at) \
+         VALUES ($1, 'Tested', $2, $3, jsonb_build_object('n', 1), now() - $4::interval, \
+                 now() - $5::interval, $6, \
+                 CASE WHEN $7 OR $8::interval IS NOT NULL THEN now() + interval '1 hour' END, \
+                 CASE WHEN $6 > 0 THEN 'broker said no' END, now() - $8::interval)",
+    )
+    .bind(id)
+    .bind(row.destination)
+    .bind(row.key)
+    .bind(row.created_ago)
+    .bind(row.sent_ago)
+    .bind(row.attempts)
+    .bind(row.retry)
+    .bind(row.dead_ago)
+    .execute(&db.pool)
+    .await
+    .expect("insert a test row");
+    id
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct State {
+    sent: bool,
+    dead: bool,
+    attempts: i32,
+    next_attempt: bool,
+    last_error: Option<String>,
+}
+
+async fn state(db: &TestDb, id: Uuid) -> Option<State> {
+    sqlx::query_as::<_, (bool, bool, i32, bool, Option<String>)>(
+        "SELECT sent_at IS NOT NULL, dead_at IS NOT NULL, attempts, next_attempt_at IS NOT NULL, last_error \
+         FROM outbox WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&db.pool)
+    .await
+    .expect("read a row")
+    .map(|(sent, dead, attempts, next_attempt, last_error)| State {
+        sent,
+        dead,
+        attempts,
+        next_attempt,
+        last_error,
+    })
+}
+
+fn requeued() -> Option<State> {
+    Some(State {
+        sent: false,
+        dead: false,
+        attempts: 0,
+        next_attempt: false,
+        last_error: None,
+    })
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[tokio::test]
+async fn migrate_creates_the_tables_once() {
+    let db = TestDb::new().await;
+    let out = in_db(&db, &["migrate"]).await;
+    assert_eq!(
+        out.ok().trim(),
+        format!("applied migrations 1, 2 to {}.outbox", db.schema)
+    );
+    assert_eq!(db.count("outbox").await, 0, "the outbox table exists");
+    assert_eq!(db.count("outbox_processed").await, 0);
+    let out = in_db(&db, &["migrate"]).await;
+    assert!(out.ok().contains("up to date"), "{}", out.stdout);
+    assert_eq!(db.count("outbox_migrations").await, 2);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn status_counts_pending_retries_and_dead_letters_per_destination() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let orders = PENDING;
+    insert(
+        &db,
+        Row {
+            created_ago: "2 hours",
+            ..orders
+        },
+    )
+    .await;
+    insert(&db, orders).await;
+    insert(
+        &db,
+        Row {
+            retry: true,
+            attempts: 2,
+            ..orders
+        },
+    )
+    .await;
+    insert(
+        &db,
+        Row {
+            dead_ago: Some("1 minute"),
+            attempts: 10,
+            ..orders
+        },
+    )
+    .await;
+    let payments = Row {
+        destination: "payments",
+        created_ago: "5 minutes",
+        ..PENDING
+    };
+    insert(&db, payments).await;
+    for _ in 0..4 {
+        insert(
+            &db,
+            Row {
+                sent_ago: Some("1 minute"),
+                created_ago: "3 hours",
+                ..orders
+            },
+        )
+        .await;
+    }
+
+    let out = in_db(&db, &["status"]).await;
+    let text = out.ok();
+    assert!(
+        text.contains("4 pending (1 in retry), 1 dead-lettered, oldest pending 2h 0m"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("orders ") && l.contains(" 3 ")),
+        "{text}"
+    );
+
+    let out = in_db(&db, &["status", "--json"]).await;
+    let s = json(out.ok());
+    assert_eq!(s["pending"], 4);
+    assert_eq!(s["in_retry"], 1);
+    assert_eq!(s["dead"], 1);
+    assert_eq!(s["relays"], 0);
+    let oldest = s["oldest_pending_age_seconds"].as_f64().expect("an age");
+    assert!((7200.0..7300.0).contains(&oldest), "{oldest}");
+    let d = &s["destinations"];
+    assert_eq!(d[0]["destination"], "orders");
+    assert_eq!(
+        (
+            d[0]["pending"].clone(),
+            d[0]["in_retry"].clone(),
+            d[0]["dead"].clone()
+        ),
+        (3.into(), 1.into(), 1.into())
+    );
+    assert_eq!(d[1]["destination"], "payments");
+    assert_eq!(
+        (d[1]["pending"].clone(), d[1]["dead"].clone()),
+        (1.into(), 0.into())
+    );
+    let p_oldest = d[1]["oldest_pending_age_seconds"].as_f64().expect("an age");
+    assert!((300.0..400.0).contains(&p_oldest), "{p_oldest}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn pending_and_dead_list_with_filters_as_text_and_json() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let a1 = insert(
+        &db,
+        Row {
+            key: Some("a"),
+            created_ago: "3 hours",
+            ..PENDING
+        },
+    )
+    .await;
+    let a2 = insert(
+        &db,
+        Row {
+            key: Some("a"),
+            retry: true,
+            attempts: 1,
+            ..PENDING
+        },
+    )
+    .await;
+    let b1 = insert(
+        &db,
+        Row {
+            key: Some("b"),
+            destination: "payments",
+            ..PENDING
+        },
+    )
+    .await;
+    let dead = insert(
+        &db,
+        Row {
+            key: Some("a"),
+            dead_ago: Some("1 minute"),
+            attempts: 3,
+            ..PENDING
+        },
+    )
+    .await;
+    insert(
+        &db,
+        Row {
+            sent_ago: Some("1 minute"),
+            ..PENDING
+        },
+    )
+    .await;
+
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|m| m["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let all = json(in_db(&db, &["pending", "--json"]).await.ok());
+    assert_eq!(
+        ids(&all),
+        [a1, a2, b1].map(|u| u.to_string()),
+        "pending only, in seq order"
+    );
+    assert_eq!(all[1]["state"], "in_retry");
+    assert_eq!(all[0]["payload"], serde_json::json!({"n": 1}));
+
+    let f = json(
+        in_db(&db, &["pending", "--json", "--destination", "payments"])
+            .await
+            .ok(),
+    );
+    assert_eq!(ids(&f), [b1.to_string()]);
+    let f = json(
+        in_db(&db, &["pending", "--json", "--key", "a", "--in-retry"])
+            .await
+            .ok(),
+    );
+    assert_eq!(ids(&f), [a2.to_string()]);
+    let f = json(
+        in_db(&db, &["pending", "--json", "--until", "1h"])
+            .await
+            .ok(),
+    );
+    assert_eq!(ids(&f), [a1.to_string()], "created before an hour ago");
+    let f = json(
+        in_db(&db, &["pending", "--json", "--since", "1h", "--limit", "1"])
+            .await
+            .ok(),
+    );
+    assert_eq!(ids(&f), [a2.to_string()]);
+
+    let text = in_db(&db, &["pending"]).await;
+    let text = text.ok();
+    assert!(text.starts_with("SEQ"), "{text}");
+    assert_eq!(text.lines().count(), 4, "header and three rows: {text}");
+    assert!(
+        text.contains(&a2.to_string()) && text.contains("in retry"),
+        "{text}"
+    );
+
+    let d = json(in_db(&db, &["dead", "--json"]).await.ok());
+    assert_eq!(ids(&d), [dead.to_string()]);
+    assert_eq!(d[0]["state"], "dead");
+    assert_eq!(d[0]["attempts"], 3);
+    assert_eq!(d[0]["last_error"], "broker said no");
+    let text = in_db(&db, &["dead", "--key", "b"]).await;
+    assert_eq!(text.ok().trim(), "no dead-lettered messages");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_by_id_requeues_sent_messages_all_or_nothing() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let sent = Row {
+        sent_ago: Some("1 hour"),
+        attempts: 2,
+        ..PENDING
+    };
+    let s1 = insert(&db, sent).await;
+    let s2 = insert(&db, sent).await;
+    let s3 = insert(&db, sent).await;
+    let pending = insert(&db, PENDING).await;
+    let before = state(&db, s2).await;
+
+    let out = in_db(&db, &["replay", "--id", &s1.to_string()]).await;
+    assert!(
+        out.ok().contains("re-queued 1 sent message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, s1).await, requeued());
+
+    // One unknown id: nothing changes, not even the valid ids before it.
+    let unknown = Uuid::now_v7();
+    let out = in_db(&db, &["replay", "--id", &format!("{s2},{unknown}")]).await;
+    let err = out.failed();
+    assert!(
+        err.contains(&format!("no message with id {unknown}")),
+        "{err}"
+    );
+    assert_eq!(state(&db, s2).await, before, "no partial change");
+
+    // A pending message cannot be replayed.
+    let out = in_db(
+        &db,
+        &[
+            "replay",
+            "--id",
+            &s3.to_string(),
+            "--id",
+            &pending.to_string(),
+        ],
+    )
+    .await;
+    let err = out.failed();
+    assert!(
+        err.contains(&format!(
+            "message {pending} is pending, so it cannot be replayed"
+        )),
+        "{err}"
+    );
+    assert_eq!(state(&db, s3).await, before, "no partial change");
+
+    let out = in_db(&db, &["replay", "--id", &format!("{s2},{s3}")]).await;
+    assert!(
+        out.ok().contains("re-queued 2 sent message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, s2).await, requeued());
+    assert_eq!(state(&db, s3).await, requeued());
+
+    let out = in_db(&db, &["replay", "--id", "not-a-uuid"]).await;
+    assert_eq!(
+        out.code, 2,
+        "a malformed id is a usage error: {}",
+        out.stderr
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_by_sent_time_window_and_destination() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let sent = |ago, destination| Row {
+        sent_ago: Some(ago),
+        destination,
+        created_ago: "1 day",
+        ..PENDING
+    };
+    let too_old = insert(&db, sent("3 hours", "orders")).await;
+    let in_window = insert(&db, sent("90 minutes", "orders")).await;
+    let other_dest = insert(&db, sent("90 minutes", "payments")).await;
+    let too_new = insert(&db, sent("10 minutes", "orders")).await;
+
+    let out = in_db(
+        &db,
+        &[
+            "replay",
+            "--since",
+            "2h",
+            "--until",
+            "30m",
+            "--destination",
+            "orders",
+        ],
+    )
+    .await;
+    assert!(
+        out.ok().contains("re-queued 1 sent message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, in_window).await, requeued());
+    for id in [too_old, other_dest, too_new] {
+        assert!(state(&db, id).await.expect("row").sent, "{id} untouched");
+    }
+
+    // RFC 3339 bounds, every destination.
+    let since = (chrono::Utc::now() - chrono::Duration::hours(4)).to_rfc3339();
+    let until = chrono::Utc::now().to_rfc3339();
+    let out = in_db(&db, &["replay", "--since", &since, "--until", &until]).await;
+    assert!(
+        out.ok().contains("re-queued 3 sent message"),
+        "{}",
+        out.stdout
+    );
+
+    let out = in_db(&db, &["replay", "--since", "1h", "--until", "2h"]).await;
+    assert!(
+        out.failed().contains("the replay window is empty"),
+        "{}",
+        out.stderr
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn release_returns_dead_letters_to_pending_by_id_or_key() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let dead = |key| Row {
+        key: Some(key),
+        dead_ago: Some("5 minutes"),
+        attempts: 10,
+        ..PENDING
+    };
+    let k1a = insert(&db, dead("k1")).await;
+    let k1b = insert(&db, dead("k1")).await;
+    let k2 = insert(&db, dead("k2")).await;
+    let k3 = insert(&db, dead("k3")).await;
+    let pending = insert(
+        &db,
+        Row {
+            key: Some("k2"),
+            ..PENDING
+        },
+    )
+    .await;
+    let was = state(&db, k2).await;
+
+    let out = in_db(&db, &["release", "--key", "k1"]).await;
+    assert!(
+        out.ok().contains("released 2 dead-lettered message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, k1a).await, requeued());
+    assert_eq!(state(&db, k1b).await, requeued());
+
+    let out = in_db(
+        &db,
+        &[
+            "release",
+            "--id",
+            &k2.to_string(),
+            "--id",
+            &pending.to_string(),
+        ],
+    )
+    .await;
+    let err = out.failed();
+    assert!(
+        err.contains(&format!(
+            "message {pending} is pending, so it cannot be released"
+        )),
+        "{err}"
+    );
+    assert_eq!(state(&db, k2).await, was, "no partial change");
+
+    let out = in_db(&db, &["release", "--id", &format!("{k2},{k3}")]).await;
+    assert!(
+        out.ok().contains("released 2 dead-lettered message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, k2).await, requeued());
+    assert_eq!(state(&db, k3).await, requeued());
+
+    let out = in_db(&db, &["release", "--key", "k1"]).await;
+    assert!(
+        out.failed()
+            .contains("no dead-lettered message has partition key \"k1\""),
+        "{}",
+        out.stderr
+    );
+    let out = in_db(&db, &["release"]).await;
+    assert_eq!(out.code, 2, "--id or --key is required: {}", out.stderr);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn purge_deletes_old_history_and_dry_run_only_counts() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    for _ in 0..3 {
+        insert(
+            &db,
+            Row {
+                sent_ago: Some("10 days"),
+                created_ago: "10 days",
+                ..PENDING
+            },
+        )
+        .await;
+    }
+    let recent = insert(
+        &db,
+        Row {
+            sent_ago: Some("1 day"),
+            created_ago: "1 day",
+            ..PENDING
+        },
+    )
+    .await;
+    let dead = insert(
+        &db,
+        Row {
+            dead_ago: Some("10 days"),
+            created_ago: "10 days",
+            attempts: 1,
+            ..PENDING
+        },
+    )
+    .await;
+    let pending = insert(
+        &db,
+        Row {
+            created_ago: "20 days",
+            ..PENDING
+        },
+    )
+    .await;
+
+    let out = in_db(&db, &["purge", "--sent-before", "7d", "--dry-run"]).await;
+    assert_eq!(
+        out.ok().trim(),
+        format!(
+            "would delete 3 sent and 0 dead-lettered message(s) from {}.outbox (dry run: nothing deleted)",
+            db.schema
+        )
+    );
+    assert_eq!(db.count("outbox").await, 6, "dry run deletes nothing");
+
+    let out = in_db(&db, &["purge", "--sent-before", "7d"]).await;
+    assert!(
+        out.ok().starts_with("deleted 3 sent and 0 dead-lettered"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(db.count("outbox").await, 3);
+    for id in [recent, dead, pending] {
+        assert!(state(&db, id).await.is_some(), "{id} kept");
+    }
+
+    let out = in_db(&db, &["purge", "--dead-before", "1d"]).await;
+    assert!(
+        out.ok().starts_with("deleted 0 sent and 1 dead-lettered"),
+        "{}",
+        out.stdout
+    );
+    assert!(state(&db, dead).await.is_none());
+    assert!(
+        state(&db, pending).await.is_some(),
+        "pending messages are never purged"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn retention_command_deletes_old_rows_in_batches() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    sqlx::query(
+        "INSERT INTO outbox (id, event_type, destination, payload, created_at, sent_at) \
+         SELECT gen_random_uuid(), 'Old', 'orders', '{}', now() - interval '9 days', now() - interval '8 days' \
+         FROM generate_series(1, 55)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("old sent rows");
+    let recent = insert(
+        &db,
+        Row {
+            sent_ago: Some("1 day"),
+            ..PENDING
+        },
+    )
+    .await;
+    let dead = insert(
+        &db,
+        Row {
+            dead_ago: Some("60 days"),
+            created_ago: "60 days",
+            attempts: 1,
+            ..PENDING
+        },
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO outbox_processed (consumer, message_id, processed_at) \
+         SELECT 'billing', gen_random_uuid(), now() - (CASE WHEN n <= 12 THEN interval '40 days' ELSE interval '1 day' END) \
+         FROM generate_series(1, 20) AS n",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("processed ids");
+
+    let out = in_db(&db, &["retention", "--batch-size", "10"]).await;
+    let text = out.ok();
+    assert!(
+        text.contains("deleted 55 sent messages and 12 processed ids in 8 batches"),
+        "6 batches of sent rows (the last one short), 2 of processed ids: {text}"
+    );
+    assert_eq!(db.count("outbox").await, 2);
+    assert!(state(&db, recent).await.is_some() && state(&db, dead).await.is_some());
+    assert_eq!(db.count("outbox_processed").await, 8);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_one_line_with_a_fix_and_changes_nothing() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let sent = insert(
+        &db,
+        Row {
+            sent_ago: Some("1 hour"),
+            ..PENDING
+        },
+    )
+    .await;
+    let before = state(&db, sent).await;
+
+    // A malformed time is a usage error, with the accepted forms.
+    let out = in_db(&db, &["replay", "--since", "yesterday", "--until", "now"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("\"yesterday\" is not a time") && out.stderr.contains("RFC 3339"),
+        "{}",
+        out.stderr
+    );
+    let out = in_db(&db, &["purge", "--sent-before", "2024-05-01T00:00:00"]).await;
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("no time zone"), "{}", out.stderr);
+    assert_eq!(state(&db, sent).await, before);
+
+    // Unreachable server.
+    let table = format!("{}.outbox", db.schema);
+    let out = outbox_with_env(
+        &["--table", &table, "status"],
+        Some("postgres://postgres@127.0.0.1:1/test"),
+    )
+    .await;
+    let err = out.failed();
+    assert!(
+        err.contains("cannot reach the database at postgres://postgres@127.0.0.1:1/test"),
+        "{err}"
+    );
+    assert!(err.contains("check that the server is running"), "{err}");
+
+    // No server given at all.
+    let out = outbox_with_env(&["status"], None).await;
+    assert!(
+        out.failed()
+            .contains("set DATABASE_URL or pass --database-url"),
+        "{}",
+        out.stderr
+    );
+
+    // Missing tables, in an existing schema and in a missing one.
+    for table in [
+        format!("{}.nothing_here", db.schema),
+        format!("{}_missing.outbox", db.schema),
+    ] {
+        for args in [
+            vec!["status"],
+            vec!["dead"],
+            vec!["replay", "--id", &sent.to_string()],
+        ] {
+            let mut all = vec!["--table", table.as_str()];
+            all.extend(args);
+            let out = outbox(&all).await;
+            let err = out.failed();
+            assert!(
+                err.contains("does not exist") && err.contains("outbox migrate"),
+                "{all:?}: {err}"
+            );
+        }
+    }
+
+    // An invalid table name is refused before any SQL runs.
+    let out = outbox(&["--table", "outbox; DROP TABLE users", "status"]).await;
+    assert!(
+        out.failed().contains("invalid outbox table name"),
+        "{}",
+        out.stderr
+    );
+
+    assert_eq!(state(&db, sent).await, before, "nothing changed");
+    db.cleanup().await;
+}

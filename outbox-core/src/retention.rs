@@ -1,0 +1,477 @@
+//! Retention: deletes old sent messages and old processed-message ids, in small batches,
+//! while the relay and the writers carry on.
+//!
+//! ```no_run
+//! # async fn demo(outbox: outbox_core::Outbox) -> outbox_core::Result<()> {
+//! use std::time::Duration;
+//! use outbox_core::retention::Retention;
+//!
+//! const DAY: Duration = Duration::from_secs(24 * 3600);
+//!
+//! // Once, e.g. from a nightly job (or `outbox retention` on the command line):
+//! let report = Retention::builder(outbox.clone())
+//!     .sent_older_than(7 * DAY)
+//!     .processed_older_than(30 * DAY)
+//!     .build()
+//!     .run_once()
+//!     .await?;
+//! println!("removed {} sent messages", report.sent_deleted);
+//!
+//! // Or in the background, every hour, next to the relay:
+//! let retention = Retention::builder(outbox).sent_older_than(7 * DAY).spawn();
+//! // ... on shutdown (a batch in flight is finished first):
+//! retention.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # What is deleted
+//! - **Sent messages** (`sent_at` set) whose `sent_at` is older than
+//!   [`sent_older_than`](RetentionBuilder::sent_older_than).
+//! - **Processed ids** whose `processed_at` is older than
+//!   [`processed_older_than`](RetentionBuilder::processed_older_than). Keep them longer
+//!   than a broker can redeliver a message (its retention), or a late duplicate is
+//!   processed twice.
+//! - Never pending or dead-lettered messages: dead letters stay until they are released
+//!   or purged explicitly ([`Admin`](crate::admin::Admin), `outbox release`, `outbox purge`).
+//!
+//! The age cutoffs are taken once per run from the database clock (the clock that set
+//! `sent_at`), so one run removes exactly the rows older than the cutoff at its start.
+//!
+//! # How it stays out of the way
+//! Each batch is one short statement in its own transaction: it locks up to
+//! `batch_size` rows with `FOR UPDATE SKIP LOCKED` (a row someone else holds is left for
+//! the next run, never waited for) and deletes them. Sent rows are walked in `seq` order
+//! from where the previous batch stopped, so a run reads the history once. Between
+//! batches the task pauses [`batch_pause`](RetentionBuilder::batch_pause). The relay only
+//! touches pending rows, which retention never touches, so they do not contend for locks.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::relay::stopped;
+use crate::{Error, Outbox, Result};
+
+/// Retention settings. Every field has a documented default.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RetentionConfig {
+    /// Delete sent messages older than this; `None` keeps them. Default 7 days.
+    pub sent_older_than: Option<Duration>,
+    /// Delete processed-message ids older than this; `None` keeps them. Default 30 days.
+    pub processed_older_than: Option<Duration>,
+    /// Rows deleted per statement. Default 5000.
+    pub batch_size: usize,
+    /// Pause between two batches, to leave the database to others. Default 10 ms.
+    pub batch_pause: Duration,
+    /// Time between two runs of a [spawned](RetentionBuilder::spawn) task. Default 1 h.
+    pub interval: Duration,
+}
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            sent_older_than: Some(7 * DAY),
+            processed_older_than: Some(30 * DAY),
+            batch_size: 5000,
+            batch_pause: Duration::from_millis(10),
+            interval: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What one retention run removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetentionReport {
+    /// Sent messages deleted.
+    pub sent_deleted: u64,
+    /// Processed-message ids deleted.
+    pub processed_deleted: u64,
+    /// Sent messages were deleted if `sent_at` was before this (database clock).
+    pub sent_cutoff: Option<DateTime<Utc>>,
+    /// Processed ids were deleted if `processed_at` was before this (database clock).
+    pub processed_cutoff: Option<DateTime<Utc>>,
+    /// `DELETE` statements run (each its own transaction).
+    pub batches: u64,
+    /// The slowest of those statements.
+    pub longest_batch: Duration,
+    /// The whole run.
+    pub elapsed: Duration,
+    /// The run stopped early because shutdown was requested.
+    pub interrupted: bool,
+}
+
+impl fmt::Display for RetentionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "deleted {} sent messages and {} processed ids in {} batches ({:.1?}, slowest batch {:.1?})",
+            self.sent_deleted,
+            self.processed_deleted,
+            self.batches,
+            self.elapsed,
+            self.longest_batch
+        )?;
+        if self.interrupted {
+            f.write_str("; interrupted by shutdown")?;
+        }
+        Ok(())
+    }
+}
+
+/// Configures retention. Start with [`Retention::builder`].
+#[derive(Debug)]
+pub struct RetentionBuilder {
+    outbox: Outbox,
+    config: RetentionConfig,
+}
+
+impl RetentionBuilder {
+    /// Delete sent messages once they have been sent for longer than `age`.
+    pub fn sent_older_than(mut self, age: Duration) -> Self {
+        self.config.sent_older_than = Some(age);
+        self
+    }
+    /// Never delete sent messages.
+    pub fn keep_sent(mut self) -> Self {
+        self.config.sent_older_than = None;
+        self
+    }
+    /// Delete processed-message ids recorded longer than `age` ago.
+    pub fn processed_older_than(mut self, age: Duration) -> Self {
+        self.config.processed_older_than = Some(age);
+        self
+    }
+    /// Never delete processed-message ids.
+    pub fn keep_processed(mut self) -> Self {
+        self.config.processed_older_than = None;
+        self
+    }
+    /// Rows per `DELETE` (at least 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.config.batch_size = n.max(1);
+        self
+    }
+    /// Pause between batches.
+    pub fn batch_pause(mut self, d: Duration) -> Self {
+        self.config.batch_pause = d;
+        self
+    }
+    /// Time between runs of a spawned task.
+    pub fn interval(mut self, d: Duration) -> Self {
+        self.config.interval = d;
+        self
+    }
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: RetentionConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The retention job, to [run once](Retention::run_once) or [run](Retention::run)
+    /// in a task of your own.
+    pub fn build(self) -> Retention {
+        let outbox = self.outbox.tables().outbox.quoted();
+        let processed = self.outbox.tables().processed.quoted();
+        Retention {
+            sql: Sql {
+                delete_sent: format!(
+                    "WITH doomed AS (\
+                       SELECT seq FROM {outbox} \
+                       WHERE seq > $1 AND sent_at < $2 AND dead_at IS NULL \
+                       ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+                     gone AS (DELETE FROM {outbox} o USING doomed d WHERE o.seq = d.seq RETURNING o.seq) \
+                     SELECT count(*), max(seq) FROM gone"
+                ),
+                delete_processed: format!(
+                    "WITH doomed AS (\
+                       SELECT consumer, message_id FROM {processed} \
+                       WHERE processed_at < $1 \
+                       ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                     gone AS (DELETE FROM {processed} p USING doomed d \
+                       WHERE p.consumer = d.consumer AND p.message_id = d.message_id RETURNING 1) \
+                     SELECT count(*) FROM gone"
+                ),
+            },
+            outbox: self.outbox,
+            config: self.config,
+            last: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Starts the task on the current tokio runtime: a run at once, then one every
+    /// [`interval`](Self::interval).
+    pub fn spawn(self) -> RetentionHandle {
+        let retention = self.build();
+        let last = Arc::clone(&retention.last);
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(retention.run(rx));
+        RetentionHandle {
+            shutdown: tx,
+            task,
+            last,
+        }
+    }
+}
+
+struct Sql {
+    delete_sent: String,
+    delete_processed: String,
+}
+
+/// Deletes old sent messages and processed ids of one outbox. See the [module](self).
+pub struct Retention {
+    outbox: Outbox,
+    config: RetentionConfig,
+    sql: Sql,
+    last: Arc<Mutex<Option<RetentionReport>>>,
+}
+
+impl fmt::Debug for Retention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retention")
+            .field("outbox", &self.outbox)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which table a batch works on.
+#[derive(Clone, Copy)]
+enum Kind {
+    Sent,
+    Processed,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Sent => "sent",
+            Kind::Processed => "processed",
+        }
+    }
+}
+
+impl Retention {
+    /// Starts configuring retention for `outbox`.
+    pub fn builder(outbox: Outbox) -> RetentionBuilder {
+        RetentionBuilder {
+            outbox,
+            config: RetentionConfig::default(),
+        }
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &RetentionConfig {
+        &self.config
+    }
+
+    /// One run: deletes everything older than the cutoffs, batch by batch, and says
+    /// what it removed. An error stops the run; the batches before it stay deleted
+    /// (each is complete in itself) and the next run carries on.
+    pub async fn run_once(&self) -> Result<RetentionReport> {
+        let (_tx, mut rx) = watch::channel(false);
+        self.run_until(&mut rx).await
+    }
+
+    /// Runs at once and then every `interval` until `shutdown` turns `true` (forever if
+    /// its sender is dropped). A batch in flight is finished first. Errors are logged and
+    /// the next run retries.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            match self.run_until(&mut shutdown).await {
+                Ok(report) => {
+                    tracing::info!(
+                        sent_deleted = report.sent_deleted,
+                        processed_deleted = report.processed_deleted,
+                        batches = report.batches,
+                        elapsed_ms = report.elapsed.as_millis() as u64,
+                        "outbox retention run done"
+                    );
+                    if let Ok(mut last) = self.last.lock() {
+                        *last = Some(report);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in = ?self.config.interval, "outbox retention run failed");
+                    metrics::counter!("outbox_retention_failures_total").increment(1);
+                }
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.interval) => {}
+                _ = stopped(&mut shutdown) => return,
+            }
+        }
+    }
+
+    async fn run_until(&self, shutdown: &mut watch::Receiver<bool>) -> Result<RetentionReport> {
+        let started = Instant::now();
+        let mut report = RetentionReport::default();
+        let span = tracing::info_span!("outbox.retention", outbox = %self.outbox.tables().outbox);
+        async {
+            report.sent_cutoff = self.cutoff(self.config.sent_older_than).await?;
+            report.processed_cutoff = self.cutoff(self.config.processed_older_than).await?;
+            if let Some(cutoff) = report.sent_cutoff {
+                let mut after = 0_i64;
+                loop {
+                    let (n, last) = self.batch(Kind::Sent, cutoff, after, &mut report).await?;
+                    report.sent_deleted += n;
+                    after = last.unwrap_or(after);
+                    if n < self.batch_len() || self.pause(shutdown, &mut report).await {
+                        break;
+                    }
+                }
+            }
+            if let Some(cutoff) = report.processed_cutoff.filter(|_| !report.interrupted) {
+                loop {
+                    let (n, _) = self.batch(Kind::Processed, cutoff, 0, &mut report).await?;
+                    report.processed_deleted += n;
+                    if n < self.batch_len() || self.pause(shutdown, &mut report).await {
+                        break;
+                    }
+                }
+            }
+            Ok::<_, Error>(())
+        }
+        .instrument(span)
+        .await?;
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    fn batch_len(&self) -> u64 {
+        self.config.batch_size.max(1) as u64
+    }
+
+    /// Pauses between batches; `true` if shutdown was requested.
+    async fn pause(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        report: &mut RetentionReport,
+    ) -> bool {
+        if !*shutdown.borrow() {
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.batch_pause) => {}
+                _ = stopped(shutdown) => {}
+            }
+        }
+        report.interrupted = *shutdown.borrow();
+        report.interrupted
+    }
+
+    async fn cutoff(&self, age: Option<Duration>) -> Result<Option<DateTime<Utc>>> {
+        let Some(age) = age else { return Ok(None) };
+        sqlx::query_scalar("SELECT now() - make_interval(secs => $1)")
+            .bind(age.as_secs_f64())
+            .fetch_one(self.outbox.pool())
+            .await
+            .map(Some)
+            .map_err(|e| {
+                Error::db(
+                    "reading the database clock",
+                    &self.outbox.tables().outbox.to_string(),
+                    e,
+                )
+            })
+    }
+
+    /// One `DELETE`; returns the rows deleted and (for sent rows) the largest `seq`.
+    async fn batch(
+        &self,
+        kind: Kind,
+        cutoff: DateTime<Utc>,
+        after: i64,
+        report: &mut RetentionReport,
+    ) -> Result<(u64, Option<i64>)> {
+        let limit = i64::try_from(self.config.batch_size.max(1)).unwrap_or(i64::MAX);
+        let span = tracing::debug_span!("outbox.retention.batch", kind = kind.label(), after);
+        let started = Instant::now();
+        let pool = self.outbox.pool();
+        let tables = self.outbox.tables();
+        let (n, last): (i64, Option<i64>) = match kind {
+            Kind::Sent => sqlx::query_as(&self.sql.delete_sent)
+                .bind(after)
+                .bind(cutoff)
+                .bind(limit)
+                .fetch_one(pool)
+                .instrument(span)
+                .await
+                .map_err(|e| {
+                    Error::db("deleting old sent messages", &tables.outbox.to_string(), e)
+                })?,
+            Kind::Processed => sqlx::query_scalar(&self.sql.delete_processed)
+                .bind(cutoff)
+                .bind(limit)
+                .fetch_one(pool)
+                .instrument(span)
+                .await
+                .map(|n: i64| (n, None))
+                .map_err(|e| {
+                    Error::db(
+                        "deleting old processed-message ids",
+                        &tables.processed.to_string(),
+                        e,
+                    )
+                })?,
+        };
+        let elapsed = started.elapsed();
+        let n = u64::try_from(n).unwrap_or(0);
+        report.batches += 1;
+        report.longest_batch = report.longest_batch.max(elapsed);
+        metrics::counter!("outbox_retention_deleted_total", "kind" => kind.label()).increment(n);
+        metrics::histogram!("outbox_retention_batch_seconds").record(elapsed.as_secs_f64());
+        tracing::debug!(
+            kind = kind.label(),
+            deleted = n,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "outbox retention batch"
+        );
+        Ok((n, last))
+    }
+}
+
+/// Controls a spawned retention task.
+#[derive(Debug)]
+pub struct RetentionHandle {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    last: Arc<Mutex<Option<RetentionReport>>>,
+}
+
+impl RetentionHandle {
+    /// Asks the task to stop after its current batch and waits until it has.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+
+    /// Stops the task at once. A batch in flight is rolled back by the database.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// The report of the last run that completed, if any.
+    pub fn last_report(&self) -> Option<RetentionReport> {
+        self.last.lock().ok().and_then(|last| last.clone())
+    }
+}
