@@ -480,7 +480,15 @@ impl KafkaConsumer {
                     if self.consumer.client().fatal_error().is_some() {
                         return Err(Error::Consumer(e));
                     }
-                    tracing::warn!(error = %e, "outbox-kafka: consumer error (librdkafka retries by itself)");
+                    let transient = matches!(
+                        e.rdkafka_error_code(),
+                        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
+                    );
+                    if transient {
+                        tracing::debug!(error = %e, "outbox-kafka: broker unreachable (librdkafka reconnects by itself)");
+                    } else {
+                        tracing::warn!(error = %e, "outbox-kafka: consumer error (librdkafka retries by itself)");
+                    }
                     continue;
                 }
             };

@@ -201,6 +201,14 @@ fn create_producer(settings: &Settings) -> Result<FutureProducer> {
     settings.client_config().create().map_err(Error::Config)
 }
 
+/// Drops a producer handle; the last one is dropped off the runtime, because dropping a
+/// producer purges, flushes (up to 500 ms) and joins librdkafka's threads.
+async fn release(producer: Arc<FutureProducer>) {
+    if let Some(last) = Arc::into_inner(producer) {
+        let _ = tokio::task::spawn_blocking(move || drop(last)).await;
+    }
+}
+
 /// What one message's delivery attempt came to.
 enum Outcome {
     Acked,
@@ -208,13 +216,16 @@ enum Outcome {
     NotAttempted,
 }
 
-/// Error codes after which librdkafka's idempotent producer does not recover by itself:
+/// Error codes after which librdkafka's idempotent producer may not recover by itself:
 /// its producer id / sequence state no longer matches the broker's, and every later send
-/// fails the same way.
+/// fails. A timed-out message is among them: once one timed out during an outage, later
+/// sends fail with `UnknownProducerId` / `ProducerFenced` on some brokers, and time out
+/// forever on others (measured on tansu 0.6, with the broker back up).
 fn is_stuck(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
-        RDKafkaErrorCode::UnknownProducerId
+        RDKafkaErrorCode::MessageTimedOut
+            | RDKafkaErrorCode::UnknownProducerId
             | RDKafkaErrorCode::ProducerFenced
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::OutOfOrderSequenceNumber
@@ -322,9 +333,7 @@ impl KafkaPublisher {
             generation = generation + 1,
             "outbox-kafka: the idempotent producer cannot recover by itself; replaced it with a new one"
         );
-        // Dropping a producer purges, flushes (up to 500 ms) and joins librdkafka's
-        // threads: blocking work.
-        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        release(old).await;
     }
 
     /// Enqueues one message, waiting while librdkafka's local queue is full.
@@ -441,9 +450,10 @@ impl Publisher for KafkaPublisher {
             results.push(result);
         }
 
-        // 4. A producer that cannot recover by itself is replaced.
+        // 4. A producer that cannot recover by itself is replaced. Every message of this
+        //    batch has its report, so nothing of ours is in flight in the old one.
         let fatal = producer.client().fatal_error();
-        drop(producer);
+        release(producer).await;
         if let Some((code, reason)) = fatal {
             self.rebuild(generation, &format!("fatal error {code:?}: {reason}"))
                 .await;
@@ -489,6 +499,8 @@ mod tests {
         }
         assert!(is_stuck(RDKafkaErrorCode::UnknownProducerId));
         assert!(is_stuck(RDKafkaErrorCode::ProducerFenced));
-        assert!(!is_stuck(RDKafkaErrorCode::MessageTimedOut));
+        assert!(is_stuck(RDKafkaErrorCode::MessageTimedOut));
+        assert!(!is_stuck(RDKafkaErrorCode::MessageSizeTooLarge));
+        assert!(!is_stuck(RDKafkaErrorCode::UnknownTopicOrPartition));
     }
 }

@@ -106,6 +106,15 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     let relay_started = Instant::now();
     let relay = Relay::builder(outbox.clone(), publisher.clone()).batch_size(500).spawn();
     let total = (KEYS * PER_KEY) as i64;
+    wait_until(Duration::from_secs(120), "every row marked sent", || async {
+        let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("sent");
+        sent >= total
+    })
+    .await;
+    let published = relay_started.elapsed();
     wait_until(Duration::from_secs(120), "every event consumed", || async {
         db.count("consumed").await >= total
     })
@@ -194,8 +203,8 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     assert_eq!(publisher.rebuilds(), 0, "no producer rebuild on a healthy broker");
 
     eprintln!(
-        "measured: wrote {total} events in {written:?}; relay start → all consumed in {end_to_end:?} \
-         ({:.0} events/s end to end)",
+        "measured: wrote {total} events in {written:?}; relay start → all acked by Kafka and marked in \
+         {published:?}; → all consumed in {end_to_end:?} ({:.0} events/s end to end)",
         total as f64 / end_to_end.as_secs_f64()
     );
     db.cleanup().await;
