@@ -369,11 +369,7 @@ impl KafkaConsumerBuilder {
         self.settings.set_default("enable.auto.offset.store", "false");
         self.settings.set_default("auto.commit.interval.ms", "1000");
         self.settings.set_default("auto.offset.reset", "earliest");
-        let consumer: StreamConsumer = self
-            .settings
-            .client_config()
-            .create()
-            .map_err(Error::Config)?;
+        let consumer: StreamConsumer = self.settings.create()?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(Error::Consumer)?;
         tracing::info!(settings = ?self.settings, ?topics, "outbox-kafka consumer subscribed");

@@ -6,9 +6,11 @@ use rdkafka::error::KafkaError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// librdkafka refused the configuration (an unknown property, a bad value).
+    /// librdkafka refused the configuration (an unknown property, a bad value). The text
+    /// is librdkafka's, with the values of secret settings replaced by `***` (librdkafka
+    /// quotes the offending value, password or not).
     #[error("invalid Kafka client configuration: {0}; check the settings passed with `.set(..)`")]
-    Config(#[source] KafkaError),
+    Config(String),
 
     /// The cluster could not be asked which topics exist.
     #[error(

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::headers;
 use crate::settings::Settings;
 use crate::topics::{self, CreateTopics};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Publishes outbox messages to Kafka with an idempotent producer.
 ///
@@ -198,7 +198,7 @@ impl KafkaPublisherBuilder {
 }
 
 fn create_producer(settings: &Settings) -> Result<FutureProducer> {
-    settings.client_config().create().map_err(Error::Config)
+    settings.create()
 }
 
 /// Drops a producer handle; the last one is dropped off the runtime, because dropping a

@@ -55,6 +55,24 @@ impl Settings {
         self.get("bootstrap.servers").unwrap_or("<bootstrap.servers not set>")
     }
 
+    /// `text` with the value of every secret setting replaced by `***`.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for (k, v) in &self.map {
+            if is_secret(k) && !v.is_empty() {
+                out = out.replace(v.as_str(), "***");
+            }
+        }
+        out
+    }
+
+    /// Creates a librdkafka client from these settings; errors are redacted.
+    pub(crate) fn create<T: rdkafka::config::FromClientConfig>(&self) -> crate::Result<T> {
+        self.client_config()
+            .create()
+            .map_err(|e| crate::Error::Config(self.redact(&e.to_string())))
+    }
+
     pub(crate) fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         for (k, v) in &self.map {
@@ -95,5 +113,9 @@ mod tests {
             assert!(!shown.contains(secret), "{secret} leaked: {shown}");
         }
         assert!(shown.contains("kafka:9092") && shown.contains("svc"), "{shown}");
+        assert_eq!(
+            s.redact("property ssl.key.password k3y not supported"),
+            "property ssl.key.password *** not supported"
+        );
     }
 }

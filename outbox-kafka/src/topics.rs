@@ -64,10 +64,7 @@ pub(crate) async fn ensure(
             brokers: settings.brokers().to_owned(),
         });
     };
-    let admin: AdminClient<DefaultClientContext> = settings
-        .client_config()
-        .create()
-        .map_err(Error::Config)?;
+    let admin: AdminClient<DefaultClientContext> = settings.create()?;
     let new: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|t| {
