@@ -109,7 +109,11 @@ where
     ) -> BoxFuture<'a, Result<(), BoxError>> {
         let event = match event.downcast::<T>() {
             Ok(event) => *event,
-            Err(_) => return Box::pin(async { Err("outbox-kafka: decoded event of the wrong type".into()) }),
+            Err(_) => {
+                return Box::pin(async {
+                    Err("outbox-kafka: decoded event of the wrong type".into())
+                });
+            }
         };
         (self.handler)(
             tx,
@@ -284,7 +288,10 @@ impl KafkaConsumerBuilder {
     pub fn on<T, F>(mut self, handler: F) -> Self
     where
         T: OutboxEvent + DeserializeOwned + Send + 'static,
-        F: for<'t> Fn(&'t mut OutboxTx<'static>, Received<T>) -> BoxFuture<'t, Result<(), BoxError>>
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static>,
+                Received<T>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
             + Send
             + Sync
             + 'static,
@@ -311,7 +318,10 @@ impl KafkaConsumerBuilder {
     pub fn on_event_type<T, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
     where
         T: DeserializeOwned + Send + 'static,
-        F: for<'t> Fn(&'t mut OutboxTx<'static>, Received<T>) -> BoxFuture<'t, Result<(), BoxError>>
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static>,
+                Received<T>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
             + Send
             + Sync
             + 'static,
@@ -325,10 +335,13 @@ impl KafkaConsumerBuilder {
     }
 
     fn add(&mut self, event_type: String, dispatch: Arc<dyn Dispatch>) {
-        if self.handlers.contains_key(&event_type) {
-            self.errors.push(Error::DuplicateHandler(event_type));
-        } else {
-            self.handlers.insert(event_type, dispatch);
+        match self.handlers.entry(event_type) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                self.errors.push(Error::DuplicateHandler(e.key().clone()));
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(dispatch);
+            }
         }
     }
 
@@ -366,7 +379,8 @@ impl KafkaConsumerBuilder {
             return Err(Error::Incomplete("no handlers"));
         }
         self.settings.set_default("enable.auto.commit", "true");
-        self.settings.set_default("enable.auto.offset.store", "false");
+        self.settings
+            .set_default("enable.auto.offset.store", "false");
         self.settings.set_default("auto.commit.interval.ms", "1000");
         self.settings.set_default("auto.offset.reset", "earliest");
         let consumer: StreamConsumer = self.settings.create()?;
@@ -478,7 +492,10 @@ impl KafkaConsumer {
                     }
                     let transient = matches!(
                         e.rdkafka_error_code(),
-                        Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
+                        Some(
+                            RDKafkaErrorCode::AllBrokersDown
+                                | RDKafkaErrorCode::BrokerTransportFailure
+                        )
                     );
                     if transient {
                         tracing::debug!(error = %e, "outbox-kafka: broker unreachable (librdkafka reconnects by itself)");
@@ -549,15 +566,27 @@ impl KafkaConsumer {
             }
         }
         let Some(event_type) = all.get(headers::EVENT_TYPE).cloned() else {
-            return self.policy(message, self.undecodable, undecodable(format!("no `{}` header", headers::EVENT_TYPE)));
+            return self.policy(
+                message,
+                self.undecodable,
+                undecodable(format!("no `{}` header", headers::EVENT_TYPE)),
+            );
         };
         let id = match all.get(headers::MESSAGE_ID).map(|v| v.parse::<Uuid>()) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {
-                return self.policy(message, self.undecodable, undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)));
+                return self.policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
+                );
             }
             None => {
-                return self.policy(message, self.undecodable, undecodable(format!("no `{}` header", headers::MESSAGE_ID)));
+                return self.policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
+                );
             }
         };
         let Some(dispatch) = self.handlers.get(&event_type) else {
@@ -576,7 +605,9 @@ impl KafkaConsumer {
                 return self.policy(
                     message,
                     self.undecodable,
-                    undecodable(format!("message {id}: payload is not a valid `{event_type}`: {e}")),
+                    undecodable(format!(
+                        "message {id}: payload is not a valid `{event_type}`: {e}"
+                    )),
                 );
             }
         };
@@ -584,7 +615,9 @@ impl KafkaConsumer {
             id,
             event_type: event_type.clone(),
             version: all.get(headers::EVENT_VERSION).and_then(|v| v.parse().ok()),
-            key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
             topic: topic.to_owned(),
             partition,
             offset,
@@ -605,7 +638,9 @@ impl KafkaConsumer {
             let d = Arc::clone(dispatch);
             let outcome = self
                 .inbox
-                .process(id, move |tx| Box::pin(async move { d.run(tx, ev, me).await }))
+                .process(id, move |tx| {
+                    Box::pin(async move { d.run(tx, ev, me).await })
+                })
                 .await;
             match outcome {
                 Ok(Processed::Handled(())) => {
@@ -639,4 +674,3 @@ impl KafkaConsumer {
         }
     }
 }
-

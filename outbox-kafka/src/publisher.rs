@@ -13,10 +13,10 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::time::Instant;
 
+use crate::Result;
 use crate::headers;
 use crate::settings::Settings;
 use crate::topics::{self, CreateTopics};
-use crate::Result;
 
 /// Publishes outbox messages to Kafka with an idempotent producer.
 ///
@@ -409,7 +409,9 @@ impl Publisher for KafkaPublisher {
                     Outcome::Failed(error, code)
                 }
                 Err(_canceled) => Outcome::Failed(
-                    PublishError::retryable("kafka: the producer was closed before it reported delivery"),
+                    PublishError::retryable(
+                        "kafka: the producer was closed before it reported delivery",
+                    ),
                     None,
                 ),
             });

@@ -52,7 +52,8 @@ impl Settings {
 
     /// The `bootstrap.servers` setting, for messages.
     pub(crate) fn brokers(&self) -> &str {
-        self.get("bootstrap.servers").unwrap_or("<bootstrap.servers not set>")
+        self.get("bootstrap.servers")
+            .unwrap_or("<bootstrap.servers not set>")
     }
 
     /// `text` with the value of every secret setting replaced by `***`.
@@ -112,7 +113,10 @@ mod tests {
         for secret in ["hunter2", "k3y", "st0re", "s3cret", "BEGIN PRIVATE"] {
             assert!(!shown.contains(secret), "{secret} leaked: {shown}");
         }
-        assert!(shown.contains("kafka:9092") && shown.contains("svc"), "{shown}");
+        assert!(
+            shown.contains("kafka:9092") && shown.contains("svc"),
+            "{shown}"
+        );
         assert_eq!(
             s.redact("property ssl.key.password k3y not supported"),
             "property ssl.key.password *** not supported"

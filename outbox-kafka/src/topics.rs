@@ -29,9 +29,10 @@ pub(crate) async fn existing(
     let producer = Arc::clone(producer);
     let brokers = settings.brokers().to_owned();
     // fetch_metadata blocks: keep it off the runtime's threads.
-    let fetched = tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
-        .await
-        .unwrap_or(Err(KafkaError::Canceled));
+    let fetched =
+        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
+            .await
+            .unwrap_or(Err(KafkaError::Canceled));
     let metadata = fetched.map_err(|source| Error::Metadata { brokers, source })?;
     Ok(metadata
         .topics()
@@ -85,7 +86,9 @@ pub(crate) async fn ensure(
         })?;
     for result in results {
         match result {
-            Ok(topic) => tracing::info!(%topic, partitions = create.partitions, "outbox-kafka: created topic"),
+            Ok(topic) => {
+                tracing::info!(%topic, partitions = create.partitions, "outbox-kafka: created topic")
+            }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => {
                 return Err(Error::CreateTopic {

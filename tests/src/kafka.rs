@@ -88,8 +88,10 @@ pub fn topics(brokers: &str) -> Vec<(String, usize)> {
 
 /// librdkafka settings for test consumers on this broker (group joins take half the
 /// session timeout on tansu).
-pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] =
-    [("session.timeout.ms", "2000"), ("heartbeat.interval.ms", "500")];
+pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] = [
+    ("session.timeout.ms", "2000"),
+    ("heartbeat.interval.ms", "500"),
+];
 
 /// A tansu broker of the test's own, on a free port, with in-memory storage.
 #[derive(Debug)]

@@ -109,8 +109,9 @@ use sqlx::Connection as _;
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_core=info,outbox_kafka=info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("outbox_core=info,outbox_kafka=info")
+            }),
         )
         .with_test_writer()
         .try_init();

@@ -96,7 +96,11 @@ async fn a_failed_handler_records_nothing_and_can_be_retried() {
         other => panic!("expected the handler's error, got {other:?}"),
     }
     assert_eq!(db.count("effects").await, 0, "the effect was rolled back");
-    assert_eq!(db.count("outbox").await, 0, "the emitted event was rolled back");
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "the emitted event was rolled back"
+    );
     assert_eq!(db.count("outbox_processed").await, 0, "nothing recorded");
     assert!(!inbox.is_processed(id).await.expect("lookup"));
 
@@ -126,7 +130,11 @@ async fn events_emitted_by_a_handler_commit_with_the_processed_id() {
             .await
             .expect("process");
     }
-    assert_eq!(db.count("outbox").await, 1, "one event, from the first delivery");
+    assert_eq!(
+        db.count("outbox").await,
+        1,
+        "one event, from the first delivery"
+    );
     db.cleanup().await;
 }
 
@@ -169,7 +177,10 @@ async fn concurrent_duplicate_deliveries_run_the_handler_exactly_once() {
                 handled += 1;
             }
         }
-        assert_eq!(handled, 1, "round {round}: exactly one delivery was handled");
+        assert_eq!(
+            handled, 1,
+            "round {round}: exactly one delivery was handled"
+        );
         assert_eq!(
             runs.load(Ordering::SeqCst),
             round + 1,

@@ -51,7 +51,9 @@ fn committed_offset(brokers: &str, group: &str, topic: &str) -> Offset {
         .expect("offset client");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
-    let committed = c.committed_offsets(tpl, Duration::from_secs(10)).expect("committed offsets");
+    let committed = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
     committed.elements()[0].offset()
 }
 
@@ -87,7 +89,10 @@ async fn a_consumer_killed_before_committing_offsets_is_not_run_twice_by_the_red
         if let Some(status) = child.try_wait().expect("child status") {
             panic!("the consumer process exited early: {status}");
         }
-        assert!(Instant::now() < deadline, "the consumer process did not handle 20 messages in 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "the consumer process did not handle 20 messages in 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     child.kill().expect("SIGKILL the consumer");
@@ -119,12 +124,19 @@ async fn a_consumer_killed_before_committing_offsets_is_not_run_twice_by_the_red
     assert!(publisher.publish(&[job(&topic, 20)]).await[0].is_ok());
     let deadline = Instant::now() + Duration::from_secs(60);
     while consumer.stats().duplicates + consumer.stats().handled < 21 {
-        assert!(Instant::now() < deadline, "redelivery incomplete: {:?}", consumer.stats());
+        assert!(
+            Instant::now() < deadline,
+            "redelivery incomplete: {:?}",
+            consumer.stats()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stats = consumer.stats();
     consumer.shutdown().await.expect("consumer");
-    assert_eq!(stats.duplicates, 20, "every redelivered message skipped by the inbox: {stats:?}");
+    assert_eq!(
+        stats.duplicates, 20,
+        "every redelivered message skipped by the inbox: {stats:?}"
+    );
     assert_eq!(stats.handled, 1, "only the new message ran: {stats:?}");
     assert_eq!(effects(&db, "child").await, 20);
     assert_eq!(effects(&db, "restarted").await, 1);

@@ -20,6 +20,17 @@ struct Counted {
     n: i32,
 }
 
+/// id, key, n, Kafka key, version, event type, headers.
+type ConsumedRow = (
+    Uuid,
+    String,
+    i32,
+    Option<String>,
+    Option<i32>,
+    String,
+    serde_json::Value,
+);
+
 const KEYS: usize = 50;
 const PER_KEY: usize = 100;
 
@@ -45,15 +56,26 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     for w in 0..5 {
         let (outbox, topic) = (outbox.clone(), topic.clone());
         writers.push(tokio::spawn(async move {
-            let keys: Vec<String> = (0..KEYS).filter(|k| k % 5 == w).map(|k| format!("key-{k}")).collect();
+            let keys: Vec<String> = (0..KEYS)
+                .filter(|k| k % 5 == w)
+                .map(|k| format!("key-{k}"))
+                .collect();
             let mut all = Vec::new();
             for n in 0..PER_KEY {
                 for key in &keys {
-                    let mut m = OutboxMessage::from_event(&Counted { key: key.clone(), n: n as i32 })
-                        .expect("serialize");
+                    let mut m = OutboxMessage::from_event(&Counted {
+                        key: key.clone(),
+                        n: n as i32,
+                    })
+                    .expect("serialize");
                     m.destination = topic.clone();
-                    all.push(m.with_header("traceparent", format!("00-{:032x}-{:016x}-01", n + 1, n + 1))
-                        .with_header("correlation-id", format!("corr-{key}-{n}")));
+                    all.push(
+                        m.with_header(
+                            "traceparent",
+                            format!("00-{:032x}-{:016x}-01", n + 1, n + 1),
+                        )
+                        .with_header("correlation-id", format!("corr-{key}-{n}")),
+                    );
                 }
             }
             for chunk in all.chunks(50) {
@@ -77,42 +99,53 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
         .build()
         .await
         .expect("publisher");
-    let mut builder = KafkaConsumer::builder(&brokers, kafka::unique("e2e-group"), outbox_core::inbox::Inbox::new(&outbox, "e2e"))
-        .topic(&topic)
-        .on::<Counted, _>(|tx, msg| {
-            Box::pin(async move {
-                let headers = serde_json::to_value(&msg.headers)?;
-                sqlx::query(
-                    "INSERT INTO consumed (id, key, n, kafka_key, version, event_type, headers) \
+    let mut builder = KafkaConsumer::builder(
+        &brokers,
+        kafka::unique("e2e-group"),
+        outbox_core::inbox::Inbox::new(&outbox, "e2e"),
+    )
+    .topic(&topic)
+    .on::<Counted, _>(|tx, msg| {
+        Box::pin(async move {
+            let headers = serde_json::to_value(&msg.headers)?;
+            sqlx::query(
+                "INSERT INTO consumed (id, key, n, kafka_key, version, event_type, headers) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                )
-                .bind(msg.id)
-                .bind(&msg.event.key)
-                .bind(msg.event.n)
-                .bind(&msg.key)
-                .bind(msg.version)
-                .bind(&msg.event_type)
-                .bind(headers)
-                .execute(&mut **tx)
-                .await?;
-                Ok(())
-            })
-        });
+            )
+            .bind(msg.id)
+            .bind(&msg.event.key)
+            .bind(msg.event.n)
+            .bind(&msg.key)
+            .bind(msg.version)
+            .bind(&msg.event_type)
+            .bind(headers)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        })
+    });
     for (k, v) in TEST_CONSUMER_SETTINGS {
         builder = builder.set(k, v);
     }
     let consumer = builder.build().expect("consumer").spawn();
 
     let relay_started = Instant::now();
-    let relay = Relay::builder(outbox.clone(), publisher.clone()).batch_size(500).spawn();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(500)
+        .spawn();
     let total = (KEYS * PER_KEY) as i64;
-    wait_until(Duration::from_secs(120), "every row marked sent", || async {
-        let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
-            .fetch_one(&db.pool)
-            .await
-            .expect("sent");
-        sent >= total
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "every row marked sent",
+        || async {
+            let sent: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("sent");
+            sent >= total
+        },
+    )
     .await;
     let published = relay_started.elapsed();
     wait_until(Duration::from_secs(120), "every event consumed", || async {
@@ -138,18 +171,27 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
         .execute(&db.pool)
         .await
         .expect("wake the relay");
-    wait_until(Duration::from_secs(60), "the duplicates reached the consumer", || async {
-        consumer.stats().duplicates >= again
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the duplicates reached the consumer",
+        || async { consumer.stats().duplicates >= again },
+    )
     .await;
     relay.shutdown().await;
     let stats = consumer.stats();
-    consumer.shutdown().await.expect("the consumer ended cleanly");
+    consumer
+        .shutdown()
+        .await
+        .expect("the consumer ended cleanly");
 
     assert_eq!(stats.handled, total as u64, "{stats:?}");
     assert_eq!(stats.duplicates, again, "{stats:?}");
     assert_eq!(stats.skipped, 0, "{stats:?}");
-    assert_eq!(db.count("consumed").await, total, "every event took effect exactly once");
+    assert_eq!(
+        db.count("consumed").await,
+        total,
+        "every event took effect exactly once"
+    );
     let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT id) FROM consumed")
         .fetch_one(&db.pool)
         .await
@@ -157,7 +199,7 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     assert_eq!(distinct, total);
 
     // Per-key order, keys and headers.
-    let rows: Vec<(Uuid, String, i32, Option<String>, Option<i32>, String, serde_json::Value)> = sqlx::query_as(
+    let rows: Vec<ConsumedRow> = sqlx::query_as(
         "SELECT id, key, n, kafka_key, version, event_type, headers FROM consumed ORDER BY pos",
     )
     .fetch_all(&db.pool)
@@ -175,10 +217,21 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     let mut next: BTreeMap<String, i32> = BTreeMap::new();
     for (id, key, n, kafka_key, version, event_type, h) in &rows {
         let expected = next.entry(key.clone()).or_default();
-        assert_eq!(n, expected, "key {key}: event {n} arrived when {expected} was due (order broken)");
+        assert_eq!(
+            n, expected,
+            "key {key}: event {n} arrived when {expected} was due (order broken)"
+        );
         *expected += 1;
-        assert_eq!(ids.get(id), Some(&(key.clone(), *n)), "message id {id} is the outbox row's id");
-        assert_eq!(kafka_key.as_deref(), Some(key.as_str()), "the Kafka key is the partition key");
+        assert_eq!(
+            ids.get(id),
+            Some(&(key.clone(), *n)),
+            "message id {id} is the outbox row's id"
+        );
+        assert_eq!(
+            kafka_key.as_deref(),
+            Some(key.as_str()),
+            "the Kafka key is the partition key"
+        );
         assert_eq!(*version, Some(3));
         assert_eq!(event_type, "Counted");
         let h: BTreeMap<String, String> = serde_json::from_value(h.clone()).expect("headers");
@@ -200,7 +253,11 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     }
     assert_eq!(next.len(), KEYS);
     assert!(next.values().all(|c| *c == PER_KEY as i32), "{next:?}");
-    assert_eq!(publisher.rebuilds(), 0, "no producer rebuild on a healthy broker");
+    assert_eq!(
+        publisher.rebuilds(),
+        0,
+        "no producer rebuild on a healthy broker"
+    );
 
     eprintln!(
         "measured: wrote {total} events in {written:?}; relay start → all acked by Kafka and marked in \
@@ -217,7 +274,10 @@ where
 {
     let deadline = Instant::now() + timeout;
     while !check().await {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting until {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

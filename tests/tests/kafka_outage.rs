@@ -49,19 +49,23 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         .backoff(Duration::from_millis(200), Duration::from_secs(1))
         .publish_timeout(Duration::from_secs(10))
         .spawn();
-    let mut builder = KafkaConsumer::builder(&brokers, kafka::unique("outage-group"), Inbox::new(&outbox, "outage"))
-        .topic(&topic)
-        .on_event_type::<Tick, _>("Tick", |tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO consumed (id, key, n) VALUES ($1, $2, $3)")
-                    .bind(msg.id)
-                    .bind(&msg.event.key)
-                    .bind(msg.event.n)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        });
+    let mut builder = KafkaConsumer::builder(
+        &brokers,
+        kafka::unique("outage-group"),
+        Inbox::new(&outbox, "outage"),
+    )
+    .topic(&topic)
+    .on_event_type::<Tick, _>("Tick", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO consumed (id, key, n) VALUES ($1, $2, $3)")
+                .bind(msg.id)
+                .bind(&msg.event.key)
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    });
     for (k, v) in TEST_CONSUMER_SETTINGS {
         builder = builder.set(k, v);
     }
@@ -76,7 +80,12 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
                 for k in 0..KEYS {
                     let key = format!("key-{k}");
                     tx.emit_message(
-                        OutboxMessage::new("Tick", topic.as_str(), format!(r#"{{"key":"{key}","n":{n}}}"#)).with_key(key),
+                        OutboxMessage::new(
+                            "Tick",
+                            topic.as_str(),
+                            format!(r#"{{"key":"{key}","n":{n}}}"#),
+                        )
+                        .with_key(key),
                     )
                     .expect("emit");
                 }
@@ -89,18 +98,25 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
     // Let the relay publish for a while, then kill the broker mid-stream.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before_kill = relay.stats();
-    assert!(before_kill.published > 0, "the relay was publishing before the kill: {before_kill:?}");
+    assert!(
+        before_kill.published > 0,
+        "the relay was publishing before the kill: {before_kill:?}"
+    );
     broker.kill();
     let killed_at = Instant::now();
-    let acked_before_kill: HashSet<Uuid> = sqlx::query_scalar("SELECT id FROM outbox WHERE sent_at IS NOT NULL")
-        .fetch_all(&db.pool)
-        .await
-        .expect("sent ids")
-        .into_iter()
-        .collect();
+    let acked_before_kill: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE sent_at IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .expect("sent ids")
+            .into_iter()
+            .collect();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let during = relay.stats();
-    assert!(during.failed > before_kill.failed, "publishing failed while the broker was down: {during:?}");
+    assert!(
+        during.failed > before_kill.failed,
+        "publishing failed while the broker was down: {during:?}"
+    );
     assert_eq!(during.dead, 0, "no message dead-lettered by the outage");
 
     broker.restart();
@@ -164,24 +180,28 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         if missing == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{missing} messages acked after the restart never reached the consumer");
+        assert!(
+            Instant::now() < deadline,
+            "{missing} messages acked after the restart never reached the consumer"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     relay.shutdown().await;
     consumer.shutdown().await.expect("consumer");
 
     // Accounting: each row was consumed, or acked by the old broker (whose memory died with it).
-    let consumed: Vec<(Uuid, String, i32)> = sqlx::query_as("SELECT id, key, n FROM consumed ORDER BY pos")
+    let consumed: Vec<(Uuid, String, i32)> =
+        sqlx::query_as("SELECT id, key, n FROM consumed ORDER BY pos")
+            .fetch_all(&db.pool)
+            .await
+            .expect("consumed");
+    let consumed_ids: HashSet<Uuid> = consumed.iter().map(|c| c.0).collect();
+    let all: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM outbox")
         .fetch_all(&db.pool)
         .await
-        .expect("consumed");
-    let consumed_ids: HashSet<Uuid> = consumed.iter().map(|c| c.0).collect();
-    let all: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM outbox").fetch_all(&db.pool).await.expect("all");
+        .expect("all");
     assert_eq!(all.len() as i64, total);
-    let lost_with_broker: Vec<&Uuid> = all
-        .iter()
-        .filter(|id| !consumed_ids.contains(id))
-        .collect();
+    let lost_with_broker: Vec<&Uuid> = all.iter().filter(|id| !consumed_ids.contains(id)).collect();
     for id in &lost_with_broker {
         assert!(
             acked_before_kill.contains(id),
@@ -212,5 +232,8 @@ async fn relay_stats_line(db: &TestDb) -> String {
             .fetch_one(&db.pool)
             .await
             .expect("attempts");
-    format!("rows retried: {retried}, max attempts of a row: {}", max_attempts.unwrap_or(0))
+    format!(
+        "rows retried: {retried}, max attempts of a row: {}",
+        max_attempts.unwrap_or(0)
+    )
 }

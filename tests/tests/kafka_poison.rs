@@ -19,7 +19,12 @@ struct Job {
     n: i32,
 }
 
-fn consumer(brokers: &str, group: &str, topic: &str, db_outbox: &outbox_core::Outbox) -> outbox_kafka::KafkaConsumerBuilder {
+fn consumer(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    db_outbox: &outbox_core::Outbox,
+) -> outbox_kafka::KafkaConsumerBuilder {
     let mut builder = KafkaConsumer::builder(brokers, group, Inbox::new(db_outbox, "jobs"))
         .topic(topic)
         .on_event_type::<Job, _>("Job", |tx, msg| {
@@ -60,10 +65,17 @@ async fn an_oversized_message_is_dead_lettered_at_once_and_its_key_flows_on() {
     let (brokers, db, outbox) = setup().await;
     let topic = kafka::unique("oversized");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let job = |n: i32, key: &str| OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":{n}}}"#)).with_key(key);
+    let job = |n: i32, key: &str| {
+        OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":{n}}}"#)).with_key(key)
+    };
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit_message(job(0, "a")).expect("emit");
-    let big = OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":1,"pad":"{}"}}"#, "x".repeat(200_000))).with_key("a");
+    let big = OutboxMessage::new(
+        "Job",
+        topic.as_str(),
+        format!(r#"{{"n":1,"pad":"{}"}}"#, "x".repeat(200_000)),
+    )
+    .with_key("a");
     let big_id = tx.emit_message(big).expect("emit");
     tx.emit_message(job(2, "a")).expect("emit");
     tx.emit_message(job(3, "b")).expect("emit");
@@ -80,21 +92,29 @@ async fn an_oversized_message_is_dead_lettered_at_once_and_its_key_flows_on() {
     let relay = Relay::builder(outbox.clone(), publisher)
         .backoff(Duration::from_secs(60), Duration::from_secs(60)) // a retry would not finish in this test
         .spawn();
-    let consumer = consumer(&brokers, &kafka::unique("oversized-group"), &topic, &outbox).build().expect("consumer").spawn();
+    let consumer = consumer(&brokers, &kafka::unique("oversized-group"), &topic, &outbox)
+        .build()
+        .expect("consumer")
+        .spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while effects(&db).await.len() < 4 {
-        assert!(Instant::now() < deadline, "consumed only {:?}", effects(&db).await);
+        assert!(
+            Instant::now() < deadline,
+            "consumed only {:?}",
+            effects(&db).await
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     relay.shutdown().await;
     consumer.shutdown().await.expect("consumer");
 
-    let (attempts, dead, error): (i32, bool, Option<String>) =
-        sqlx::query_as("SELECT attempts, dead_at IS NOT NULL, last_error FROM outbox WHERE id = $1")
-            .bind(big_id)
-            .fetch_one(&db.pool)
-            .await
-            .expect("the big row");
+    let (attempts, dead, error): (i32, bool, Option<String>) = sqlx::query_as(
+        "SELECT attempts, dead_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+    )
+    .bind(big_id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the big row");
     assert!(dead, "dead-lettered");
     assert_eq!(attempts, 1, "at once, without retries");
     let error = error.expect("last_error");
@@ -123,8 +143,14 @@ async fn produce_poison(brokers: &str, topic: &str) {
         .expect("producer");
     let h = |event_type: &str, id: &str| {
         OwnedHeaders::new()
-            .insert(Header { key: headers::MESSAGE_ID, value: Some(id) })
-            .insert(Header { key: headers::EVENT_TYPE, value: Some(event_type) })
+            .insert(Header {
+                key: headers::MESSAGE_ID,
+                value: Some(id),
+            })
+            .insert(Header {
+                key: headers::EVENT_TYPE,
+                value: Some(event_type),
+            })
     };
     let id = || uuid::Uuid::now_v7().to_string();
     let messages: Vec<(Option<OwnedHeaders>, &str)> = vec![
@@ -136,11 +162,16 @@ async fn produce_poison(brokers: &str, topic: &str) {
         (Some(h("Job", &id())), r#"{"n":5}"#),
     ];
     for (headers, payload) in messages {
-        let mut record = FutureRecord::<str, str>::to(topic).payload(payload).key("k");
+        let mut record = FutureRecord::<str, str>::to(topic)
+            .payload(payload)
+            .key("k");
         if let Some(headers) = headers {
             record = record.headers(headers);
         }
-        producer.send(record, Duration::from_secs(10)).await.expect("produce");
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .expect("produce");
     }
 }
 
@@ -156,12 +187,17 @@ async fn skip_policies_log_and_skip_every_poison_message() {
     let topic = kafka::unique("poison-skip");
     kafka::create_topic(&brokers, &topic, 1).await;
     produce_poison(&brokers, &topic).await;
-    let consumer = consumer(&brokers, &kafka::unique("poison-skip-group"), &topic, &outbox)
-        .on_unknown_event_type(Policy::Skip)
-        .on_undecodable(Policy::Skip)
-        .build()
-        .expect("consumer")
-        .spawn();
+    let consumer = consumer(
+        &brokers,
+        &kafka::unique("poison-skip-group"),
+        &topic,
+        &outbox,
+    )
+    .on_unknown_event_type(Policy::Skip)
+    .on_undecodable(Policy::Skip)
+    .build()
+    .expect("consumer")
+    .spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while consumer.stats().handled + consumer.stats().skipped < 6 {
         assert!(Instant::now() < deadline, "{:?}", consumer.stats());
@@ -183,7 +219,10 @@ async fn an_undecodable_message_stops_the_consumer_by_default_and_again_after_a_
     produce_poison(&brokers, &topic).await;
 
     for (run, handled) in [(1, 1), (2, 0)] {
-        let consumer = consumer(&brokers, &group, &topic, &outbox).build().expect("consumer").spawn();
+        let consumer = consumer(&brokers, &group, &topic, &outbox)
+            .build()
+            .expect("consumer")
+            .spawn();
         let stats = loop {
             if consumer.is_finished() {
                 break consumer.stats();
@@ -191,7 +230,12 @@ async fn an_undecodable_message_stops_the_consumer_by_default_and_again_after_a_
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         match join(consumer).await {
-            Err(Error::Undecodable { offset: 1, reason, topic: t, partition: 0 }) => {
+            Err(Error::Undecodable {
+                offset: 1,
+                reason,
+                topic: t,
+                partition: 0,
+            }) => {
                 assert_eq!(t, topic);
                 assert!(reason.contains("not a valid `Job`"), "{reason}");
             }
@@ -209,14 +253,23 @@ async fn an_unknown_event_type_stops_the_consumer_when_told_to() {
     let topic = kafka::unique("poison-unknown");
     kafka::create_topic(&brokers, &topic, 1).await;
     produce_poison(&brokers, &topic).await;
-    let consumer = consumer(&brokers, &kafka::unique("poison-unknown-group"), &topic, &outbox)
-        .on_undecodable(Policy::Skip)
-        .on_unknown_event_type(Policy::Stop)
-        .build()
-        .expect("consumer")
-        .spawn();
+    let consumer = consumer(
+        &brokers,
+        &kafka::unique("poison-unknown-group"),
+        &topic,
+        &outbox,
+    )
+    .on_undecodable(Policy::Skip)
+    .on_unknown_event_type(Policy::Stop)
+    .build()
+    .expect("consumer")
+    .spawn();
     match join(consumer).await {
-        Err(Error::UnknownEventType { event_type, offset: 2, .. }) => assert_eq!(event_type, "Unknown"),
+        Err(Error::UnknownEventType {
+            event_type,
+            offset: 2,
+            ..
+        }) => assert_eq!(event_type, "Unknown"),
         other => panic!("expected a stop at the unknown event type, got {other:?}"),
     }
     assert_eq!(effects(&db).await, [0]);

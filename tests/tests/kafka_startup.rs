@@ -39,7 +39,10 @@ async fn a_missing_catalog_topic_is_an_error_naming_it_unless_created_by_option(
     }
     let text = err.to_string();
     assert!(text.contains(&format!("`{CATALOG_TOPIC}`")), "{text}");
-    assert!(text.contains("create_missing_topics"), "the message says what to do: {text}");
+    assert!(
+        text.contains("create_missing_topics"),
+        "the message says what to do: {text}"
+    );
 
     KafkaPublisher::builder(&brokers)
         .destination(&extra)
@@ -49,7 +52,12 @@ async fn a_missing_catalog_topic_is_an_error_naming_it_unless_created_by_option(
         .expect("topics created");
     let topics = kafka::topics(&brokers);
     for t in [CATALOG_TOPIC, extra.as_str()] {
-        assert!(topics.iter().any(|(name, partitions)| name == t && *partitions == 3), "{t} with 3 partitions: {topics:?}");
+        assert!(
+            topics
+                .iter()
+                .any(|(name, partitions)| name == t && *partitions == 3),
+            "{t} with 3 partitions: {topics:?}"
+        );
     }
     // Now they exist, the plain check passes.
     KafkaPublisher::builder(&brokers)
@@ -67,7 +75,10 @@ async fn a_missing_catalog_topic_is_an_error_naming_it_unless_created_by_option(
         .await
         .expect("the catalog is not checked");
     kafka::delete_topic(&brokers, &extra).await;
-    let _ = AuditRecorded { what: String::new() }.event_type();
+    let _ = AuditRecorded {
+        what: String::new(),
+    }
+    .event_type();
 }
 
 #[tokio::test]
@@ -95,8 +106,14 @@ async fn settings_never_show_secrets() {
         .expect("publisher (SASL settings are unused without security.protocol)");
     let shown = format!("{publisher:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
-    assert!(shown.contains("svc-outbox") && shown.contains("sasl.password"), "{shown}");
-    assert!(shown.contains("\"enable.idempotence\": \"true\"") && shown.contains("\"acks\": \"all\""), "{shown}");
+    assert!(
+        shown.contains("svc-outbox") && shown.contains("sasl.password"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\"enable.idempotence\": \"true\"") && shown.contains("\"acks\": \"all\""),
+        "{shown}"
+    );
 }
 
 #[tokio::test]
@@ -112,6 +129,9 @@ async fn a_refused_setting_does_not_leak_its_value_in_the_error() {
         .expect_err("ssl.key.password is refused by a build without OpenSSL");
     let text = format!("{err} / {err:?}");
     assert!(matches!(err, Error::Config(_)), "{text}");
-    assert!(text.contains("ssl.key.password") && text.contains("***"), "{text}");
+    assert!(
+        text.contains("ssl.key.password") && text.contains("***"),
+        "{text}"
+    );
     assert!(!text.contains("key-pass-secret"), "{text}");
 }
