@@ -115,6 +115,8 @@ pub mod catalog;
 pub mod config;
 mod error;
 pub mod event;
+#[cfg(feature = "postgres")]
+pub mod inbox;
 mod key;
 pub mod migrate;
 mod outbox;

@@ -5,6 +5,8 @@
 //! the one `scripts/services.sh` makes sure of: `postgres://postgres@127.0.0.1:5432/test`.
 //! A missing server fails the test with a message saying how to start it; it never skips.
 
+pub mod kafka;
+
 use std::str::FromStr;
 
 use outbox_core::Outbox;
@@ -107,8 +109,9 @@ use sqlx::Connection as _;
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("outbox_core=info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("outbox_core=info,outbox_kafka=info")
+            }),
         )
         .with_test_writer()
         .try_init();

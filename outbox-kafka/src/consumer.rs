@@ -1,0 +1,676 @@
+//! [`KafkaConsumer`]: typed, idempotent consumption through the [`Inbox`].
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use outbox_core::inbox::{Inbox, InboxError, Processed};
+use outbox_core::{OutboxEvent, OutboxTx};
+use rdkafka::Message;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::types::RDKafkaErrorCode;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::settings::Settings;
+use crate::{Error, Result, headers};
+
+/// The error a handler returns; anything that converts with `?` will do.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the consumer does with a message it cannot handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Log it (at `warn`, with topic, partition, offset and the reason), count it in
+    /// [`ConsumerStats::skipped`], commit its offset, and go on.
+    Skip,
+    /// Stop the consumer with an error naming the message. Its offset is not committed,
+    /// so it is read again after a restart.
+    Stop,
+}
+
+/// A message handed to a handler: the decoded event and where it came from.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Received<T> {
+    /// The payload, deserialized.
+    pub event: T,
+    /// The message id (the deduplication key).
+    pub id: Uuid,
+    /// The event type header.
+    pub event_type: String,
+    /// The schema version header, if present.
+    pub version: Option<i32>,
+    /// The Kafka message key (the outbox partition key).
+    pub key: Option<String>,
+    /// Topic, partition and offset.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Every header, as text.
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Clone)]
+struct Meta {
+    id: Uuid,
+    event_type: String,
+    version: Option<i32>,
+    key: Option<String>,
+    topic: String,
+    partition: i32,
+    offset: i64,
+    headers: BTreeMap<String, String>,
+}
+
+/// A type-erased handler: decodes the payload, then runs in the inbox transaction.
+trait Dispatch: Send + Sync {
+    fn decode(&self, payload: &[u8]) -> Result<Box<dyn Any + Send>, serde_json::Error>;
+    fn run<'a>(
+        &'a self,
+        tx: &'a mut OutboxTx<'static>,
+        event: Box<dyn Any + Send>,
+        meta: Meta,
+    ) -> BoxFuture<'a, Result<(), BoxError>>;
+}
+
+struct Typed<T, F> {
+    handler: F,
+    _event: PhantomData<fn() -> T>,
+}
+
+impl<T, F> Dispatch for Typed<T, F>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: for<'t> Fn(&'t mut OutboxTx<'static>, Received<T>) -> BoxFuture<'t, Result<(), BoxError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn decode(&self, payload: &[u8]) -> Result<Box<dyn Any + Send>, serde_json::Error> {
+        Ok(Box::new(serde_json::from_slice::<T>(payload)?))
+    }
+
+    fn run<'a>(
+        &'a self,
+        tx: &'a mut OutboxTx<'static>,
+        event: Box<dyn Any + Send>,
+        meta: Meta,
+    ) -> BoxFuture<'a, Result<(), BoxError>> {
+        let event = match event.downcast::<T>() {
+            Ok(event) => *event,
+            Err(_) => {
+                return Box::pin(async {
+                    Err("outbox-kafka: decoded event of the wrong type".into())
+                });
+            }
+        };
+        (self.handler)(
+            tx,
+            Received {
+                event,
+                id: meta.id,
+                event_type: meta.event_type,
+                version: meta.version,
+                key: meta.key,
+                topic: meta.topic,
+                partition: meta.partition,
+                offset: meta.offset,
+                headers: meta.headers,
+            },
+        )
+    }
+}
+
+/// Counters of what a consumer did.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    handled: AtomicU64,
+    duplicates: AtomicU64,
+    skipped: AtomicU64,
+    handler_errors: AtomicU64,
+}
+
+/// A copy of [`ConsumerStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerStatsSnapshot {
+    /// Messages whose handler ran and committed.
+    pub handled: u64,
+    /// Messages skipped by the inbox because they were processed before.
+    pub duplicates: u64,
+    /// Messages skipped by [`Policy::Skip`] (unknown event type, undecodable).
+    pub skipped: u64,
+    /// Handler (or database) failures; each was retried.
+    pub handler_errors: u64,
+}
+
+impl ConsumerStats {
+    /// The current values.
+    pub fn snapshot(&self) -> ConsumerStatsSnapshot {
+        ConsumerStatsSnapshot {
+            handled: self.handled.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            handler_errors: self.handler_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Configures a [`KafkaConsumer`]; start with [`KafkaConsumer::builder`].
+pub struct KafkaConsumerBuilder {
+    settings: Settings,
+    topics: Vec<String>,
+    inbox: Inbox,
+    handlers: HashMap<String, Arc<dyn Dispatch>>,
+    errors: Vec<Error>,
+    unknown: Policy,
+    undecodable: Policy,
+    retry_backoff: (Duration, Duration),
+}
+
+impl fmt::Debug for KafkaConsumerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConsumerBuilder")
+            .field("settings", &self.settings)
+            .field("topics", &self.topics)
+            .field("inbox", &self.inbox)
+            .field("event_types", &self.handlers.keys().collect::<Vec<_>>())
+            .field("on_unknown_event_type", &self.unknown)
+            .field("on_undecodable", &self.undecodable)
+            .finish()
+    }
+}
+
+/// Consumes outbox messages from Kafka, dispatching each by its `event-type` header to a
+/// typed handler that runs inside an [`Inbox`] transaction; the message's offset is
+/// committed only after that transaction committed.
+///
+/// See the [crate docs](crate) for an example and `docs/kafka.md` for the policies.
+pub struct KafkaConsumer {
+    consumer: StreamConsumer,
+    settings: Settings,
+    inbox: Inbox,
+    handlers: HashMap<String, Arc<dyn Dispatch>>,
+    unknown: Policy,
+    undecodable: Policy,
+    retry_backoff: (Duration, Duration),
+    stats: Arc<ConsumerStats>,
+}
+
+impl fmt::Debug for KafkaConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConsumer")
+            .field("settings", &self.settings)
+            .field("inbox", &self.inbox)
+            .field("event_types", &self.handlers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaConsumer {
+    /// A consumer in group `group_id` of the cluster at `bootstrap_servers`, recording
+    /// processed messages in `inbox` (whose consumer name scopes the deduplication).
+    ///
+    /// Defaults: `enable.auto.commit=true` with `enable.auto.offset.store=false` (an
+    /// offset is stored only after its message's transaction committed, and stored
+    /// offsets are committed every `auto.commit.interval.ms=1000` and at shutdown),
+    /// `auto.offset.reset=earliest`. Unknown event types are skipped (logged);
+    /// undecodable messages stop the consumer.
+    pub fn builder(
+        bootstrap_servers: impl Into<String>,
+        group_id: impl Into<String>,
+        inbox: Inbox,
+    ) -> KafkaConsumerBuilder {
+        let mut settings = Settings::default();
+        settings
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("group.id", group_id);
+        KafkaConsumerBuilder {
+            settings,
+            topics: Vec::new(),
+            inbox,
+            handlers: HashMap::new(),
+            errors: Vec::new(),
+            unknown: Policy::Skip,
+            undecodable: Policy::Stop,
+            retry_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+        }
+    }
+
+    /// The consumer's counters.
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        Arc::clone(&self.stats)
+    }
+}
+
+/// The event type names the catalog lists for Rust type `T`.
+fn catalog_names<T>() -> Vec<&'static str> {
+    let full = std::any::type_name::<T>();
+    let name = full.split('<').next().unwrap_or(full);
+    outbox_core::catalog()
+        .into_iter()
+        .filter(|e| e.rust_type == name)
+        .map(|e| e.event_type)
+        .collect()
+}
+
+impl KafkaConsumerBuilder {
+    /// Any librdkafka consumer property (SASL, TLS, `session.timeout.ms`, ...).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.set(key, value);
+        self
+    }
+
+    /// Subscribes to `topic` (call once per topic).
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topics.push(topic.into());
+        self
+    }
+
+    /// Handles the event type(s) that `#[derive(OutboxEvent)]` registered for `T` (an
+    /// enum: each variant's) with `handler`, which receives the inbox transaction and the
+    /// decoded message, and returns a boxed future:
+    ///
+    /// `.on::<OrderConfirmed, _>(|tx, msg| Box::pin(async move { ...; Ok(()) }))`
+    ///
+    /// A type not in the event catalog is reported by [`build`](Self::build).
+    pub fn on<T, F>(mut self, handler: F) -> Self
+    where
+        T: OutboxEvent + DeserializeOwned + Send + 'static,
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static>,
+                Received<T>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let names = catalog_names::<T>();
+        if names.is_empty() {
+            self.errors.push(Error::NotInCatalog {
+                rust_type: std::any::type_name::<T>(),
+            });
+            return self;
+        }
+        let dispatch: Arc<dyn Dispatch> = Arc::new(Typed {
+            handler,
+            _event: PhantomData::<fn() -> T>,
+        });
+        for name in names {
+            self.add(name.to_owned(), Arc::clone(&dispatch));
+        }
+        self
+    }
+
+    /// Handles messages whose `event-type` header is `event_type`, with a payload that
+    /// deserializes to `T` (no `OutboxEvent` derive needed).
+    pub fn on_event_type<T, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static>,
+                Received<T>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let dispatch: Arc<dyn Dispatch> = Arc::new(Typed {
+            handler,
+            _event: PhantomData::<fn() -> T>,
+        });
+        self.add(event_type.into(), dispatch);
+        self
+    }
+
+    fn add(&mut self, event_type: String, dispatch: Arc<dyn Dispatch>) {
+        match self.handlers.entry(event_type) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                self.errors.push(Error::DuplicateHandler(e.key().clone()));
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(dispatch);
+            }
+        }
+    }
+
+    /// What to do with a message whose event type has no handler. Default [`Policy::Skip`].
+    pub fn on_unknown_event_type(mut self, policy: Policy) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// What to do with a message that cannot be decoded: missing or bad `message-id` /
+    /// `event-type` header, or a payload that does not deserialize into the handler's type.
+    /// Default [`Policy::Stop`].
+    pub fn on_undecodable(mut self, policy: Policy) -> Self {
+        self.undecodable = policy;
+        self
+    }
+
+    /// Backoff between retries of a failing handler: first delay and cap (default
+    /// 100 ms, 30 s). A failing handler is retried, in place, until it succeeds or the
+    /// consumer is shut down, so later messages wait (per-key order is kept).
+    pub fn retry_backoff(mut self, first: Duration, cap: Duration) -> Self {
+        self.retry_backoff = (first, cap.max(first));
+        self
+    }
+
+    /// Creates the consumer and subscribes.
+    pub fn build(mut self) -> Result<KafkaConsumer> {
+        if let Some(e) = self.errors.into_iter().next() {
+            return Err(e);
+        }
+        if self.topics.is_empty() {
+            return Err(Error::Incomplete("no topics"));
+        }
+        if self.handlers.is_empty() {
+            return Err(Error::Incomplete("no handlers"));
+        }
+        self.settings.set_default("enable.auto.commit", "true");
+        self.settings
+            .set_default("enable.auto.offset.store", "false");
+        self.settings.set_default("auto.commit.interval.ms", "1000");
+        self.settings.set_default("auto.offset.reset", "earliest");
+        let consumer: StreamConsumer = self.settings.create()?;
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(Error::Consumer)?;
+        tracing::info!(settings = ?self.settings, ?topics, "outbox-kafka consumer subscribed");
+        Ok(KafkaConsumer {
+            consumer,
+            settings: self.settings,
+            inbox: self.inbox,
+            handlers: self.handlers,
+            unknown: self.unknown,
+            undecodable: self.undecodable,
+            retry_backoff: self.retry_backoff,
+            stats: Arc::new(ConsumerStats::default()),
+        })
+    }
+}
+
+/// Controls a spawned consumer.
+#[derive(Debug)]
+pub struct ConsumerHandle {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<Result<()>>,
+    stats: Arc<ConsumerStats>,
+}
+
+impl ConsumerHandle {
+    /// Asks the consumer to stop after the message in hand, commits the stored offsets,
+    /// leaves the group, and returns how the consumer ended.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        self.join().await
+    }
+
+    /// Waits for the consumer to end by itself (a [`Policy::Stop`] or a fatal error).
+    pub async fn join(self) -> Result<()> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Whether the consumer has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// The consumer's counters.
+    pub fn stats(&self) -> ConsumerStatsSnapshot {
+        self.stats.snapshot()
+    }
+}
+
+enum Step {
+    Next,
+    Stop,
+}
+
+/// Resolves when shutdown is requested (never, if the sender is gone without asking).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+impl KafkaConsumer {
+    /// Starts the consumer on the current tokio runtime.
+    pub fn spawn(self) -> ConsumerHandle {
+        let (tx, rx) = watch::channel(false);
+        let stats = Arc::clone(&self.stats);
+        ConsumerHandle {
+            shutdown: tx,
+            task: tokio::spawn(self.run(rx)),
+            stats,
+        }
+    }
+
+    /// Consumes until `shutdown` turns `true` (`Ok`), or a [`Policy::Stop`] or fatal
+    /// error ends it (`Err`). Either way the offsets stored so far are committed and the
+    /// consumer leaves its group.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let result = self.consume(&mut shutdown).await;
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+            if e.rdkafka_error_code() != Some(RDKafkaErrorCode::NoOffset) {
+                tracing::warn!(error = %e, "outbox-kafka: committing offsets at shutdown failed");
+            }
+        }
+        let consumer = self.consumer;
+        // Closing leaves the group; librdkafka blocks while it does.
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        tracing::info!(stats = ?self.stats.snapshot(), "outbox-kafka consumer stopped");
+        result
+    }
+
+    async fn consume(&self, shutdown: &mut watch::Receiver<bool>) -> Result<()> {
+        loop {
+            let message = tokio::select! {
+                biased;
+                _ = stopped(shutdown) => return Ok(()),
+                m = self.consumer.recv() => m,
+            };
+            let message = match message {
+                Ok(m) => m,
+                Err(e) => {
+                    if self.consumer.client().fatal_error().is_some() {
+                        return Err(Error::Consumer(e));
+                    }
+                    let transient = matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::AllBrokersDown
+                                | RDKafkaErrorCode::BrokerTransportFailure
+                        )
+                    );
+                    if transient {
+                        tracing::debug!(error = %e, "outbox-kafka: broker unreachable (librdkafka reconnects by itself)");
+                    } else {
+                        tracing::warn!(error = %e, "outbox-kafka: consumer error (librdkafka retries by itself)");
+                    }
+                    continue;
+                }
+            };
+            match self.handle(&message, shutdown).await? {
+                Step::Next => {}
+                Step::Stop => return Ok(()),
+            }
+        }
+    }
+
+    fn store(&self, message: &BorrowedMessage<'_>) {
+        if let Err(e) = self.consumer.store_offset_from_message(message) {
+            // The partition was revoked meanwhile: its new owner reads the message again
+            // and the inbox skips it.
+            tracing::warn!(error = %e, topic = message.topic(), partition = message.partition(),
+                offset = message.offset(), "outbox-kafka: could not store the offset");
+        }
+    }
+
+    fn policy(&self, message: &BorrowedMessage<'_>, policy: Policy, error: Error) -> Result<Step> {
+        match policy {
+            Policy::Skip => {
+                tracing::warn!(
+                    topic = message.topic(), partition = message.partition(), offset = message.offset(),
+                    reason = %error, "outbox-kafka: message skipped (policy Skip)"
+                );
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("outbox_kafka_consumer_skipped_total").increment(1);
+                self.store(message);
+                Ok(Step::Next)
+            }
+            Policy::Stop => {
+                tracing::error!(
+                    topic = message.topic(), partition = message.partition(), offset = message.offset(),
+                    reason = %error, "outbox-kafka: consumer stops (policy Stop)"
+                );
+                Err(error)
+            }
+        }
+    }
+
+    async fn handle(
+        &self,
+        message: &BorrowedMessage<'_>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Step> {
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let undecodable = |reason: String| Error::Undecodable {
+            reason,
+            topic: topic.to_owned(),
+            partition,
+            offset,
+        };
+        let mut all = BTreeMap::new();
+        if let Some(h) = message.headers() {
+            for header in h.iter() {
+                let value = header
+                    .value
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                all.insert(header.key.to_owned(), value);
+            }
+        }
+        let Some(event_type) = all.get(headers::EVENT_TYPE).cloned() else {
+            return self.policy(
+                message,
+                self.undecodable,
+                undecodable(format!("no `{}` header", headers::EVENT_TYPE)),
+            );
+        };
+        let id = match all.get(headers::MESSAGE_ID).map(|v| v.parse::<Uuid>()) {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => {
+                return self.policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
+                );
+            }
+            None => {
+                return self.policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
+                );
+            }
+        };
+        let Some(dispatch) = self.handlers.get(&event_type) else {
+            let error = Error::UnknownEventType {
+                event_type,
+                topic: topic.to_owned(),
+                partition,
+                offset,
+            };
+            return self.policy(message, self.unknown, error);
+        };
+        let payload = message.payload().unwrap_or_default();
+        let event = match dispatch.decode(payload) {
+            Ok(event) => event,
+            Err(e) => {
+                return self.policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!(
+                        "message {id}: payload is not a valid `{event_type}`: {e}"
+                    )),
+                );
+            }
+        };
+        let meta = Meta {
+            id,
+            event_type: event_type.clone(),
+            version: all.get(headers::EVENT_VERSION).and_then(|v| v.parse().ok()),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            headers: all,
+        };
+
+        let mut decoded = Some(event);
+        let mut delay = self.retry_backoff.0;
+        loop {
+            // The first attempt uses the event decoded above; a retry decodes it again.
+            let ev = match decoded.take() {
+                Some(ev) => ev,
+                None => dispatch
+                    .decode(payload)
+                    .map_err(|e| undecodable(e.to_string()))?,
+            };
+            let me = meta.clone();
+            let d = Arc::clone(dispatch);
+            let outcome = self
+                .inbox
+                .process(id, move |tx| {
+                    Box::pin(async move { d.run(tx, ev, me).await })
+                })
+                .await;
+            match outcome {
+                Ok(Processed::Handled(())) => {
+                    self.stats.handled.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("outbox_kafka_consumer_handled_total").increment(1);
+                    self.store(message);
+                    return Ok(Step::Next);
+                }
+                Ok(Processed::Duplicate) => {
+                    tracing::debug!(%id, topic, partition, offset, "outbox-kafka: duplicate skipped by the inbox");
+                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("outbox_kafka_consumer_duplicates_total").increment(1);
+                    self.store(message);
+                    return Ok(Step::Next);
+                }
+                Err(e) => {
+                    self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
+                    let error: &dyn std::fmt::Display = match &e {
+                        InboxError::Handler(e) => e,
+                        InboxError::Database(e) => e,
+                    };
+                    tracing::warn!(%id, %event_type, topic, partition, offset, error = %error, retry_in = ?delay,
+                        "outbox-kafka: handler failed; nothing recorded, retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(shutdown) => return Ok(Step::Stop),
+            }
+            delay = (delay * 2).min(self.retry_backoff.1);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Kafka fixtures: the shared broker of `scripts/services.sh`, unique topic and group
+//! names per test, and brokers of a test's own (to kill and restart).
+//!
+//! The shared broker is `OUTBOX_TEST_KAFKA` (default `127.0.0.1:9092`). A missing broker
+//! fails the test with a message saying how to start it; it never skips.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_kafka::rdkafka::ClientConfig;
+use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use outbox_kafka::rdkafka::client::DefaultClientContext;
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use outbox_kafka::rdkafka::types::RDKafkaErrorCode;
+
+/// The shared broker's address, after checking that it accepts connections.
+pub fn brokers() -> String {
+    let addr = std::env::var("OUTBOX_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let reachable = addr
+        .parse()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok())
+        .is_some();
+    assert!(
+        reachable,
+        "no Kafka-protocol broker at {addr}: start the services with `eval \"$(scripts/services.sh)\"` \
+         (or set OUTBOX_TEST_KAFKA)"
+    );
+    addr
+}
+
+/// A topic (or group) name no other test or run uses.
+pub fn unique(prefix: &str) -> String {
+    format!("outbox-test.{prefix}.{}", uuid::Uuid::now_v7().simple())
+}
+
+fn admin(brokers: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("create a Kafka admin client")
+}
+
+/// Creates `topic` with `partitions` partitions (an existing topic is fine).
+pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let results = admin(brokers)
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create topic {topic} on {brokers}: {e}"));
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) => panic!("create topic {t} on {brokers}: {code}"),
+        }
+    }
+}
+
+/// Deletes `topic` if it exists.
+pub async fn delete_topic(brokers: &str, topic: &str) {
+    let _ = admin(brokers)
+        .delete_topics(
+            &[topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await;
+}
+
+/// The topics on the cluster, with their partition counts.
+pub fn topics(brokers: &str) -> Vec<(String, usize)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("create a metadata client");
+    let metadata = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("fetch metadata");
+    metadata
+        .topics()
+        .iter()
+        .filter(|t| t.error().is_none())
+        .map(|t| (t.name().to_owned(), t.partitions().len()))
+        .collect()
+}
+
+/// librdkafka settings for test consumers on this broker (group joins take half the
+/// session timeout on tansu).
+pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] = [
+    ("session.timeout.ms", "2000"),
+    ("heartbeat.interval.ms", "500"),
+];
+
+/// A tansu broker of the test's own, on a free port, with in-memory storage.
+#[derive(Debug)]
+pub struct OwnBroker {
+    bin: String,
+    port: u16,
+    child: Option<Child>,
+    log: std::path::PathBuf,
+}
+
+impl OwnBroker {
+    /// Starts a broker from `$TANSU_BIN` on a free port; fails the test if `TANSU_BIN`
+    /// is not set.
+    pub fn start() -> OwnBroker {
+        let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| {
+            panic!(
+                "TANSU_BIN is not set: this test starts and kills a broker of its own; run \
+                 `eval \"$(scripts/services.sh)\"` first, which installs tansu and exports TANSU_BIN"
+            )
+        });
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("find a free port")
+            .port();
+        let log = std::env::temp_dir().join(format!("outbox-test-tansu-{port}.log"));
+        let mut broker = OwnBroker {
+            bin,
+            port,
+            child: None,
+            log,
+        };
+        broker.restart();
+        broker
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the broker process (again) and waits until it accepts connections.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the broker is already running");
+        let addr = self.address();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the broker log");
+        let child = Command::new(&self.bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &format!("tcp://{addr}"),
+                "--advertised-listener-url",
+                &format!("tcp://{addr}"),
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {} : {e}", self.bin));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let sock = addr.parse().expect("address");
+        while TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {addr} within 20 s; see {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the broker and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL the broker");
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,277 @@
+//! Poison messages on both sides: an oversized message on publish is dead-lettered at once
+//! without blocking its key for long; undecodable messages and unknown event types on
+//! consume follow the configured policy.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::inbox::Inbox;
+use outbox_core::relay::Relay;
+use outbox_core::{OutboxMessage, sqlx};
+use outbox_kafka::rdkafka::ClientConfig;
+use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use outbox_kafka::{ConsumerHandle, Error, KafkaConsumer, KafkaPublisher, Policy, headers};
+use outbox_tests::TestDb;
+use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+
+#[derive(Debug, serde::Deserialize)]
+struct Job {
+    n: i32,
+}
+
+fn consumer(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    db_outbox: &outbox_core::Outbox,
+) -> outbox_kafka::KafkaConsumerBuilder {
+    let mut builder = KafkaConsumer::builder(brokers, group, Inbox::new(db_outbox, "jobs"))
+        .topic(topic)
+        .on_event_type::<Job, _>("Job", |tx, msg| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO effects (n) VALUES ($1)")
+                    .bind(msg.event.n)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        });
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        builder = builder.set(k, v);
+    }
+    builder
+}
+
+async fn effects(db: &TestDb) -> Vec<i32> {
+    sqlx::query_scalar("SELECT n FROM effects ORDER BY n")
+        .fetch_all(&db.pool)
+        .await
+        .expect("effects")
+}
+
+async fn setup() -> (String, TestDb, outbox_core::Outbox) {
+    let brokers = kafka::brokers();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    sqlx::query("CREATE TABLE effects (pos bigserial, n int NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create effects");
+    (brokers, db, outbox)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_dead_lettered_at_once_and_its_key_flows_on() {
+    let (brokers, db, outbox) = setup().await;
+    let topic = kafka::unique("oversized");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    let job = |n: i32, key: &str| {
+        OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":{n}}}"#)).with_key(key)
+    };
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(job(0, "a")).expect("emit");
+    let big = OutboxMessage::new(
+        "Job",
+        topic.as_str(),
+        format!(r#"{{"n":1,"pad":"{}"}}"#, "x".repeat(200_000)),
+    )
+    .with_key("a");
+    let big_id = tx.emit_message(big).expect("emit");
+    tx.emit_message(job(2, "a")).expect("emit");
+    tx.emit_message(job(3, "b")).expect("emit");
+    tx.emit_message(job(4, "a")).expect("emit");
+    tx.commit().await.expect("commit");
+
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .set("message.max.bytes", "100000")
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher)
+        .backoff(Duration::from_secs(60), Duration::from_secs(60)) // a retry would not finish in this test
+        .spawn();
+    let consumer = consumer(&brokers, &kafka::unique("oversized-group"), &topic, &outbox)
+        .build()
+        .expect("consumer")
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while effects(&db).await.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "consumed only {:?}",
+            effects(&db).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.shutdown().await;
+    consumer.shutdown().await.expect("consumer");
+
+    let (attempts, dead, error): (i32, bool, Option<String>) = sqlx::query_as(
+        "SELECT attempts, dead_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+    )
+    .bind(big_id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the big row");
+    assert!(dead, "dead-lettered");
+    assert_eq!(attempts, 1, "at once, without retries");
+    let error = error.expect("last_error");
+    assert!(error.contains("MessageSizeTooLarge"), "{error}");
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .expect("sent");
+    assert_eq!(sent, 4);
+    // Key `a` kept its order around the dead message: 0, 2, 4.
+    let order: Vec<i32> = sqlx::query_scalar("SELECT n FROM effects ORDER BY pos")
+        .fetch_all(&db.pool)
+        .await
+        .expect("order");
+    let a: Vec<i32> = order.iter().copied().filter(|n| *n != 3).collect();
+    assert_eq!(a, [0, 2, 4]);
+    db.cleanup().await;
+}
+
+/// Offsets 0..=5: a good job, a bad payload, an unknown event type, no headers, a bad
+/// message id, a good job.
+async fn produce_poison(brokers: &str, topic: &str) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("producer");
+    let h = |event_type: &str, id: &str| {
+        OwnedHeaders::new()
+            .insert(Header {
+                key: headers::MESSAGE_ID,
+                value: Some(id),
+            })
+            .insert(Header {
+                key: headers::EVENT_TYPE,
+                value: Some(event_type),
+            })
+    };
+    let id = || uuid::Uuid::now_v7().to_string();
+    let messages: Vec<(Option<OwnedHeaders>, &str)> = vec![
+        (Some(h("Job", &id())), r#"{"n":0}"#),
+        (Some(h("Job", &id())), r#"{"n":"not a number"}"#),
+        (Some(h("Unknown", &id())), r#"{"n":2}"#),
+        (None, r#"{"n":3}"#),
+        (Some(h("Job", "not-a-uuid")), r#"{"n":4}"#),
+        (Some(h("Job", &id())), r#"{"n":5}"#),
+    ];
+    for (headers, payload) in messages {
+        let mut record = FutureRecord::<str, str>::to(topic)
+            .payload(payload)
+            .key("k");
+        if let Some(headers) = headers {
+            record = record.headers(headers);
+        }
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .expect("produce");
+    }
+}
+
+async fn join(handle: ConsumerHandle) -> Result<(), Error> {
+    tokio::time::timeout(Duration::from_secs(60), handle.join())
+        .await
+        .expect("the consumer stopped by itself within 60 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_policies_log_and_skip_every_poison_message() {
+    let (brokers, db, outbox) = setup().await;
+    let topic = kafka::unique("poison-skip");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    produce_poison(&brokers, &topic).await;
+    let consumer = consumer(
+        &brokers,
+        &kafka::unique("poison-skip-group"),
+        &topic,
+        &outbox,
+    )
+    .on_unknown_event_type(Policy::Skip)
+    .on_undecodable(Policy::Skip)
+    .build()
+    .expect("consumer")
+    .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumer.stats().handled + consumer.stats().skipped < 6 {
+        assert!(Instant::now() < deadline, "{:?}", consumer.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = consumer.stats();
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!((stats.handled, stats.skipped), (2, 4), "{stats:?}");
+    assert_eq!(effects(&db).await, [0, 5]);
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_message_stops_the_consumer_by_default_and_again_after_a_restart() {
+    let (brokers, db, outbox) = setup().await;
+    let topic = kafka::unique("poison-stop");
+    let group = kafka::unique("poison-stop-group");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    produce_poison(&brokers, &topic).await;
+
+    for (run, handled) in [(1, 1), (2, 0)] {
+        let consumer = consumer(&brokers, &group, &topic, &outbox)
+            .build()
+            .expect("consumer")
+            .spawn();
+        let stats = loop {
+            if consumer.is_finished() {
+                break consumer.stats();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match join(consumer).await {
+            Err(Error::Undecodable {
+                offset: 1,
+                reason,
+                topic: t,
+                partition: 0,
+            }) => {
+                assert_eq!(t, topic);
+                assert!(reason.contains("not a valid `Job`"), "{reason}");
+            }
+            other => panic!("run {run}: expected a stop at offset 1, got {other:?}"),
+        }
+        assert_eq!(stats.handled, handled, "run {run}: {stats:?}");
+        assert_eq!(effects(&db).await, [0], "run {run}");
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_event_type_stops_the_consumer_when_told_to() {
+    let (brokers, db, outbox) = setup().await;
+    let topic = kafka::unique("poison-unknown");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    produce_poison(&brokers, &topic).await;
+    let consumer = consumer(
+        &brokers,
+        &kafka::unique("poison-unknown-group"),
+        &topic,
+        &outbox,
+    )
+    .on_undecodable(Policy::Skip)
+    .on_unknown_event_type(Policy::Stop)
+    .build()
+    .expect("consumer")
+    .spawn();
+    match join(consumer).await {
+        Err(Error::UnknownEventType {
+            event_type,
+            offset: 2,
+            ..
+        }) => assert_eq!(event_type, "Unknown"),
+        other => panic!("expected a stop at the unknown event type, got {other:?}"),
+    }
+    assert_eq!(effects(&db).await, [0]);
+    db.cleanup().await;
+}
