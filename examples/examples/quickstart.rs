@@ -106,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("outbox-quickstart-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let file = dir.join("shop.db");
-    let outbox = Outbox::<Sqlite>::connect(file.to_str().ok_or("temp dir is not UTF-8")?).await?;
+    let outbox = Outbox::open(file.to_str().ok_or("temp dir is not UTF-8")?).await?;
     outbox.migrate().await?;
     let db = outbox.pool().clone();
     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL, total_cents INTEGER NOT NULL)")

@@ -46,7 +46,7 @@ pub struct Fixture<DB: Backend> {
 
 #[derive(Debug)]
 enum Place {
-    Postgres(TestDb),
+    Postgres(Box<TestDb>),
     MySql { database: String },
     Sqlite { path: std::path::PathBuf },
 }
@@ -67,7 +67,7 @@ impl TestBackend for Postgres {
         let outbox = db.outbox().await;
         Fixture {
             outbox,
-            place: Place::Postgres(db),
+            place: Place::Postgres(Box::new(db)),
         }
     }
     async fn named(fixture: &Fixture<Self>, name: &str) -> Outbox<Self> {
@@ -78,16 +78,11 @@ impl TestBackend for Postgres {
         outbox.migrate().await.expect("migrate");
         outbox
     }
-    fn exec_on<'c>(
-        conn: &'c mut sqlx::PgConnection,
-        sql: &'c str,
-    ) -> impl Future<Output = u64> + Send + 'c {
-        async move {
-            conn.execute(sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-                .rows_affected()
-        }
+    async fn exec_on(conn: &mut sqlx::PgConnection, sql: &str) -> u64 {
+        conn.execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
     }
     async fn exec(fixture: &Fixture<Self>, sql: &str) -> u64 {
         fixture
@@ -115,7 +110,7 @@ impl TestBackend for Postgres {
     }
     async fn cleanup(fixture: Fixture<Self>) {
         if let Place::Postgres(db) = fixture.place {
-            db.cleanup().await;
+            (*db).cleanup().await;
         }
     }
 }
@@ -158,16 +153,11 @@ impl TestBackend for MySql {
         outbox.migrate().await.expect("migrate");
         outbox
     }
-    fn exec_on<'c>(
-        conn: &'c mut sqlx::MySqlConnection,
-        sql: &'c str,
-    ) -> impl Future<Output = u64> + Send + 'c {
-        async move {
-            conn.execute(sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-                .rows_affected()
-        }
+    async fn exec_on(conn: &mut sqlx::MySqlConnection, sql: &str) -> u64 {
+        conn.execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
     }
     async fn exec(fixture: &Fixture<Self>, sql: &str) -> u64 {
         fixture
@@ -211,7 +201,7 @@ impl TestBackend for Sqlite {
     async fn fixture() -> Fixture<Self> {
         crate::init_tracing();
         let path = std::env::temp_dir().join(format!("outbox-test-{}.db", unique()));
-        let outbox = Outbox::<Sqlite>::connect(path.to_str().expect("utf-8 temp path"))
+        let outbox = Outbox::<Sqlite>::open(path.to_str().expect("utf-8 temp path"))
             .await
             .expect("open the SQLite file");
         outbox.migrate().await.expect("migrate");
@@ -228,16 +218,11 @@ impl TestBackend for Sqlite {
         outbox.migrate().await.expect("migrate");
         outbox
     }
-    fn exec_on<'c>(
-        conn: &'c mut sqlx::SqliteConnection,
-        sql: &'c str,
-    ) -> impl Future<Output = u64> + Send + 'c {
-        async move {
-            conn.execute(sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-                .rows_affected()
-        }
+    async fn exec_on(conn: &mut sqlx::SqliteConnection, sql: &str) -> u64 {
+        conn.execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
     }
     async fn exec(fixture: &Fixture<Self>, sql: &str) -> u64 {
         fixture

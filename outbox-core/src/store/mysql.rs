@@ -216,7 +216,9 @@ async fn apply(conn: &mut MySqlConnection, tables: &Tables) -> Result<Vec<i64>> 
 impl Outbox<MySql> {
     /// Connects to MySQL/MariaDB at `url` (`mysql://user:pass@host/db`) with a default pool
     /// and the default table names. Sessions use UTC (sqlx's default `time_zone`).
-    pub async fn connect(url: &str) -> Result<Self> {
+    /// (Not called `connect` so that `Outbox::connect` keeps naming the PostgreSQL
+    /// constructor when several database features are on.)
+    pub async fn connect_mysql(url: &str) -> Result<Self> {
         let target = format!(" at {}", crate::error::redact_url(url));
         let classify = |source: sqlx::Error| match source {
             sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {

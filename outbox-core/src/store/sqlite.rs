@@ -3,7 +3,7 @@
 //!
 //! SQLite has one writer at a time, so transactions that write outbox rows commit in the
 //! order their rows drew `seq` values: the relay needs no publish horizon. Readers (the
-//! relay's claims) don't wait for writers in WAL mode, which [`Outbox::connect`] turns on.
+//! relay's claims) don't wait for writers in WAL mode, which [`Outbox::open`] turns on.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -189,8 +189,9 @@ impl Outbox<Sqlite> {
     /// Opens (creating it if needed) the SQLite database at `url` (`sqlite://path/to/app.db`
     /// or a plain path) with the settings the outbox wants: WAL journal (the relay reads
     /// while a writer writes), `synchronous = NORMAL`, a 10 s busy timeout, and the default
-    /// table names.
-    pub async fn connect(url: &str) -> Result<Self> {
+    /// table names. (Not called `connect` so that `Outbox::connect` keeps naming the
+    /// PostgreSQL constructor when several database features are on.)
+    pub async fn open(url: &str) -> Result<Self> {
         let options = if url.starts_with("sqlite:") {
             SqliteConnectOptions::from_str(url).map_err(|source| Error::Database {
                 context: "reading the SQLite URL",
@@ -199,12 +200,12 @@ impl Outbox<Sqlite> {
         } else {
             SqliteConnectOptions::new().filename(url)
         };
-        Self::connect_with(options).await
+        Self::open_with(options).await
     }
 
-    /// Like [`connect`](Self::connect), with your own options; WAL, `synchronous = NORMAL`,
+    /// Like [`open`](Self::open), with your own options; WAL, `synchronous = NORMAL`,
     /// the busy timeout and `create_if_missing` are set on top of them.
-    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self> {
+    pub async fn open_with(options: SqliteConnectOptions) -> Result<Self> {
         let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
