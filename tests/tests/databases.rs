@@ -381,3 +381,59 @@ suite! {
     mysql => outbox_core::sqlx::MySql,
     sqlite => outbox_core::sqlx::Sqlite,
 }
+
+/// MySQL/MariaDB only: of two relays one publishes (it holds the `GET_LOCK`), the other
+/// stands by; nothing is published twice or out of order, and when the active relay dies
+/// the standby takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
+    use outbox_core::sqlx::MySql;
+    init_statement_log();
+    let f = <MySql as TestBackend>::fixture().await;
+    let publisher = InMemoryPublisher::new();
+    let first = Relay::builder(f.outbox.clone(), publisher.clone())
+        .batch_size(20)
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await; // `first` holds the lock
+    let second = Relay::builder(f.outbox.clone(), publisher.clone())
+        .batch_size(20)
+        .spawn();
+    let write = |from: usize, to: usize| {
+        let outbox = f.outbox.clone();
+        async move {
+            for n in from..to {
+                let mut tx = outbox.begin().await.expect("begin");
+                for k in 0..5 {
+                    tx.emit_message(message(&format!("k{k}"), n)).expect("emit");
+                }
+                tx.commit().await.expect("commit");
+            }
+        }
+    };
+    write(0, 40).await;
+    assert!(
+        publisher.wait_for(200, WAIT).await,
+        "published {}",
+        publisher.published_count()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        first.stats().published,
+        200,
+        "the active relay published everything"
+    );
+    assert_eq!(second.stats().published, 0, "the standby published nothing");
+
+    first.abort(); // its connection closes, and with it the lock
+    write(40, 80).await;
+    assert!(
+        publisher.wait_for(400, WAIT).await,
+        "the standby took over: {}",
+        publisher.published_count()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    second.shutdown().await;
+    check_order(&publisher.published(), 5, 80);
+    assert_eq!(count(&f, "sent_at IS NOT NULL").await, 400);
+    <MySql as TestBackend>::cleanup(f).await;
+}
