@@ -1,30 +1,38 @@
-//! The outbox in one screen: a business change and its event commit together, a failed
-//! transaction leaves neither behind.
+//! The whole outbox story in a few seconds, with nothing to install: an SQLite file in a
+//! temporary directory and the in-memory publisher stand in for your database and broker.
 //!
-//! Run it with `scripts/services.sh && cargo run -p outbox-examples --example quickstart`
-//! (PostgreSQL from `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
+//! ```sh
+//! cargo run -p outbox-examples --example quickstart
+//! ```
+//!
+//! 1. a business transaction changes an order and emits an event: both commit together;
+//! 2. a transaction that fails emits nothing;
+//! 3. the relay publishes the pending event and marks it sent;
+//! 4. a consumer processes it once, and skips a redelivery of the same message.
+//!
+//! The same code runs on PostgreSQL or MySQL/MariaDB by changing the `Sqlite` type and
+//! the URL (see `examples/postgres.rs` and `docs/databases.md`).
 
-use outbox_core::sqlx;
-use outbox_core::{Destination, Outbox, OutboxEvent, OutboxTx};
+use std::time::Duration;
 
-const ORDER_EVENTS: Destination = Destination::new("orders.events");
+use outbox_core::publisher::InMemoryPublisher;
+use outbox_core::relay::Relay;
+use outbox_core::sqlx::{self, Sqlite};
+use outbox_core::{
+    Outbox, OutboxEvent, OutboxRecord, OutboxTx, destinations, transactional_outbox,
+};
 
-#[derive(Debug, serde::Serialize)]
+destinations! {
+    /// Everything the order service announces.
+    pub ORDER_EVENTS = "orders.events";
+}
+
+/// Published when an order is confirmed; keyed by order, so one order's events stay in order.
+#[derive(Debug, serde::Serialize, serde::Deserialize, OutboxEvent)]
+#[outbox(destination = ORDER_EVENTS, key = order_id)]
 struct OrderConfirmed {
     order_id: i64,
     total_cents: i64,
-}
-
-impl OutboxEvent for OrderConfirmed {
-    fn event_type(&self) -> &'static str {
-        "OrderConfirmed"
-    }
-    fn destination(&self) -> Destination {
-        ORDER_EVENTS
-    }
-    fn partition_key(&self) -> Option<String> {
-        Some(self.order_id.to_string())
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,78 +45,158 @@ enum OrderError {
     Sql(#[from] sqlx::Error),
 }
 
-/// Confirms an order: the status change and the `OrderConfirmed` event are one transaction.
-async fn confirm_order(outbox: &Outbox, order_id: i64) -> Result<(), OrderError> {
-    let mut tx: OutboxTx<'_> = outbox.begin().await?;
-    let total_cents: Option<i64> = sqlx::query_scalar(
-        "UPDATE quickstart.orders SET status = 'confirmed' WHERE id = $1 RETURNING total_cents",
+struct OrderService {
+    outbox: Outbox<Sqlite>,
+}
+
+impl OrderService {
+    /// The status change and the `OrderConfirmed` event: one transaction. The macro
+    /// begins it, commits on `Ok` and rolls back on `Err`; callers write
+    /// `service.confirm_order(id)`.
+    #[transactional_outbox(outbox = self.outbox)]
+    async fn confirm_order(
+        &self,
+        tx: &mut OutboxTx<'_, Sqlite>,
+        order_id: i64,
+    ) -> Result<(), OrderError> {
+        let total_cents: Option<i64> = sqlx::query_scalar(
+            "UPDATE orders SET status = 'confirmed' WHERE id = ? RETURNING total_cents",
+        )
+        .bind(order_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let total_cents = total_cents.ok_or(OrderError::NotFound(order_id))?;
+        tx.emit(OrderConfirmed {
+            order_id,
+            total_cents,
+        })?;
+        Ok(())
+    }
+}
+
+/// The consuming side: applies each message once. The message id goes into the
+/// processed-messages table in the same transaction as the consumer's own change, so a
+/// redelivery finds it there and is skipped. (Plain SQL: `outbox-core` has no consumer
+/// API for this yet.)
+async fn consume(db: &sqlx::SqlitePool, message: &OutboxRecord) -> Result<bool, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let first_time = sqlx::query(
+        "INSERT INTO outbox_processed (consumer, message_id) VALUES ('shipping', ?) \
+         ON CONFLICT DO NOTHING",
     )
-    .bind(order_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(total_cents) = total_cents else {
-        return Err(OrderError::NotFound(order_id)); // tx dropped: rolled back, no event
-    };
-    tx.emit(OrderConfirmed {
-        order_id,
-        total_cents,
-    })?;
+    .bind(message.id.to_string())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if first_time {
+        let event: OrderConfirmed =
+            serde_json::from_str(&message.payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        sqlx::query("INSERT INTO shipments (order_id) VALUES (?)")
+            .bind(event.order_id)
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
-    Ok(())
+    Ok(first_time)
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let pool = sqlx::PgPool::connect(&url).await?;
-    let outbox = Outbox::builder(pool.clone())
-        .table("quickstart.outbox")
-        .build()?;
+    let dir = std::env::temp_dir().join(format!("outbox-quickstart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("shop.db");
+    let outbox = Outbox::open(file.to_str().ok_or("temp dir is not UTF-8")?).await?;
     outbox.migrate().await?;
-    println!("1. migrated: outbox tables ready in schema `quickstart`");
-
-    sqlx::query("CREATE TABLE IF NOT EXISTS quickstart.orders (id bigint PRIMARY KEY, status text NOT NULL, total_cents bigint NOT NULL)")
-        .execute(&pool)
+    let db = outbox.pool().clone();
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL, total_cents INTEGER NOT NULL)")
+        .execute(&db)
         .await?;
-    sqlx::query("INSERT INTO quickstart.orders VALUES (1, 'new', 4200) ON CONFLICT (id) DO UPDATE SET status = 'new'")
-        .execute(&pool)
+    sqlx::query("CREATE TABLE shipments (order_id INTEGER NOT NULL)")
+        .execute(&db)
         .await?;
-    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM quickstart.outbox")
-        .fetch_one(&pool)
+    sqlx::query("INSERT INTO orders VALUES (1, 'new', 4200)")
+        .execute(&db)
         .await?;
-
-    confirm_order(&outbox, 1).await?;
     println!(
-        "2. confirmed order 1: status updated and OrderConfirmed written in the same transaction"
+        "0. Set up an SQLite database at {} with the outbox tables and an `orders` table holding order 1.",
+        file.display()
     );
 
-    match confirm_order(&outbox, 999).await {
+    let service = OrderService {
+        outbox: outbox.clone(),
+    };
+    service.confirm_order(1).await?;
+    let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = 1")
+        .fetch_one(&db)
+        .await?;
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        .fetch_one(&db)
+        .await?;
+    println!(
+        "1. Confirmed order 1: its status is now '{status}', and {pending} OrderConfirmed event waits in the outbox. Both were written by one transaction."
+    );
+
+    match service.confirm_order(999).await {
         Err(OrderError::NotFound(id)) => {
-            println!("3. order {id} does not exist: transaction rolled back, no event written")
+            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+                .fetch_one(&db)
+                .await?;
+            println!(
+                "2. Tried to confirm order {id}, which does not exist: the transaction rolled back and emitted nothing (the outbox still holds {pending} event)."
+            );
         }
         other => return Err(format!("expected NotFound, got {other:?}").into()),
     }
 
-    let rows: Vec<(i64, String, String, Option<String>, serde_json::Value)> = sqlx::query_as(
-        "SELECT seq, event_type, destination, partition_key, payload FROM quickstart.outbox \
-         WHERE sent_at IS NULL ORDER BY seq DESC LIMIT 1",
-    )
-    .fetch_all(&pool)
-    .await?;
-    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM quickstart.outbox")
-        .fetch_one(&pool)
+    let broker = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), broker.clone()).spawn();
+    if !broker.wait_for(1, Duration::from_secs(5)).await {
+        return Err("the relay did not publish within 5 s".into());
+    }
+    relay.shutdown().await;
+    let message = broker.published().remove(0);
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+        .fetch_one(&db)
         .await?;
     println!(
-        "4. the outbox gained {} row(s); newest pending:",
-        after - before
+        "3. The relay published {} to '{}' (key {}, message id {}) and marked {sent} row sent.",
+        message.event_type,
+        message.destination,
+        message.partition_key.as_deref().unwrap_or("-"),
+        message.id
     );
-    for (seq, event_type, destination, key, payload) in rows {
-        println!(
-            "   #{seq} {event_type} -> {destination} key={} {payload}",
-            key.unwrap_or_default()
-        );
+    println!("   payload: {}", message.payload);
+
+    let first = consume(&db, &message).await?;
+    println!(
+        "4. The shipping consumer received it: {}.",
+        if first {
+            "first time, so it created a shipment"
+        } else {
+            "already seen?!"
+        }
+    );
+    let again = consume(&db, &message).await?;
+    let shipments: i64 = sqlx::query_scalar("SELECT count(*) FROM shipments")
+        .fetch_one(&db)
+        .await?;
+    println!(
+        "5. The broker delivered the same message again (at-least-once): {}; there is {shipments} shipment.",
+        if again {
+            "processed twice?!"
+        } else {
+            "the consumer found its id in outbox_processed and skipped it"
+        }
+    );
+    if !first || again || shipments != 1 {
+        return Err("the consumer did not deduplicate".into());
     }
-    println!("   a relay publishes pending rows to the broker and marks them sent.");
+
+    outbox.pool().close().await;
+    std::fs::remove_dir_all(&dir)?;
+    println!(
+        "Done. Next: `cargo run -p outbox-examples --example postgres` (needs PostgreSQL), docs/databases.md."
+    );
     Ok(())
 }

@@ -67,6 +67,14 @@ impl TableName {
         }
     }
 
+    /// The name quoted for MySQL/MariaDB: `` `schema`.`table` `` (the schema is a database).
+    pub fn backticked(&self) -> String {
+        match &self.schema {
+            Some(s) => format!("`{s}`.`{}`", self.name),
+            None => format!("`{}`", self.name),
+        }
+    }
+
     /// A sibling table or object name in the same schema: `name` + `suffix`.
     pub(crate) fn with_suffix(&self, suffix: &str) -> TableName {
         TableName {
@@ -132,6 +140,7 @@ impl Tables {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Advisory locks of one outbox table use the two-key form `(table oid as int4, id)`,
 /// so outboxes in different schemas or with different names never share a lock.
 pub(crate) mod locks {

@@ -143,8 +143,11 @@ impl Error {
             };
         }
         if let sqlx::Error::Database(db) = &source {
-            // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL).
-            if matches!(db.code().as_deref(), Some("42P01" | "3F000")) {
+            // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL);
+            // 42S02: no such table (MySQL/MariaDB); SQLite says it in words.
+            if matches!(db.code().as_deref(), Some("42P01" | "3F000" | "42S02"))
+                || db.message().starts_with("no such table")
+            {
                 return Error::SchemaMissing {
                     table: table.to_owned(),
                 };
@@ -165,6 +168,7 @@ fn is_connection_error(e: &sqlx::Error) -> bool {
 }
 
 /// Removes the password from a database URL so it can be shown in an error or a log line.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparseable url>".to_owned();
@@ -191,6 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     fn redacts_password() {
         assert_eq!(
             redact_url("postgres://bob:s3cret@db:5432/app?sslmode=require"),

@@ -110,6 +110,7 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
+#[cfg(feature = "postgres")]
 pub mod admin;
 pub mod catalog;
 pub mod config;
@@ -122,6 +123,7 @@ pub mod migrate;
 mod outbox;
 pub mod publisher;
 pub mod relay;
+#[cfg(feature = "postgres")]
 pub mod retention;
 pub mod store;
 mod transactional;
@@ -135,8 +137,9 @@ pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};
+#[cfg(feature = "postgres")]
 pub use retention::{Retention, RetentionHandle, RetentionReport};
-pub use store::Backend;
+pub use store::{Backend, DefaultBackend};
 pub use tx::OutboxTx;
 
 /// `#[derive(OutboxEvent)]`: implements [`OutboxEvent`](trait@OutboxEvent) and registers
@@ -187,10 +190,12 @@ pub mod __private {
     pub use ::serde;
     pub use ::serde_json;
     pub use ::sqlx;
+    #[cfg(feature = "postgres")]
     pub use ::sqlx::Postgres;
     pub use ::std::string::String;
 
     pub use crate::catalog::EventInfo;
+    pub use crate::store::DefaultBackend;
     pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
     pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};
 }

@@ -2,7 +2,8 @@
 //!
 //! Migration files are templates: `{outbox}` and `{processed}` become the configured,
 //! quoted table names; `{outbox:_suffix}` becomes the quoted, unqualified name of an
-//! object derived from the table (an index or a constraint). Checksums are taken over the
+//! object derived from the table (an index or a constraint); `{outbox+_suffix}` becomes
+//! the quoted, qualified name of a sibling table (MySQL's writer-lock table). Checksums are taken over the
 //! template, so renaming the tables does not invalidate applied migrations.
 
 use crate::config::{TableName, Tables};
@@ -29,8 +30,19 @@ impl Migration {
         i64::from_ne_bytes(hash.to_ne_bytes())
     }
 
-    /// The SQL with the configured names filled in.
+    /// The SQL with the configured names filled in, for PostgreSQL and SQLite (`"..."`).
     pub fn render(&self, tables: &Tables, quote: fn(&TableName) -> String) -> String {
+        self.render_with(tables, quote, |name| format!("\"{name}\""))
+    }
+
+    /// The SQL with the configured names filled in: `quote` quotes table names,
+    /// `quote_ident` the unqualified names of derived objects.
+    pub fn render_with(
+        &self,
+        tables: &Tables,
+        quote: fn(&TableName) -> String,
+        quote_ident: fn(&str) -> String,
+    ) -> String {
         let mut out = String::with_capacity(self.sql.len() + 64);
         let mut rest = self.sql;
         while let Some(start) = rest.find('{') {
@@ -39,9 +51,12 @@ impl Migration {
             let end = after.find('}');
             let replaced = end.and_then(|end| {
                 let inner = &after[..end];
-                let (table, suffix) = match inner.split_once(':') {
-                    Some((t, s)) => (t, Some(s)),
-                    None => (inner, None),
+                let (table, suffix, sibling) = if let Some((t, s)) = inner.split_once(':') {
+                    (t, Some(s), false)
+                } else if let Some((t, s)) = inner.split_once('+') {
+                    (t, Some(s), true)
+                } else {
+                    (inner, None, false)
                 };
                 let table = match table {
                     "outbox" => &tables.outbox,
@@ -50,7 +65,8 @@ impl Migration {
                 };
                 Some(match suffix {
                     None => quote(table),
-                    Some(suffix) => format!("\"{}{suffix}\"", table.name()),
+                    Some(suffix) if sibling => quote(&table.with_suffix(suffix)),
+                    Some(suffix) => quote_ident(&format!("{}{suffix}", table.name())),
                 })
             });
             match (replaced, end) {
@@ -82,6 +98,77 @@ pub const POSTGRES: &[Migration] = &[
         sql: include_str!("../migrations/postgres/0002_dead_letter_index.sql"),
     },
 ];
+
+/// The SQLite migrations, in order.
+#[cfg(feature = "sqlite")]
+pub const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    description: "create the outbox and processed-messages tables",
+    sql: include_str!("../migrations/sqlite/0001_create_outbox.sql"),
+}];
+
+/// The MySQL/MariaDB migrations, in order.
+#[cfg(feature = "mysql")]
+pub const MYSQL: &[Migration] = &[Migration {
+    version: 1,
+    description: "create the outbox, writer-lock and processed-messages tables",
+    sql: include_str!("../migrations/mysql/0001_create_outbox.sql"),
+}];
+
+/// Checks what a database says it applied against `shipped`; returns what is left to do.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn pending<'m>(
+    shipped: &'m [Migration],
+    applied: &[(i64, String, i64)],
+) -> crate::Result<Vec<&'m Migration>> {
+    use crate::Error;
+    for (version, description, checksum) in applied {
+        match shipped.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(Error::Migration {
+                    version: *version,
+                    description: description.clone(),
+                    problem: "was applied to this database by a newer version of outbox-core; \
+                              upgrade this program's outbox-core"
+                        .into(),
+                });
+            }
+            Some(m) if m.checksum() != *checksum => {
+                return Err(Error::Migration {
+                    version: *version,
+                    description: description.clone(),
+                    problem: "was applied with different SQL than this outbox-core ships; \
+                              the tables may have been changed by hand — compare them with the shipped migration"
+                        .into(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(shipped
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _, _)| *v == m.version))
+        .collect())
+}
+
+/// The statements of a migration file (split at `;` ending a line; the shipped files
+/// have no `;` inside literals), without comments-only chunks.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn statements(sql: &str) -> Vec<String> {
+    sql.split(";\n")
+        .map(|chunk| {
+            chunk
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .trim()
+                .trim_end_matches(';')
+                .to_owned()
+        })
+        .filter(|s| !s.is_empty())
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ use crate::{Error, OutboxEvent, OutboxMessage, OutboxTx, Result};
 /// outbox.migrate().await?;
 /// # Ok(()) }
 /// ```
-pub struct Outbox<DB: Backend = sqlx::Postgres> {
+pub struct Outbox<DB: Backend = crate::store::DefaultBackend> {
     inner: Arc<Inner<DB>>,
 }
 
@@ -197,7 +197,7 @@ impl Outbox<sqlx::Postgres> {
 /// Builds an [`Outbox`] with non-default table names. Names are validated in
 /// [`build`](Self::build).
 #[derive(Debug)]
-pub struct OutboxBuilder<DB: Backend = sqlx::Postgres> {
+pub struct OutboxBuilder<DB: Backend = crate::store::DefaultBackend> {
     pool: Pool<DB>,
     outbox: Option<String>,
     processed: Option<String>,

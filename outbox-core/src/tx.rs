@@ -32,7 +32,7 @@ use crate::{Error, Outbox, OutboxEvent, OutboxMessage, Result};
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub struct OutboxTx<'c, DB: Backend = sqlx::Postgres> {
+pub struct OutboxTx<'c, DB: Backend = crate::store::DefaultBackend> {
     conn: Conn<'c, DB>,
     outbox: Outbox<DB>,
     pending: Vec<OutboxMessage>,

@@ -116,3 +116,5 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+pub mod backends;

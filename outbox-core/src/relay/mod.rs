@@ -14,6 +14,9 @@
 //! ```
 //!
 //! # How it works
+//! The drain below is shared by every database; what differs (claiming, recording, waking
+//! up, who may publish) is described per database in `docs/databases.md`. On PostgreSQL:
+//!
 //! Each cycle the relay claims up to `batch_size` pending rows in `seq` order, hands the
 //! whole batch to the publisher (which has it all in flight at once), and marks the
 //! acknowledged rows sent in one statement (or deletes them, see [`OnSent`]).
@@ -37,8 +40,17 @@
 //! - **Delivery** is at-least-once: a crash between the broker's ack and the mark
 //!   publishes that batch again.
 
+mod drain;
+#[cfg(feature = "postgres")]
 mod horizon;
-mod postgres;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod poll;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,6 +62,7 @@ use tokio::task::JoinHandle;
 
 use crate::Outbox;
 use crate::publisher::Publisher;
+use crate::store::{Backend, DefaultBackend};
 
 /// What the relay does with a row once the broker acknowledged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,7 +80,9 @@ pub enum OnSent {
 pub struct RelayConfig {
     /// Rows claimed and published per cycle. Default 1000.
     pub batch_size: usize,
-    /// Safety poll while no notification arrives. Default 5 s.
+    /// PostgreSQL: the safety poll while no notification arrives, default 5 s.
+    /// MySQL/MariaDB and SQLite (no notifications): how often an idle relay looks for
+    /// new rows, default 100 ms.
     pub poll_interval: Duration,
     /// Failed attempts before a message is dead-lettered. Default 10.
     pub max_attempts: i32,
@@ -156,13 +171,13 @@ impl RelayStats {
 }
 
 /// Configures a relay. Start with [`Relay::builder`].
-pub struct RelayBuilder<P> {
-    outbox: Outbox,
+pub struct RelayBuilder<P, DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
     publisher: P,
     config: RelayConfig,
 }
 
-impl<P> fmt::Debug for RelayBuilder<P> {
+impl<P, DB: Backend> fmt::Debug for RelayBuilder<P, DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RelayBuilder")
             .field("outbox", &self.outbox)
@@ -171,7 +186,7 @@ impl<P> fmt::Debug for RelayBuilder<P> {
     }
 }
 
-impl<P: Publisher> RelayBuilder<P> {
+impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     /// Rows per batch (at least 1).
     pub fn batch_size(mut self, n: usize) -> Self {
         self.config.batch_size = n.max(1);
@@ -230,7 +245,7 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// The relay, to run in a task of your own with [`Relay::run`].
-    pub fn build(self) -> Relay<P> {
+    pub fn build(self) -> Relay<P, DB> {
         Relay {
             outbox: self.outbox,
             publisher: self.publisher,
@@ -254,14 +269,14 @@ impl<P: Publisher> RelayBuilder<P> {
 }
 
 /// A relay between one outbox and one publisher.
-pub struct Relay<P> {
-    outbox: Outbox,
+pub struct Relay<P, DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
     publisher: P,
     config: RelayConfig,
     stats: Arc<RelayStats>,
 }
 
-impl<P> fmt::Debug for Relay<P> {
+impl<P, DB: Backend> fmt::Debug for Relay<P, DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
             .field("outbox", &self.outbox)
@@ -271,17 +286,24 @@ impl<P> fmt::Debug for Relay<P> {
 }
 
 impl Relay<()> {
-    /// Starts configuring a relay from `outbox` to `publisher`.
-    pub fn builder<P: Publisher>(outbox: Outbox, publisher: P) -> RelayBuilder<P> {
+    /// Starts configuring a relay from `outbox` to `publisher`, with the defaults of the
+    /// outbox's database (the poll interval differs, see [`RelayConfig::poll_interval`]).
+    pub fn builder<P: Publisher, DB: Backend>(
+        outbox: Outbox<DB>,
+        publisher: P,
+    ) -> RelayBuilder<P, DB> {
         RelayBuilder {
             outbox,
             publisher,
-            config: RelayConfig::default(),
+            config: RelayConfig {
+                poll_interval: DB::RELAY_POLL_INTERVAL,
+                ..RelayConfig::default()
+            },
         }
     }
 }
 
-impl<P: Publisher> Relay<P> {
+impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// The relay's counters.
     pub fn stats(&self) -> Arc<RelayStats> {
         Arc::clone(&self.stats)
@@ -295,7 +317,7 @@ impl<P: Publisher> Relay<P> {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut delay = Duration::from_millis(50);
         loop {
-            match postgres::Session::run(&self, &mut shutdown).await {
+            match DB::relay_session(&self, &mut shutdown).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");

@@ -1,21 +1,21 @@
 //! One database session of the relay on PostgreSQL: a dedicated connection that holds
 //! the relay's advisory locks and runs every claim and mark, plus a `LISTEN` connection.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{Connection, Executor, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::Instrument;
 use uuid::Uuid;
 
+use super::drain::{Claims, Outcome, SqlResult, drain, headers};
 use super::horizon::{Horizon, Sample};
 use super::{OnSent, Relay, RelayStats, stopped};
 use crate::config::locks;
-use crate::publisher::{OutboxRecord, PublishError, PublishErrorKind, Publisher};
+use crate::publisher::{OutboxRecord, Publisher};
 
 /// The statements of one relay, rendered once per session.
 struct Sql {
@@ -95,8 +95,8 @@ struct Probe {
     relays: i64,
 }
 
-pub(super) struct Session<'r, P> {
-    relay: &'r Relay<P>,
+pub(crate) struct Session<'r, P> {
+    relay: &'r Relay<P, Postgres>,
     conn: PgConnection,
     listener: PgListener,
     sql: Sql,
@@ -107,12 +107,10 @@ pub(super) struct Session<'r, P> {
     horizon: Horizon,
 }
 
-type SqlResult<T> = Result<T, sqlx::Error>;
-
 impl<'r, P: Publisher> Session<'r, P> {
     /// Connects, registers, and publishes until shutdown (`Ok`) or a database error.
-    pub(super) async fn run(
-        relay: &'r Relay<P>,
+    pub(crate) async fn run(
+        relay: &'r Relay<P, Postgres>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> SqlResult<()> {
         let mut session = Session::connect(relay).await?;
@@ -124,7 +122,7 @@ impl<'r, P: Publisher> Session<'r, P> {
         result
     }
 
-    async fn connect(relay: &'r Relay<P>) -> SqlResult<Session<'r, P>> {
+    async fn connect(relay: &'r Relay<P, Postgres>) -> SqlResult<Session<'r, P>> {
         let tables = relay.outbox.tables();
         let options = (*relay.outbox.pool().connect_options())
             .clone()
@@ -226,7 +224,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 next_rebalance = now + config.rebalance_interval;
             }
 
-            let claimed = self.drain(shutdown).await?;
+            let claimed = drain(self.relay, self, shutdown).await?;
             if claimed > 0 {
                 continue; // there may be more
             }
@@ -387,221 +385,38 @@ impl<'r, P: Publisher> Session<'r, P> {
             .await?;
         rows.iter().map(record).collect()
     }
+}
 
-    /// Publishes until nothing is claimable, pipelined: while batch N is with the
-    /// publisher, the results of batch N-1 are recorded and batch N+1 is claimed. Batch
-    /// N+1 is only sent once N's results are known, and without the messages whose key
-    /// failed in N, so a failure still blocks the later messages of its key.
-    ///
-    /// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
-    /// empties (everything in flight is published and recorded) and this returns.
-    /// Returns how many rows were claimed.
-    async fn drain(&mut self, shutdown: &watch::Receiver<bool>) -> SqlResult<usize> {
-        let relay = self.relay;
-        let prefetch_until = Instant::now() + relay.config.rebalance_interval;
-        let mut current = self.claim(None).await?;
-        let mut claimed = current.len();
-        let mut unrecorded: Option<Outcome> = None;
-        while !current.is_empty() || unrecorded.is_some() {
-            let prefetch =
-                !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until;
-            let after = current.last().map(|r| r.seq);
-            let span = tracing::info_span!(
-                "outbox.relay.batch",
-                size = current.len(),
-                first_seq = current.first().map(|r| r.seq),
-                last_seq = after,
-            );
-            let batch = &current;
-            let publish = async move {
-                if batch.is_empty() {
-                    None
-                } else {
-                    Some(publish(relay, batch).await)
-                }
-            }
-            .instrument(span);
-            let previous = unrecorded.take();
-            let database = async {
-                if let Some(outcome) = previous {
-                    self.record(outcome).await?;
-                }
-                if prefetch {
-                    self.claim(after).await
-                } else {
-                    Ok(Vec::new())
-                }
-            };
-            let (results, next) = tokio::join!(publish, database);
-            let mut next = next?;
-            if *shutdown.borrow() {
-                next.clear(); // claimed but not sent: left for the next relay
-            }
-            claimed += next.len();
-            if let Some(results) = results {
-                let outcome = Outcome::new(&current, results);
-                if !outcome.failed_keys.is_empty() {
-                    // Not sent: they wait in the table behind the failed message of their key.
-                    next.retain(|r| {
-                        r.partition_key
-                            .as_ref()
-                            .is_none_or(|k| !outcome.failed_keys.contains(k))
-                    });
-                }
-                unrecorded = Some(outcome);
-            }
-            current = next;
-        }
-        Ok(claimed)
+impl<P: Publisher> Claims for Session<'_, P> {
+    fn claim(
+        &mut self,
+        after: Option<i64>,
+    ) -> impl std::future::Future<Output = SqlResult<Vec<OutboxRecord>>> + Send {
+        Session::claim(self, after)
     }
 
-    /// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
-    /// rescheduled or dead-lettered.
-    async fn record(&mut self, outcome: Outcome) -> SqlResult<()> {
-        let config = &self.relay.config;
-        let stats = &self.relay.stats;
-        if !outcome.sent.is_empty() {
-            self.count_queries(1);
-            sqlx::query(&self.sql.mark)
-                .bind(&outcome.sent)
-                .execute(&mut self.conn)
-                .await?;
-            let n = outcome.sent.len() as u64;
-            RelayStats::add(&stats.published, n);
-            metrics::counter!("outbox_published_total").increment(n);
-        }
-        if !outcome.failed_seq.is_empty() {
-            self.count_queries(1);
-            let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
-                .bind(&outcome.failed_seq)
-                .bind(&outcome.failed_error)
-                .bind(&outcome.failed_permanent)
-                .bind(config.max_attempts)
-                .bind(config.backoff_base.as_secs_f64())
-                .bind(config.backoff_cap.as_secs_f64())
-                .fetch_all(&mut self.conn)
-                .await?;
-            let failed = outcome.failed_seq.len() as u64;
-            let dead = dead.iter().filter(|d| **d).count() as u64;
-            RelayStats::add(&stats.failed, failed);
-            RelayStats::add(&stats.dead, dead);
-            metrics::counter!("outbox_failed_total").increment(failed);
-            metrics::counter!("outbox_dead_lettered_total").increment(dead);
-            if dead > 0 {
-                tracing::error!(
-                    count = dead,
-                    "outbox messages dead-lettered after their last attempt"
-                );
-            }
-        }
+    async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {
+        self.count_queries(1);
+        sqlx::query(&self.sql.mark)
+            .bind(seqs)
+            .execute(&mut self.conn)
+            .await?;
         Ok(())
     }
-}
 
-/// Hands `batch` to the publisher, bounded by `publish_timeout`; one result per message.
-async fn publish<P: Publisher>(
-    relay: &Relay<P>,
-    batch: &[OutboxRecord],
-) -> Vec<Result<(), PublishError>> {
-    let config = &relay.config;
-    RelayStats::add(&relay.stats.batches, 1);
-    let started = std::time::Instant::now();
-    let results =
-        match tokio::time::timeout(config.publish_timeout, relay.publisher.publish(batch)).await {
-            Ok(results) if results.len() == batch.len() => results,
-            Ok(results) => {
-                tracing::error!(
-                    expected = batch.len(),
-                    got = results.len(),
-                    "outbox publisher returned the wrong number of results; retrying the batch"
-                );
-                vec![
-                    Err(PublishError::retryable(
-                        "publisher returned the wrong number of results"
-                    ));
-                    batch.len()
-                ]
-            }
-            Err(_) => vec![
-                Err(PublishError::retryable(format!(
-                    "publish timed out after {:?}",
-                    config.publish_timeout
-                )));
-                batch.len()
-            ],
-        };
-    metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
-    results
-}
-
-/// What happened to one batch, ready to be written back.
-struct Outcome {
-    sent: Vec<i64>,
-    failed_seq: Vec<i64>,
-    failed_error: Vec<String>,
-    failed_permanent: Vec<bool>,
-    failed_keys: HashSet<String>,
-}
-
-impl Outcome {
-    fn new(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
-        let mut outcome = Outcome {
-            sent: Vec::with_capacity(batch.len()),
-            failed_seq: Vec::new(),
-            failed_error: Vec::new(),
-            failed_permanent: Vec::new(),
-            failed_keys: HashSet::new(),
-        };
-        for (record, result) in batch.iter().zip(results) {
-            let key = record.partition_key.as_deref();
-            match result {
-                Ok(()) => {
-                    if let Some(key) = key.filter(|k| outcome.failed_keys.contains(*k)) {
-                        tracing::warn!(
-                            seq = record.seq,
-                            key,
-                            "publisher acknowledged a message after failing an earlier one of the same key: \
-                             the broker has them out of order"
-                        );
-                    }
-                    outcome.sent.push(record.seq);
-                }
-                Err(e) if e.kind() == PublishErrorKind::NotAttempted => {}
-                Err(e) => {
-                    if let Some(key) = key {
-                        outcome.failed_keys.insert(key.to_owned());
-                    }
-                    tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
-                    outcome.failed_seq.push(record.seq);
-                    outcome
-                        .failed_permanent
-                        .push(e.kind() == PublishErrorKind::Permanent);
-                    outcome.failed_error.push(e.message().to_owned());
-                }
-            }
-        }
-        outcome
-    }
-}
-
-/// Headers written by hand may hold non-string values: they are passed on as JSON text
-/// rather than blocking the relay on one row.
-fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
-    if text == "{}" {
-        return BTreeMap::new();
-    }
-    match serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text) {
-        Ok(map) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        Err(e) => {
-            tracing::warn!(seq, error = %e, "outbox row's headers are not a JSON object; publishing without them");
-            BTreeMap::new()
-        }
+    async fn fail(&mut self, outcome: &Outcome) -> SqlResult<u64> {
+        let config = &self.relay.config;
+        self.count_queries(1);
+        let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
+            .bind(&outcome.failed_seq)
+            .bind(&outcome.failed_error)
+            .bind(&outcome.failed_permanent)
+            .bind(config.max_attempts)
+            .bind(config.backoff_base.as_secs_f64())
+            .bind(config.backoff_cap.as_secs_f64())
+            .fetch_all(&mut self.conn)
+            .await?;
+        Ok(dead.iter().filter(|d| **d).count() as u64)
     }
 }
 

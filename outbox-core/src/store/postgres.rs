@@ -1,11 +1,16 @@
 //! PostgreSQL: one `INSERT ... SELECT FROM UNNEST(...)` per flush, `pg_notify` at commit.
 
+use std::time::Duration;
+
 use futures_util::future::BoxFuture;
 use sqlx::{Connection, Executor, PgConnection, Postgres};
+use tokio::sync::watch;
 
 use super::{Backend, Sealed};
 use crate::config::{TableName, Tables, locks};
 use crate::migrate::{Migration, POSTGRES as MIGRATIONS};
+use crate::publisher::Publisher;
+use crate::relay::Relay;
 use crate::{Error, OutboxMessage, Result};
 
 impl Sealed for Postgres {}
@@ -47,6 +52,15 @@ impl Backend for Postgres {
 
     fn migrate<'c>(pool: &'c sqlx::PgPool, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>> {
         Box::pin(migrate(pool, tables))
+    }
+
+    const RELAY_POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+    fn relay_session<'r, P: Publisher>(
+        relay: &'r Relay<P, Postgres>,
+        shutdown: &'r mut watch::Receiver<bool>,
+    ) -> BoxFuture<'r, std::result::Result<(), sqlx::Error>> {
+        Box::pin(crate::relay::postgres::Session::run(relay, shutdown))
     }
 }
 

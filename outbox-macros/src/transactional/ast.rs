@@ -72,7 +72,7 @@ pub(crate) struct TxParam {
     pub index: usize,
     /// Written as `&mut OutboxTx<...>`.
     pub by_mut_ref: bool,
-    /// The backend named in `OutboxTx<'_, DB>`; `None` means the default (Postgres).
+    /// The backend named in `OutboxTx<'_, DB>`; `None` means the default (`outbox_core::DefaultBackend`).
     pub db: Option<Type>,
 }
 

@@ -22,7 +22,7 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
     let tx = &function.tx_params[0];
     let db = match &tx.db {
         Some(db) => quote!(#db),
-        None => quote!(#p::Postgres),
+        None => quote!(#p::DefaultBackend),
     };
     let receiver = function.receiver();
 

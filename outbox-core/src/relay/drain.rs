@@ -1,0 +1,270 @@
+//! What every database's relay shares: the pipelined drain, publishing with a timeout,
+//! turning publisher results into an outcome, recording it, and the stats.
+//!
+//! The database-specific part is a [`Claims`] implementation: claim the next batch,
+//! mark rows sent, reschedule or dead-letter failed rows.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{Relay, RelayStats};
+use crate::publisher::{OutboxRecord, PublishError, PublishErrorKind, Publisher};
+use crate::store::Backend;
+
+pub(crate) type SqlResult<T> = Result<T, sqlx::Error>;
+
+/// The database side of a relay session.
+pub(crate) trait Claims: Send {
+    /// The oldest claimable rows (after `after`, when a batch before them is in flight).
+    fn claim(
+        &mut self,
+        after: Option<i64>,
+    ) -> impl Future<Output = SqlResult<Vec<OutboxRecord>>> + Send;
+
+    /// Marks acknowledged rows sent (or deletes them, per `on_sent`).
+    fn mark(&mut self, seqs: &[i64]) -> impl Future<Output = SqlResult<()>> + Send;
+
+    /// Reschedules failed rows with backoff or dead-letters them; returns how many died.
+    fn fail(&mut self, outcome: &Outcome) -> impl Future<Output = SqlResult<u64>> + Send;
+}
+
+/// Publishes until nothing is claimable, pipelined: while batch N is with the
+/// publisher, the results of batch N-1 are recorded and batch N+1 is claimed. Batch
+/// N+1 is only sent once N's results are known, and without the messages whose key
+/// failed in N, so a failure still blocks the later messages of its key.
+///
+/// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
+/// empties (everything in flight is published and recorded) and this returns.
+/// Returns how many rows were claimed.
+pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
+    relay: &Relay<P, DB>,
+    store: &mut S,
+    shutdown: &watch::Receiver<bool>,
+) -> SqlResult<usize> {
+    let prefetch_until = Instant::now() + relay.config.rebalance_interval;
+    let mut current = store.claim(None).await?;
+    let mut claimed = current.len();
+    let mut unrecorded: Option<Outcome> = None;
+    while !current.is_empty() || unrecorded.is_some() {
+        let prefetch =
+            !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until;
+        let after = current.last().map(|r| r.seq);
+        let span = tracing::info_span!(
+            "outbox.relay.batch",
+            size = current.len(),
+            first_seq = current.first().map(|r| r.seq),
+            last_seq = after,
+        );
+        let batch = &current;
+        let publish = async move {
+            if batch.is_empty() {
+                None
+            } else {
+                Some(publish(relay, batch).await)
+            }
+        }
+        .instrument(span);
+        let previous = unrecorded.take();
+        let database = async {
+            if let Some(outcome) = previous {
+                record(relay, store, outcome).await?;
+            }
+            if prefetch {
+                store.claim(after).await
+            } else {
+                Ok(Vec::new())
+            }
+        };
+        let (results, next) = tokio::join!(publish, database);
+        let mut next = next?;
+        if *shutdown.borrow() {
+            next.clear(); // claimed but not sent: left for the next relay
+        }
+        claimed += next.len();
+        if let Some(results) = results {
+            let outcome = Outcome::new(&current, results);
+            if !outcome.failed_keys.is_empty() {
+                // Not sent: they wait in the table behind the failed message of their key.
+                next.retain(|r| {
+                    r.partition_key
+                        .as_ref()
+                        .is_none_or(|k| !outcome.failed_keys.contains(k))
+                });
+            }
+            unrecorded = Some(outcome);
+        }
+        current = next;
+    }
+    Ok(claimed)
+}
+
+/// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
+/// rescheduled or dead-lettered.
+async fn record<P: Publisher, DB: Backend, S: Claims>(
+    relay: &Relay<P, DB>,
+    store: &mut S,
+    outcome: Outcome,
+) -> SqlResult<()> {
+    let stats = &relay.stats;
+    if !outcome.sent.is_empty() {
+        store.mark(&outcome.sent).await?;
+        let n = outcome.sent.len() as u64;
+        RelayStats::add(&stats.published, n);
+        metrics::counter!("outbox_published_total").increment(n);
+    }
+    if !outcome.failed_seq.is_empty() {
+        let dead = store.fail(&outcome).await?;
+        let failed = outcome.failed_seq.len() as u64;
+        RelayStats::add(&stats.failed, failed);
+        RelayStats::add(&stats.dead, dead);
+        metrics::counter!("outbox_failed_total").increment(failed);
+        metrics::counter!("outbox_dead_lettered_total").increment(dead);
+        if dead > 0 {
+            tracing::error!(
+                count = dead,
+                "outbox messages dead-lettered after their last attempt"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Hands `batch` to the publisher, bounded by `publish_timeout`; one result per message.
+async fn publish<P: Publisher, DB: Backend>(
+    relay: &Relay<P, DB>,
+    batch: &[OutboxRecord],
+) -> Vec<Result<(), PublishError>> {
+    let config = &relay.config;
+    RelayStats::add(&relay.stats.batches, 1);
+    let started = std::time::Instant::now();
+    let results =
+        match tokio::time::timeout(config.publish_timeout, relay.publisher.publish(batch)).await {
+            Ok(results) if results.len() == batch.len() => results,
+            Ok(results) => {
+                tracing::error!(
+                    expected = batch.len(),
+                    got = results.len(),
+                    "outbox publisher returned the wrong number of results; retrying the batch"
+                );
+                vec![
+                    Err(PublishError::retryable(
+                        "publisher returned the wrong number of results"
+                    ));
+                    batch.len()
+                ]
+            }
+            Err(_) => vec![
+                Err(PublishError::retryable(format!(
+                    "publish timed out after {:?}",
+                    config.publish_timeout
+                )));
+                batch.len()
+            ],
+        };
+    metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
+    results
+}
+
+/// What happened to one batch, ready to be written back.
+pub(crate) struct Outcome {
+    pub(crate) sent: Vec<i64>,
+    pub(crate) failed_seq: Vec<i64>,
+    /// `attempts` of each failed row when it was claimed.
+    pub(crate) failed_attempts: Vec<i32>,
+    pub(crate) failed_error: Vec<String>,
+    pub(crate) failed_permanent: Vec<bool>,
+    pub(crate) failed_keys: HashSet<String>,
+}
+
+impl Outcome {
+    fn new(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
+        let mut outcome = Outcome {
+            sent: Vec::with_capacity(batch.len()),
+            failed_seq: Vec::new(),
+            failed_attempts: Vec::new(),
+            failed_error: Vec::new(),
+            failed_permanent: Vec::new(),
+            failed_keys: HashSet::new(),
+        };
+        for (record, result) in batch.iter().zip(results) {
+            let key = record.partition_key.as_deref();
+            match result {
+                Ok(()) => {
+                    if let Some(key) = key.filter(|k| outcome.failed_keys.contains(*k)) {
+                        tracing::warn!(
+                            seq = record.seq,
+                            key,
+                            "publisher acknowledged a message after failing an earlier one of the same key: \
+                             the broker has them out of order"
+                        );
+                    }
+                    outcome.sent.push(record.seq);
+                }
+                Err(e) if e.kind() == PublishErrorKind::NotAttempted => {}
+                Err(e) => {
+                    if let Some(key) = key {
+                        outcome.failed_keys.insert(key.to_owned());
+                    }
+                    tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
+                    outcome.failed_seq.push(record.seq);
+                    outcome.failed_attempts.push(record.attempts);
+                    outcome
+                        .failed_permanent
+                        .push(e.kind() == PublishErrorKind::Permanent);
+                    outcome.failed_error.push(e.message().to_owned());
+                }
+            }
+        }
+        outcome
+    }
+}
+
+/// Headers written by hand may hold non-string values: they are passed on as JSON text
+/// rather than blocking the relay on one row.
+pub(crate) fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
+    if text == "{}" {
+        return BTreeMap::new();
+    }
+    match serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text) {
+        Ok(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(seq, error = %e, "outbox row's headers are not a JSON object; publishing without them");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// For databases that compute the retry schedule in Rust (MySQL/MariaDB, SQLite): whether
+/// the `i`-th failure of `outcome` dead-letters its row, and otherwise the delay before
+/// the next attempt: `backoff_base * 2^attempts`, capped, with ±25% jitter. The same rule
+/// as the PostgreSQL statement.
+pub(crate) fn retry_plan<P, DB: Backend>(
+    relay: &Relay<P, DB>,
+    outcome: &Outcome,
+    i: usize,
+) -> (bool, f64) {
+    let config = &relay.config;
+    let attempts = outcome.failed_attempts[i];
+    let dead = outcome.failed_permanent[i] || attempts.saturating_add(1) >= config.max_attempts;
+    let exp = 2f64.powi(attempts.clamp(0, 62));
+    let delay = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
+    (dead, delay * (0.75 + jitter() * 0.5))
+}
+
+/// A number in `[0, 1)`, different each call (std's randomly keyed hasher; no RNG crate).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
