@@ -349,6 +349,62 @@ async fn retries_backoff_and_dead_letter<DB: TestBackend>() {
     DB::cleanup(f).await;
 }
 
+/// A retry that comes due is published before the later messages of its key, also when
+/// the pipelined relay has already claimed past them: here the first batch takes the
+/// due retry `A` (its key's `K2` is held back behind it), the prefetched second batch goes
+/// past `K2`, and once `A` is marked the third claim could reach `K3` — which must wait
+/// for `K2`.
+async fn a_retry_that_comes_due_is_not_overtaken<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    tx.emit_message(message("k", 0)).expect("emit"); // A: in retry, due
+    for n in 0..3 {
+        tx.emit_message(message(&format!("y{n}"), 0)).expect("emit");
+    }
+    tx.emit_message(message("k", 1)).expect("emit"); // K2
+    for n in 3..7 {
+        tx.emit_message(message(&format!("y{n}"), 0)).expect("emit");
+    }
+    tx.emit_message(message("k", 2)).expect("emit"); // K3
+    for n in 7..12 {
+        tx.emit_message(message(&format!("y{n}"), 0)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    // A failed once before and its retry is due now.
+    DB::exec(
+        &f,
+        "UPDATE outbox SET attempts = 1, next_attempt_at = '2000-01-01 00:00:00', last_error = 'earlier failure' \
+         WHERE seq = (SELECT m FROM (SELECT min(seq) AS m FROM outbox) t)",
+    )
+    .await;
+
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(f.outbox.clone(), publisher.clone())
+        .batch_size(4)
+        .spawn();
+    assert!(
+        publisher.wait_for(15, WAIT).await,
+        "everything is published"
+    );
+    relay.shutdown().await;
+    let published = publisher.published();
+    let k: Vec<u64> = published
+        .iter()
+        .map(key_and_n)
+        .filter(|(key, _)| key == "k")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(k, vec![0, 1, 2], "key k in seq order");
+    let ids: HashSet<_> = published.iter().map(|r| r.id).collect();
+    assert_eq!(
+        (ids.len(), published.len()),
+        (15, 15),
+        "each message exactly once"
+    );
+    DB::cleanup(f).await;
+}
+
 macro_rules! suite {
     ($($db:ident => $ty:ty),* $(,)?) => {$(
         mod $db {
@@ -367,6 +423,10 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_late_commit_is_not_overtaken() {
                 super::a_late_commit_is_not_overtaken::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_retry_that_comes_due_is_not_overtaken() {
+                super::a_retry_that_comes_due_is_not_overtaken::<$ty>().await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retries_backoff_and_dead_letter() {

@@ -19,6 +19,9 @@ pub(crate) type SqlResult<T> = Result<T, sqlx::Error>;
 
 /// The database side of a relay session.
 pub(crate) trait Claims: Send {
+    /// The keys with a pending row waiting for a retry.
+    fn retrying_keys(&mut self) -> impl Future<Output = SqlResult<Vec<String>>> + Send;
+
     /// The oldest claimable rows (after `after`, when a batch before them is in flight).
     fn claim(
         &mut self,
@@ -37,6 +40,13 @@ pub(crate) trait Claims: Send {
 /// N+1 is only sent once N's results are known, and without the messages whose key
 /// failed in N, so a failure still blocks the later messages of its key.
 ///
+/// Batches after the first are claimed after the one in flight (`seq > last`), so they
+/// cannot see a row of a lower `seq` that was blocked when the batch before was claimed
+/// and is claimable now (its key's retry came due, or its predecessor was just marked).
+/// Such a row's key had a row in retry: either when this drain started, or because it
+/// failed during it. Those keys are `blocked`: prefetched batches leave them out, and
+/// the next drain, which claims from the lowest `seq` again, takes them in order.
+///
 /// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
 /// empties (everything in flight is published and recorded) and this returns.
 /// Returns how many rows were claimed.
@@ -47,6 +57,10 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
 ) -> SqlResult<usize> {
     let prefetch_until = Instant::now() + relay.config.rebalance_interval;
     let mut current = store.claim(None).await?;
+    if current.is_empty() {
+        return Ok(0);
+    }
+    let mut blocked: HashSet<String> = store.retrying_keys().await?.into_iter().collect();
     let mut claimed = current.len();
     let mut unrecorded: Option<Outcome> = None;
     while !current.is_empty() || unrecorded.is_some() {
@@ -87,15 +101,16 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
         claimed += next.len();
         if let Some(results) = results {
             let outcome = Outcome::new(&current, results);
-            if !outcome.failed_keys.is_empty() {
-                // Not sent: they wait in the table behind the failed message of their key.
-                next.retain(|r| {
-                    r.partition_key
-                        .as_ref()
-                        .is_none_or(|k| !outcome.failed_keys.contains(k))
-                });
-            }
+            blocked.extend(outcome.failed_keys.iter().cloned());
             unrecorded = Some(outcome);
+        }
+        if !blocked.is_empty() {
+            // Not sent now: they wait in the table for the next drain.
+            next.retain(|r| {
+                r.partition_key
+                    .as_ref()
+                    .is_none_or(|k| !blocked.contains(k))
+            });
         }
         current = next;
     }
@@ -204,7 +219,12 @@ impl Outcome {
                     }
                     outcome.sent.push(record.seq);
                 }
-                Err(e) if e.kind() == PublishErrorKind::NotAttempted => {}
+                Err(e) if e.kind() == PublishErrorKind::NotAttempted => {
+                    // Left pending behind an earlier failure of its key.
+                    if let Some(key) = key {
+                        outcome.failed_keys.insert(key.to_owned());
+                    }
+                }
                 Err(e) => {
                     if let Some(key) = key {
                         outcome.failed_keys.insert(key.to_owned());

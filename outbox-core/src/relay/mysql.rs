@@ -59,6 +59,10 @@ pub(crate) async fn run<P: Publisher>(
                next_attempt_at = IF(?, next_attempt_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
              WHERE seq = ?"
         ),
+        retrying: format!(
+            "SELECT DISTINCT CAST(partition_key AS CHAR) FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL \
+             AND next_attempt_at IS NOT NULL AND partition_key IS NOT NULL"
+        ),
         probe: format!(
             "SELECT count(*), min(created_at) FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL"
         ),
@@ -81,6 +85,7 @@ struct Session<'r, P> {
     mark: String,
     fail: String,
     probe: String,
+    retrying: String,
 }
 
 impl<P> Session<'_, P> {
@@ -90,6 +95,13 @@ impl<P> Session<'_, P> {
 }
 
 impl<P: Publisher> Claims for Session<'_, P> {
+    async fn retrying_keys(&mut self) -> SqlResult<Vec<String>> {
+        self.count_queries(1);
+        sqlx::query_scalar(&self.retrying)
+            .fetch_all(&mut self.conn)
+            .await
+    }
+
     async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
         self.count_queries(1);
         let limit = i64::try_from(self.relay.config.batch_size).unwrap_or(i64::MAX);

@@ -24,6 +24,7 @@ struct Sql {
     mark: String,
     fail: String,
     probe: String,
+    retrying: String,
     count_relays: String,
 }
 
@@ -72,6 +73,10 @@ impl Sql {
             ),
             count_relays: format!(
                 "SELECT count(*) FROM pg_locks WHERE {advisory} AND objid >= {relays} AND objid < {relays} + {max_relays}"
+            ),
+            retrying: format!(
+                "SELECT DISTINCT partition_key FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL \
+             AND next_attempt_at IS NOT NULL AND partition_key IS NOT NULL"
             ),
             probe: format!(
                 "SELECT count(*) AS pending, \
@@ -388,6 +393,13 @@ impl<'r, P: Publisher> Session<'r, P> {
 }
 
 impl<P: Publisher> Claims for Session<'_, P> {
+    async fn retrying_keys(&mut self) -> SqlResult<Vec<String>> {
+        self.count_queries(1);
+        sqlx::query_scalar(&self.sql.retrying)
+            .fetch_all(&mut self.conn)
+            .await
+    }
+
     fn claim(
         &mut self,
         after: Option<i64>,

@@ -52,6 +52,10 @@ pub(crate) async fn run<P: Publisher>(
                  ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3) END \
              WHERE seq = ?4"
         ),
+        retrying: format!(
+            "SELECT DISTINCT partition_key FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL \
+             AND next_attempt_at IS NOT NULL AND partition_key IS NOT NULL"
+        ),
         probe: format!(
             "SELECT count(*), min(created_at) FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL"
         ),
@@ -71,6 +75,7 @@ struct Session<'r, P> {
     mark: String,
     fail: String,
     probe: String,
+    retrying: String,
 }
 
 impl<P> Session<'_, P> {
@@ -80,6 +85,13 @@ impl<P> Session<'_, P> {
 }
 
 impl<P: Publisher> Claims for Session<'_, P> {
+    async fn retrying_keys(&mut self) -> SqlResult<Vec<String>> {
+        self.count_queries(1);
+        sqlx::query_scalar(&self.retrying)
+            .fetch_all(&mut self.conn)
+            .await
+    }
+
     async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
         self.count_queries(1);
         let limit = i64::try_from(self.relay.config.batch_size).unwrap_or(i64::MAX);
