@@ -3,13 +3,15 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain write idle history scale all
+//! scenarios: drain latency write idle history scale all
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
+//!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
 //!            --smoke (tiny sizes, seconds) --out DIR (JSON + SVG, default target/bench)
 //! ```
 //! PostgreSQL from `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! Every scenario works in a schema of its own, dropped at the end.
 
+mod kafka;
 mod publisher;
 mod report;
 mod scenarios;
@@ -40,6 +42,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         eprintln!("== {scenario}");
         match scenario.as_str() {
             "drain" => scenarios::drain(args, &mut report).await?,
+            "latency" => scenarios::latency(args, &mut report).await?,
             "write" => scenarios::write_overhead(args, &mut report).await?,
             "idle" => scenarios::idle(args, &mut report).await?,
             "history" => scenarios::history(args, &mut report).await?,

@@ -6,6 +6,7 @@ use outbox_core::relay::Relay;
 use outbox_core::{OutboxMessage, sqlx};
 
 use crate::BoxError;
+use crate::kafka;
 use crate::publisher::CountingPublisher;
 use crate::report::Report;
 use crate::setup::{Args, BenchDb, peak_rss, quantile, reset_peak_rss};
@@ -25,23 +26,42 @@ type ClaimedRow = (
 /// seq, id, event_type, destination, partition_key, payload.
 type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, String);
 
-/// Runs relays over a filled backlog until it is drained; events/s.
+/// Runs relays over a filled backlog until it is drained; events/s and peak RSS.
 async fn relay_drain(args: &Args, relays: usize) -> Result<(f64, Option<u64>), BoxError> {
-    let db = BenchDb::with_pool_size(args, 4 + 2 * relays as u32).await?;
+    let mut db = BenchDb::with_pool_size(args, 4 + 2 * relays as u32).await?;
+    let topic = match &args.broker {
+        Some(brokers) => Some(kafka::create_topic(brokers).await?),
+        None => None,
+    };
+    if let Some(t) = &topic {
+        db.destination = t.clone();
+    }
     db.fill(args.events, args.keys, args.payload).await?;
-    let publisher = CountingPublisher::default();
+    let mut handles = Vec::new();
+    let mut kafka_publishers = Vec::new();
+    if let (Some(brokers), Some(topic)) = (&args.broker, &topic) {
+        for _ in 0..relays {
+            kafka_publishers.push(kafka::publisher(brokers, topic).await?);
+        }
+    }
     reset_peak_rss();
     let started = Instant::now();
-    let handles: Vec<_> = (0..relays)
-        .map(|_| Relay::builder(db.outbox.clone(), publisher.clone()).spawn())
-        .collect();
-    if !publisher.wait_for(args.events, DRAIN_TIMEOUT).await {
-        return Err(format!(
-            "relay published only {} of {}",
-            publisher.count(),
-            args.events
-        )
-        .into());
+    for i in 0..relays {
+        handles.push(match kafka_publishers.get(i) {
+            Some(p) => Relay::builder(db.outbox.clone(), p.clone()).spawn(),
+            None => Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn(),
+        });
+    }
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    loop {
+        let published: u64 = handles.iter().map(|h| h.stats().published).sum();
+        if published >= args.events {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("relays published only {published} of {}", args.events).into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
     let rss = peak_rss();
@@ -52,22 +72,49 @@ async fn relay_drain(args: &Args, relays: usize) -> Result<(f64, Option<u64>), B
     Ok((args.events as f64 / seconds, rss))
 }
 
-/// 1. Drain throughput: our relay against the article's relay and the database ceiling.
+/// 1. Drain throughput: our relay against the article's relay and the two ceilings.
 pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
-    let (ceiling, _) = pg_ceiling(args).await?;
+    let sink = args
+        .broker
+        .as_deref()
+        .unwrap_or("in-process counting publisher");
+    let (db_ceiling, _) = pg_ceiling(args).await?;
     report.add(
         "drain",
-        "(d) PostgreSQL claim+mark ceiling",
-        ceiling,
+        "(d) PostgreSQL claim+mark ceiling (no broker)",
+        db_ceiling,
         "events/s",
     );
+    let mut ceiling = db_ceiling;
+    if let Some(brokers) = &args.broker {
+        let topic = kafka::create_topic(brokers).await?;
+        let produce =
+            kafka::raw_produce(brokers, &topic, args.events, args.keys, args.payload).await?;
+        report.add(
+            "drain",
+            "(c) raw rdkafka produce ceiling (no database)",
+            produce,
+            "events/s",
+        );
+        ceiling = ceiling.min(produce);
+    }
     let (relay, rss) = relay_drain(args, 1).await?;
-    report.add("drain", "(a) outbox relay, defaults", relay, "events/s");
-    let article = article(args).await?;
-    report.add("drain", "(b) source article's relay", article, "events/s");
     report.add(
         "drain",
-        "(a) / (d)",
+        &format!("(a) outbox relay, defaults -> {sink}"),
+        relay,
+        "events/s",
+    );
+    let article = article(args).await?;
+    report.add(
+        "drain",
+        &format!("(b) source article's relay -> {sink}"),
+        article,
+        "events/s",
+    );
+    report.add(
+        "drain",
+        "(a) / min(c, d)",
         relay / ceiling,
         "ratio (target >= 0.7)",
     );
@@ -80,7 +127,7 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     if let Some(rss) = rss {
         report.add(
             "drain",
-            "relay peak RSS during the drain",
+            "relay process peak RSS during (a)",
             rss as f64 / 1_048_576.0,
             "MiB",
         );
@@ -122,14 +169,21 @@ async fn pg_ceiling(args: &Args) -> Result<(f64, u64), BoxError> {
 /// send one message and wait for its ack, one UPDATE per row, in one transaction.
 async fn article(args: &Args) -> Result<f64, BoxError> {
     use outbox_core::publisher::Publisher;
-    let db = BenchDb::new(args).await?;
+    let mut db = BenchDb::new(args).await?;
+    if let Some(brokers) = &args.broker {
+        db.destination = kafka::create_topic(brokers).await?;
+    }
     // The article relay is ~100x slower: a tenth of the backlog keeps the run short.
     let events = (args.events / 10).max(1000.min(args.events));
     db.fill(events, args.keys, args.payload).await?;
     sqlx::query("CREATE INDEX outbox_article_idx ON outbox (created_at) WHERE sent_at IS NULL")
         .execute(db.outbox.pool())
         .await?;
-    let publisher = CountingPublisher::default();
+    let kafka_publisher = match &args.broker {
+        Some(brokers) => Some(kafka::publisher(brokers, &db.destination).await?),
+        None => None,
+    };
+    let counting = CountingPublisher::default();
     let pool = db.outbox.pool().clone();
     let started = Instant::now();
     let mut done = 0_u64;
@@ -157,7 +211,10 @@ async fn article(args: &Args) -> Result<f64, BoxError> {
                 created_at: chrono::Utc::now(),
                 attempts: 0,
             };
-            let result = publisher.publish(std::slice::from_ref(&record)).await;
+            let result = match &kafka_publisher {
+                Some(p) => p.publish(std::slice::from_ref(&record)).await,
+                None => counting.publish(std::slice::from_ref(&record)).await,
+            };
             if result.first().is_some_and(Result::is_ok) {
                 sqlx::query("UPDATE outbox SET sent_at = now() WHERE seq = $1")
                     .bind(seq)
@@ -312,5 +369,102 @@ pub async fn scale_out(args: &Args, report: &mut Report) -> Result<(), BoxError>
         let (rate, _) = relay_drain(args, relays).await?;
         report.add("scale", &format!("{relays} relay(s)"), rate, "events/s");
     }
+    Ok(())
+}
+
+/// 2. Latency: writers commit one-event transactions at `latency_rate` per second for
+/// `latency_seconds` while the relay runs; a consumer timestamps each arrival. Reported:
+/// commit returned → message received by the consumer (an upper bound of commit → ack).
+pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let Some(brokers) = &args.broker else {
+        eprintln!("  (latency needs a broker; skipped with --broker memory)");
+        return Ok(());
+    };
+    let mut db = BenchDb::new(args).await?;
+    db.destination = kafka::create_topic(brokers).await?;
+    let mut arrivals = kafka::Arrivals::start(brokers, &db.destination).await?;
+    let relay = Relay::builder(
+        db.outbox.clone(),
+        kafka::publisher(brokers, &db.destination).await?,
+    )
+    .spawn();
+    let total = args.latency_rate * args.latency_seconds;
+    let writers = 4_u64;
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (outbox, destination, payload) =
+            (db.outbox.clone(), db.destination.clone(), payload.clone());
+        let (rate, keys) = (args.latency_rate, args.keys);
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            let mut i = w;
+            while i < total {
+                // Transaction i is due at i / rate seconds after the start.
+                tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
+                    .await;
+                let mut tx = outbox.begin().await?;
+                let id = tx.emit_message(
+                    OutboxMessage::new("Latency", destination.as_str(), payload.clone())
+                        .with_key(format!("k{}", i % keys)),
+                )?;
+                tx.commit().await?;
+                committed.push((id, Instant::now()));
+                i += writers;
+            }
+            Ok::<_, BoxError>(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await??);
+    }
+    let achieved = committed.len() as f64 / started.elapsed().as_secs_f64();
+    if !arrivals
+        .wait_for(committed.len(), Duration::from_secs(120))
+        .await
+    {
+        return Err(format!(
+            "only {} of {} messages reached the consumer",
+            arrivals.seen.len(),
+            committed.len()
+        )
+        .into());
+    }
+    relay.shutdown().await;
+    let mut ms: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| {
+            arrivals
+                .seen
+                .get(id)
+                .map(|r| r.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    report.add("latency", "write rate achieved", achieved, "tx/s");
+    report.add(
+        "latency",
+        "commit -> consumer, p50",
+        quantile(&ms, 0.5),
+        "ms",
+    );
+    report.add(
+        "latency",
+        "commit -> consumer, p99",
+        quantile(&ms, 0.99),
+        "ms (target < 25)",
+    );
+    report.add(
+        "latency",
+        "commit -> consumer, max",
+        ms.last().copied().unwrap_or(f64::NAN),
+        "ms",
+    );
+    db.drop().await?;
     Ok(())
 }

@@ -20,12 +20,17 @@ pub struct Args {
     pub smoke: bool,
     pub out: String,
     pub database_url: String,
+    /// The Kafka-protocol broker, or `None` for the in-process counting publisher.
+    pub broker: Option<String>,
+    pub latency_seconds: u64,
+    pub latency_rate: u64,
 }
 
 impl Args {
     pub const USAGE: &'static str = "usage: outbox-bench <drain|write|idle|history|scale|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
+        [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
         [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -39,6 +44,9 @@ impl Args {
             write_iterations: 2000,
             smoke: false,
             out: "target/bench".to_owned(),
+            broker: Some("127.0.0.1:9092".to_owned()),
+            latency_seconds: 30,
+            latency_rate: 1000,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         };
@@ -46,9 +54,9 @@ impl Args {
         while let Some(word) = it.next() {
             if !word.starts_with("--") {
                 match word.as_str() {
-                    "all" => args
-                        .scenarios
-                        .extend(["drain", "write", "idle", "history", "scale"].map(String::from)),
+                    "all" => args.scenarios.extend(
+                        ["drain", "latency", "write", "idle", "history", "scale"].map(String::from),
+                    ),
                     _ => args.scenarios.push(word),
                 }
                 continue;
@@ -77,6 +85,9 @@ impl Args {
                         .max(10)
                 }
                 "--out" => args.out = value,
+                "--broker" => args.broker = (value != "memory").then(|| value.clone()),
+                "--latency-seconds" => args.latency_seconds = number()?.max(1),
+                "--latency-rate" => args.latency_rate = number()?.max(1),
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
@@ -89,6 +100,8 @@ impl Args {
             args.history = args.history.min(20_000);
             args.idle_seconds = args.idle_seconds.min(6);
             args.write_iterations = args.write_iterations.min(50);
+            args.latency_seconds = args.latency_seconds.min(2);
+            args.latency_rate = args.latency_rate.min(100);
         }
         Ok(args)
     }
@@ -97,6 +110,8 @@ impl Args {
 /// A schema of its own with migrated outbox tables.
 pub struct BenchDb {
     pub outbox: Outbox,
+    /// Where filled rows are addressed (the topic, for Kafka runs).
+    pub destination: String,
     schema: String,
     url: String,
 }
@@ -121,6 +136,7 @@ impl BenchDb {
         outbox.migrate().await?;
         Ok(BenchDb {
             outbox,
+            destination: "bench.events".to_owned(),
             schema,
             url: args.database_url.clone(),
         })
@@ -143,7 +159,7 @@ impl BenchDb {
         let filler = "x".repeat(payload.saturating_sub(60));
         sqlx::query(
             "INSERT INTO outbox (id, event_type, destination, partition_key, payload, sent_at) \
-             SELECT gen_random_uuid(), 'BenchEvent', 'bench.events', 'k' || (g % $2), \
+             SELECT gen_random_uuid(), 'BenchEvent', $5, 'k' || (g % $2), \
                     jsonb_build_object('n', g, 'key', 'k' || (g % $2), 'filler', $3::text), \
                     CASE WHEN $4 THEN now() END \
              FROM generate_series(0, $1 - 1) g",
@@ -152,6 +168,7 @@ impl BenchDb {
         .bind(i64::try_from(keys)?)
         .bind(filler)
         .bind(sent)
+        .bind(&self.destination)
         .execute(self.outbox.pool())
         .await?;
         sqlx::query("VACUUM ANALYZE outbox")

@@ -268,6 +268,7 @@ pub(crate) fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
 /// the `i`-th failure of `outcome` dead-letters its row, and otherwise the delay before
 /// the next attempt: `backoff_base * 2^attempts`, capped, with ±25% jitter. The same rule
 /// as the PostgreSQL statement.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn retry_plan<P, DB: Backend>(
     relay: &Relay<P, DB>,
     outcome: &Outcome,
@@ -282,6 +283,7 @@ pub(crate) fn retry_plan<P, DB: Backend>(
 }
 
 /// A number in `[0, 1)`, different each call (std's randomly keyed hasher; no RNG crate).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 fn jitter() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
