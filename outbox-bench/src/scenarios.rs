@@ -72,7 +72,7 @@ async fn relay_drain(args: &Args, relays: usize) -> Result<(f64, Option<u64>), B
     Ok((args.events as f64 / seconds, rss))
 }
 
-/// 1. Drain throughput: our relay against the article's relay and the two ceilings.
+/// Scenario 1: Drain throughput: our relay against the article's relay and the two ceilings.
 pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let sink = args
         .broker
@@ -230,7 +230,7 @@ async fn article(args: &Args) -> Result<f64, BoxError> {
     Ok(done as f64 / seconds)
 }
 
-/// 3. Write overhead: a business transaction (one UPDATE) with 0, 1 and 10 events.
+/// Scenario 3: Write overhead: a business transaction (one UPDATE) with 0, 1 and 10 events.
 pub async fn write_overhead(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let db = BenchDb::new(args).await?;
     sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0)")
@@ -296,7 +296,7 @@ pub async fn write_overhead(args: &Args, report: &mut Report) -> Result<(), BoxE
     Ok(())
 }
 
-/// 4. Idle cost: statements an idle relay sends per minute.
+/// Scenario 4: Idle cost: statements an idle relay sends per minute.
 pub async fn idle(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let db = BenchDb::new(args).await?;
     let relay = Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn();
@@ -315,7 +315,7 @@ pub async fn idle(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// 5. History size: the claim scan with 0 and with `history` retained sent rows.
+/// Scenario 5: History size: the claim scan with 0 and with `history` retained sent rows.
 pub async fn history(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let mut medians = Vec::new();
     for history in [0, args.history] {
@@ -363,7 +363,7 @@ pub async fn history(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// 6. Scale-out: drain throughput with 1, 2 and 3 relays.
+/// Scenario 6: Scale-out: drain throughput with 1, 2 and 3 relays.
 pub async fn scale_out(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     for relays in 1..=3 {
         let (rate, _) = relay_drain(args, relays).await?;
@@ -372,7 +372,7 @@ pub async fn scale_out(args: &Args, report: &mut Report) -> Result<(), BoxError>
     Ok(())
 }
 
-/// 2. Latency: writers commit one-event transactions at `latency_rate` per second for
+/// Scenario 2: Latency: writers commit one-event transactions at `latency_rate` per second for
 /// `latency_seconds` while the relay runs; a consumer timestamps each arrival. Reported:
 /// commit returned → message received by the consumer (an upper bound of commit → ack).
 pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
