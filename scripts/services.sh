@@ -2,6 +2,7 @@
 # Make sure every service the tests need is up. Idempotent: safe to run twice.
 #
 #   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down)
+#   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
@@ -43,6 +44,19 @@ ensure_postgres() {
   pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
   wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not start listening on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/"
   log "PostgreSQL is up on 127.0.0.1:5432"
+}
+
+# ------------------------------------------------------------------- MariaDB
+ensure_mariadb() {
+  if port_open 127.0.0.1 3306; then
+    log "MariaDB is up on 127.0.0.1:3306"
+    return 0
+  fi
+  [ -x /usr/sbin/mariadbd ] || die "MariaDB/MySQL is not listening on 127.0.0.1:3306 and /usr/sbin/mariadbd is not installed; install it (apt-get install mariadb-server) or set OUTBOX_TEST_MYSQL_URL"
+  log "starting MariaDB"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+  wait_port mariadb 127.0.0.1 3306 30 || die "MariaDB did not start listening on 127.0.0.1:3306 within 30 s"
+  log "MariaDB is up on 127.0.0.1:3306"
 }
 
 # --------------------------------------------------------------------- tansu
@@ -102,5 +116,6 @@ ensure_kafka() {
 }
 
 ensure_postgres
+if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 ensure_kafka
 echo "export TANSU_BIN=$TANSU_BIN"

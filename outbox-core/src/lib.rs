@@ -199,8 +199,3 @@ pub mod __private {
     pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
     pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};
 }
-
-/// The README's example compiles (`cargo test --doc`).
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;

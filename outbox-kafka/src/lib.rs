@@ -87,3 +87,8 @@ pub use publisher::{KafkaPublisher, KafkaPublisherBuilder};
 pub use settings::{Settings, is_secret};
 
 pub use rdkafka;
+
+/// The README's example compiles (`cargo test --doc -p outbox-kafka`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
