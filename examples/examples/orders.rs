@@ -1,0 +1,28 @@
+//! The orders scenario of the source article, with real parts: PostgreSQL and a
+//! Kafka-protocol broker (`scripts/services.sh` starts both).
+//!
+//! `scripts/services.sh && cargo run -p outbox-examples --example orders`
+//! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; `KAFKA_BROKERS`,
+//! default `127.0.0.1:9092`).
+
+use outbox_examples::orders::{Config, run};
+
+#[tokio::main]
+async fn main() {
+    let config = Config {
+        database_url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        brokers: std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned()),
+        orders: 100,
+    };
+    match run(&config, |step| println!("- {step}")).await {
+        Ok(s) => println!(
+            "summary: confirmed {}, refused {}, published {}, reserved {}, duplicates skipped {}, BOOK-1 left {}",
+            s.confirmed, s.refused, s.published, s.reserved, s.duplicates_skipped, s.stock_left
+        ),
+        Err(e) => {
+            eprintln!("orders example failed: {e}\n(is everything up? run scripts/services.sh)");
+            std::process::exit(1);
+        }
+    }
+}
