@@ -85,6 +85,8 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         db_ceiling,
         "events/s",
     );
+    // The relay first: its peak RSS must not include the produce ceiling's buffers.
+    let (relay, rss) = relay_drain(args, 1).await?;
     let mut ceiling = db_ceiling;
     if let Some(brokers) = &args.broker {
         let topic = kafka::create_topic(brokers).await?;
@@ -98,7 +100,6 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         );
         ceiling = ceiling.min(produce);
     }
-    let (relay, rss) = relay_drain(args, 1).await?;
     report.add(
         "drain",
         &format!("(a) outbox relay, defaults -> {sink}"),

@@ -65,7 +65,7 @@ pub struct KafkaPublisherBuilder {
 impl KafkaPublisher {
     /// A publisher for the cluster at `bootstrap_servers` (`host:port[,host:port...]`).
     ///
-    /// Defaults: `enable.idempotence=true`, `acks=all`, `linger.ms=5`,
+    /// Defaults: `enable.idempotence=true`, `acks=all`, `linger.ms=1`,
     /// `message.timeout.ms=20000` (keep it below the relay's `publish_timeout`, 30 s by
     /// default), `compression.type=none`.
     pub fn builder(bootstrap_servers: impl Into<String>) -> KafkaPublisherBuilder {
@@ -157,7 +157,9 @@ impl KafkaPublisherBuilder {
     pub async fn build(mut self) -> Result<KafkaPublisher> {
         self.settings.set_default("enable.idempotence", "true");
         self.settings.set_default("acks", "all");
-        self.settings.set_default("linger.ms", "5");
+        // The relay hands over whole batches, so a long linger adds latency without
+        // making batches fuller.
+        self.settings.set_default("linger.ms", "1");
         self.settings.set_default("message.timeout.ms", "20000");
         self.settings.set_default("compression.type", "none");
         let producer = Arc::new(create_producer(&self.settings)?);

@@ -60,7 +60,10 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
     if current.is_empty() {
         return Ok(0);
     }
-    let mut blocked: HashSet<String> = store.retrying_keys().await?.into_iter().collect();
+    // Filled before the first prefetch, while the first batch is being published (off
+    // the latency path): until then nothing is prefetched, so nothing needs filtering.
+    let mut blocked: HashSet<String> = HashSet::new();
+    let mut blocked_loaded = false;
     let mut claimed = current.len();
     let mut unrecorded: Option<Outcome> = None;
     while !current.is_empty() || unrecorded.is_some() {
@@ -84,17 +87,26 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
         .instrument(span);
         let previous = unrecorded.take();
         let database = async {
+            type Claimed = (Vec<OutboxRecord>, Option<Vec<String>>);
             if let Some(outcome) = previous {
                 record(relay, store, outcome).await?;
             }
-            if prefetch {
-                store.claim(after).await
-            } else {
-                Ok(Vec::new())
+            if !prefetch {
+                return SqlResult::<Claimed>::Ok((Vec::new(), None));
             }
+            let retrying = if blocked_loaded {
+                None
+            } else {
+                Some(store.retrying_keys().await?)
+            };
+            Ok((store.claim(after).await?, retrying))
         };
         let (results, next) = tokio::join!(publish, database);
-        let mut next = next?;
+        let (mut next, retrying) = next?;
+        if let Some(keys) = retrying {
+            blocked.extend(keys);
+            blocked_loaded = true;
+        }
         if *shutdown.borrow() {
             next.clear(); // claimed but not sent: left for the next relay
         }
