@@ -154,6 +154,23 @@ impl Arrivals {
         })
     }
 
+    /// Arrivals at an in-memory publisher (acknowledgement time), for `--broker memory`.
+    pub fn from_memory(publisher: &outbox_core::publisher::InMemoryPublisher) -> Arrivals {
+        let mut published = publisher.subscribe();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(record) = published.recv().await {
+                if tx.send((record.id, Instant::now())).is_err() {
+                    break;
+                }
+            }
+        });
+        Arrivals {
+            rx,
+            seen: HashMap::new(),
+        }
+    }
+
     /// Waits until `n` distinct messages arrived; false on timeout.
     pub async fn wait_for(&mut self, n: usize, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
