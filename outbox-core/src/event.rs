@@ -214,6 +214,27 @@ impl OutboxMessage {
     }
 
     fn validate_routing(&self) -> Result<()> {
+        let has_nul = self.event_type.contains('\0')
+            || self.destination.contains('\0')
+            || self
+                .partition_key
+                .as_deref()
+                .is_some_and(|k| k.contains('\0'))
+            || self
+                .headers
+                .iter()
+                .any(|(k, v)| k.contains('\0') || v.contains('\0'));
+        if has_nul || self.payload.contains("\\u0000") {
+            return Err(Error::InvalidMessage(
+                format!(
+                    "message {} (`{}`) contains a NUL character (in its type, destination, key, headers \
+                     or as \\u0000 in its payload), which database text and PostgreSQL jsonb cannot \
+                     store; remove it",
+                    self.id, self.event_type
+                )
+                .into(),
+            ));
+        }
         if self.event_type.trim().is_empty() {
             return Err(Error::InvalidMessage(
                 format!(

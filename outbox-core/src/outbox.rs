@@ -91,14 +91,15 @@ impl<DB: Backend> Outbox<DB> {
     /// events, then [`commit`](OutboxTx::commit): the events are written atomically with
     /// your changes, or not at all.
     pub async fn begin(&self) -> Result<OutboxTx<'static, DB>> {
-        let conn = self.inner.pool.acquire().await.map_err(|e| {
-            Error::db(
-                "starting a transaction",
-                &self.inner.tables.outbox.to_string(),
-                e,
-            )
-        })?;
-        OutboxTx::begin(conn, self.clone()).await
+        let table = self.inner.tables.outbox.to_string();
+        // sqlx tracks the transaction (a `begin` inside it makes a savepoint) and rolls it
+        // back if this future or the transaction is dropped.
+        let tx = match DB::BEGIN {
+            Some(statement) => self.inner.pool.begin_with(statement).await,
+            None => self.inner.pool.begin().await,
+        }
+        .map_err(|e| Error::db("starting a transaction", &table, e))?;
+        Ok(OutboxTx::begun(tx, self.clone()))
     }
 
     /// Writes `events` into the outbox inside a transaction you already own.

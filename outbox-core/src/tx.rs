@@ -4,7 +4,6 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 use sqlx::Transaction;
-use sqlx::pool::PoolConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -32,35 +31,23 @@ use crate::{Error, Outbox, OutboxEvent, OutboxMessage, Result};
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub struct OutboxTx<'c, DB: Backend = crate::store::DefaultBackend> {
-    conn: Conn<'c, DB>,
+pub struct OutboxTx<'c, DB: Backend = crate::DefaultBackend> {
+    tx: Transaction<'c, DB>,
+    /// Opened by [`Outbox::begin`] at the top level, so its commit may take the one-round-
+    /// trip path ([`Backend::write_commit_and_begin`]).
+    own: bool,
     outbox: Outbox<DB>,
     pending: Vec<OutboxMessage>,
 }
 
-/// Where the transaction lives.
-enum Conn<'c, DB: Backend> {
-    /// Begun by [`Outbox::begin`] on a pooled connection; we send `BEGIN` and `COMMIT`
-    /// ourselves so the commit can carry the events in the same round trip. `open` is
-    /// true until it is committed or rolled back.
-    Own {
-        conn: PoolConnection<DB>,
-        open: bool,
-    },
-    /// A `sqlx` transaction the caller started ([`OutboxTx::from_transaction`]).
-    Sqlx(Transaction<'c, DB>),
-    /// Committed or rolled back (only seen inside `commit`, `rollback` and `drop`).
-    Taken,
-}
-
 impl<'c, DB: Backend> OutboxTx<'c, DB> {
-    pub(crate) async fn begin(mut conn: PoolConnection<DB>, outbox: Outbox<DB>) -> Result<Self> {
-        DB::begin(&mut conn).await?;
-        Ok(OutboxTx {
-            conn: Conn::Own { conn, open: true },
+    pub(crate) fn begun(tx: Transaction<'c, DB>, outbox: Outbox<DB>) -> Self {
+        OutboxTx {
+            tx,
+            own: true,
             outbox,
             pending: Vec::new(),
-        })
+        }
     }
 
     /// Wraps a transaction you started yourself, so events can be emitted into it.
@@ -69,19 +56,22 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     /// (the events are written, then `COMMIT` is sent).
     pub fn from_transaction(tx: Transaction<'c, DB>, outbox: &Outbox<DB>) -> Self {
         OutboxTx {
-            conn: Conn::Sqlx(tx),
+            tx,
+            own: false,
             outbox: outbox.clone(),
             pending: Vec::new(),
         }
     }
 
-    /// The connection, for your own queries.
+    /// The connection, for your own queries. Code that opens a transaction on it (for
+    /// example through `sqlx::Acquire`) gets a savepoint inside this one.
     pub fn conn(&mut self) -> &mut DB::Connection {
-        match &mut self.conn {
-            Conn::Own { conn, .. } => conn,
-            Conn::Sqlx(tx) => tx,
-            Conn::Taken => unreachable!("an OutboxTx is used only before commit or rollback"),
-        }
+        &mut self.tx
+    }
+
+    /// The underlying `sqlx` transaction.
+    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
+        &mut self.tx
     }
 
     /// The outbox this transaction writes to.
@@ -123,7 +113,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         }
         let outbox = self.outbox.clone();
         let pending = std::mem::take(&mut self.pending);
-        if let Err(e) = outbox.write(self.conn(), &pending).await {
+        if let Err(e) = outbox.write(&mut self.tx, &pending).await {
             self.pending = pending;
             return Err(e);
         }
@@ -131,83 +121,42 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     }
 
     /// Writes the collected events in one statement and commits them with everything
-    /// else done in this transaction. For a transaction from [`Outbox::begin`] the
-    /// events and the `COMMIT` travel in one round trip.
+    /// else done in this transaction. On PostgreSQL, for a transaction from
+    /// [`Outbox::begin`], the events and the `COMMIT` travel in one round trip.
+    ///
+    /// Fails if the transaction was aborted by an earlier error, even with no events.
     pub async fn commit(mut self) -> Result<()> {
         let count = self.pending.len();
         let span = tracing::debug_span!("outbox.commit", events = count);
         let tables = self.outbox.tables().clone();
-        let pending = std::mem::take(&mut self.pending);
-        match &mut self.conn {
-            Conn::Own { conn, open } => {
-                // On failure `open` stays true: the drop rolls back.
-                DB::write_and_commit(conn, &tables, &pending)
-                    .instrument(span)
-                    .await?;
-                *open = false;
+        let table = tables.outbox.to_string();
+        if self.own {
+            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending)
+                .instrument(span.clone())
+                .await?;
+            if done {
+                // Committed; `self.tx` now holds an empty transaction, rolled back when it
+                // drops (queued, sent as the connection returns to the pool).
+                tracing::debug!(events = count, "outbox transaction committed");
+                return Ok(());
             }
-            Conn::Sqlx(_) => {
-                self.pending = pending;
-                self.flush().instrument(span).await?;
-                let Conn::Sqlx(tx) = std::mem::replace(&mut self.conn, Conn::Taken) else {
-                    unreachable!("matched above")
-                };
-                tx.commit().await.map_err(|e| {
-                    Error::db("committing the transaction", &tables.outbox.to_string(), e)
-                })?;
-            }
-            Conn::Taken => {}
         }
+        self.flush().instrument(span).await?;
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| Error::db("committing the transaction", &table, e))?;
         tracing::debug!(events = count, "outbox transaction committed");
         Ok(())
     }
 
     /// Rolls back: your changes are undone and no event is written.
-    pub async fn rollback(mut self) -> Result<()> {
-        self.pending.clear();
-        match std::mem::replace(&mut self.conn, Conn::Taken) {
-            Conn::Own { mut conn, open } => {
-                if open {
-                    if let Err(e) = DB::rollback(&mut conn).await {
-                        // The connection's state is unknown: don't hand it to anyone else.
-                        conn.close_on_drop();
-                        return Err(e);
-                    }
-                }
-                Ok(())
-            }
-            Conn::Sqlx(tx) => tx.rollback().await.map_err(|e| {
-                Error::db(
-                    "rolling back the transaction",
-                    &self.outbox.tables().outbox.to_string(),
-                    e,
-                )
-            }),
-            Conn::Taken => Ok(()),
-        }
-    }
-}
-
-impl<DB: Backend> Drop for OutboxTx<'_, DB> {
-    /// A transaction dropped while open (an early `?`, a panic, a cancelled future) is
-    /// rolled back on a background task before its connection returns to the pool; with
-    /// no runtime to run that on, the connection is closed, which rolls back too.
-    fn drop(&mut self) {
-        if let Conn::Own { open: true, .. } = &self.conn {
-            let Conn::Own { mut conn, .. } = std::mem::replace(&mut self.conn, Conn::Taken) else {
-                return;
-            };
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        if DB::rollback(&mut conn).await.is_err() {
-                            conn.close_on_drop();
-                        }
-                    });
-                }
-                Err(_) => conn.close_on_drop(),
-            }
-        }
+    pub async fn rollback(self) -> Result<()> {
+        let table = self.outbox.tables().outbox.to_string();
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| Error::db("rolling back the transaction", &table, e))
     }
 }
 
@@ -215,17 +164,13 @@ impl<DB: Backend> Deref for OutboxTx<'_, DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &Self::Target {
-        match &self.conn {
-            Conn::Own { conn, .. } => conn,
-            Conn::Sqlx(tx) => tx,
-            Conn::Taken => unreachable!("an OutboxTx is used only before commit or rollback"),
-        }
+        &self.tx
     }
 }
 
 impl<DB: Backend> DerefMut for OutboxTx<'_, DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        self.conn()
+        &mut self.tx
     }
 }
 

@@ -667,24 +667,89 @@ async fn hostile_strings_round_trip_verbatim() {
 }
 
 #[tokio::test]
-async fn a_nul_character_is_refused_and_nothing_is_written() {
+async fn a_nul_character_is_refused_at_emit_and_the_transaction_goes_on() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     orders_table(&db).await;
     let mut tx = outbox.begin().await.expect("begin");
     confirm(&mut tx, 8).await;
-    tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key("a\0b"))
-        .expect("collected");
-    let err = tx.commit().await.expect_err("NUL cannot be stored");
-    assert!(matches!(err, Error::InvalidMessage(_)), "{err:?}");
-    assert!(err.to_string().contains("NUL"), "{err}");
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(db.count("outbox").await, 0);
+    for bad in [
+        OutboxMessage::new("T", "d", "{}").with_key("a\0b"),
+        OutboxMessage::new("T", "d", r#"{"s":"a\u0000b"}"#),
+        OutboxMessage::new("T", "d", "{}").with_header("h", "\0"),
+    ] {
+        let err = tx.emit_message(bad).expect_err("NUL cannot be stored");
+        assert!(matches!(err, Error::InvalidMessage(_)), "{err:?}");
+        assert!(err.to_string().contains("NUL"), "{err}");
+    }
+    tx.emit(Heartbeat {}).expect("a good event");
+    tx.commit().await.expect("commit without the bad messages");
+    assert_eq!(db.count("outbox").await, 1);
+    assert_eq!(status(&db, 8).await, "confirmed");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_transaction_opened_inside_is_a_savepoint_not_a_commit() {
+    use outbox_core::sqlx::Connection;
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    let mut tx = outbox.begin().await.expect("begin");
+    confirm(&mut tx, 1).await;
+    tx.emit(Heartbeat {}).expect("emit");
+    {
+        // A helper that opens and commits "its own" transaction on the connection.
+        let mut inner = tx.conn().begin().await.expect("nested begin");
+        sqlx::query("UPDATE orders SET status = 'audited' WHERE id = 2")
+            .execute(&mut *inner)
+            .await
+            .expect("update");
+        inner.commit().await.expect("release the savepoint");
+    }
     assert_eq!(
-        status(&db, 8).await,
+        status(&db, 1).await,
         "new",
-        "the business change was rolled back"
+        "nothing is visible outside before the outer commit"
     );
+    assert_eq!(status(&db, 2).await, "new");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        status(&db, 1).await,
+        "new",
+        "the outer rollback undoes everything"
+    );
+    assert_eq!(status(&db, 2).await, "new", "including the inner 'commit'");
+    assert_eq!(db.count("outbox").await, 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn commit_after_a_failed_statement_is_an_error_not_a_silent_rollback() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    orders_table(&db).await;
+    for with_event in [false, true] {
+        let mut tx = outbox.begin().await.expect("begin");
+        confirm(&mut tx, 3).await;
+        if with_event {
+            tx.emit(Heartbeat {}).expect("emit");
+        }
+        let ignored = sqlx::query("INSERT INTO orders VALUES (3, 'duplicate key')")
+            .execute(&mut *tx)
+            .await;
+        assert!(
+            ignored.is_err(),
+            "the statement fails and the caller ignores it"
+        );
+        let err = tx.commit().await.expect_err("the transaction was aborted");
+        assert!(
+            err.to_string().contains("aborted") || err.to_string().contains("25P02"),
+            "{err}"
+        );
+        assert_eq!(status(&db, 3).await, "new", "with_event={with_event}");
+    }
+    assert_eq!(db.count("outbox").await, 0);
     db.cleanup().await;
 }
 

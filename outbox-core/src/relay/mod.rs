@@ -203,9 +203,11 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self
     }
     /// Retry backoff: first delay and cap.
+    /// Both are capped at 7 days (a longer wait is a dead letter by another name).
     pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
-        self.config.backoff_base = base;
-        self.config.backoff_cap = cap.max(base);
+        const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+        self.config.backoff_base = base.min(WEEK);
+        self.config.backoff_cap = cap.max(base).min(WEEK);
         self
     }
     /// Number of partitions (at least 1; the same for every relay of this outbox).
@@ -315,9 +317,16 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// Database errors never end the relay: it logs them, reconnects with backoff and
     /// carries on where the database says it left off.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut delay = Duration::from_millis(50);
+        const FIRST_DELAY: Duration = Duration::from_millis(50);
+        let mut delay = FIRST_DELAY;
         loop {
-            match DB::relay_session(&self, &mut shutdown).await {
+            let started = std::time::Instant::now();
+            let result = DB::relay_session(&self, &mut shutdown).await;
+            // A session that worked for a while before failing starts the backoff afresh.
+            if started.elapsed() > Duration::from_secs(30) {
+                delay = FIRST_DELAY;
+            }
+            match result {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");

@@ -66,7 +66,7 @@ impl Sql {
                    last_error = f.error, \
                    dead_at = CASE WHEN f.permanent OR o.attempts + 1 >= $4 THEN now() END, \
                    next_attempt_at = CASE WHEN f.permanent OR o.attempts + 1 >= $4 THEN o.next_attempt_at \
-                     ELSE now() + make_interval(secs => least($6, $5 * power(2, o.attempts)) * (0.75 + random() * 0.5)) END \
+                     ELSE now() + make_interval(secs => least($6, $5 * power(2, least(o.attempts, 62))) * (0.75 + random() * 0.5)) END \
                  FROM UNNEST($1::bigint[], $2::text[], $3::bool[]) AS f(seq, error, permanent) \
                  WHERE o.seq = f.seq \
                  RETURNING o.dead_at IS NOT NULL AS dead"

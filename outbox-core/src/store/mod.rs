@@ -53,22 +53,25 @@ pub trait Backend: sqlx::Database + Sealed {
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>>;
 
-    /// Starts a transaction on `conn` (a pooled connection [`OutboxTx`](crate::OutboxTx)
-    /// manages itself, so that its commit can carry the events).
+    /// The statement [`Outbox::begin`](crate::Outbox::begin) opens its transaction with
+    /// (`None`: the driver's default `BEGIN`).
     #[doc(hidden)]
-    fn begin<'c>(conn: &'c mut Self::Connection) -> BoxFuture<'c, Result<()>>;
+    const BEGIN: Option<&'static str> = None;
 
-    /// Writes `messages` (if any) and commits, in one round trip where the database allows.
+    /// For a top-level transaction opened by [`Outbox::begin`](crate::Outbox::begin):
+    /// writes `messages`, commits, and opens a new, empty transaction, all in one round
+    /// trip, so that the `sqlx` transaction wrapping `conn` stays in step with the server
+    /// (dropping it rolls the empty one back when the connection returns to the pool).
+    /// Fails if the transaction was aborted by an earlier error. Returns `false` where the
+    /// database has no such shortcut; the caller then writes and commits the usual way.
     #[doc(hidden)]
-    fn write_and_commit<'c>(
-        conn: &'c mut Self::Connection,
-        tables: &'c Tables,
-        messages: &'c [OutboxMessage],
-    ) -> BoxFuture<'c, Result<()>>;
-
-    /// Rolls back the transaction started by [`begin`](Self::begin).
-    #[doc(hidden)]
-    fn rollback<'c>(conn: &'c mut Self::Connection) -> BoxFuture<'c, Result<()>>;
+    fn write_commit_and_begin<'c>(
+        _conn: &'c mut Self::Connection,
+        _tables: &'c Tables,
+        _messages: &'c [OutboxMessage],
+    ) -> BoxFuture<'c, Result<bool>> {
+        Box::pin(async { Ok(false) })
+    }
 
     /// Applies the pending migrations; returns the versions applied now.
     #[doc(hidden)]

@@ -39,38 +39,6 @@ impl Backend for MySql {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
-    fn begin<'c>(conn: &'c mut MySqlConnection) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute("BEGIN")
-                .await
-                .map_err(|e| Error::db("starting a transaction", "", e))?;
-            Ok(())
-        })
-    }
-
-    fn write_and_commit<'c>(
-        conn: &'c mut MySqlConnection,
-        tables: &'c Tables,
-        messages: &'c [OutboxMessage],
-    ) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            insert_messages(conn, tables, messages).await?;
-            conn.execute("COMMIT").await.map_err(|e| {
-                Error::db("committing the transaction", &tables.outbox.to_string(), e)
-            })?;
-            Ok(())
-        })
-    }
-
-    fn rollback<'c>(conn: &'c mut MySqlConnection) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute("ROLLBACK")
-                .await
-                .map_err(|e| Error::db("rolling back the transaction", "", e))?;
-            Ok(())
-        })
-    }
-
     fn migrate<'c>(
         pool: &'c sqlx::MySqlPool,
         tables: &'c Tables,

@@ -24,29 +24,14 @@ impl Backend for Postgres {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
-    fn begin<'c>(conn: &'c mut PgConnection) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute("BEGIN")
-                .await
-                .map_err(|e| Error::db("starting a transaction", "", e))?;
-            Ok(())
-        })
-    }
-
-    fn write_and_commit<'c>(
+    fn write_commit_and_begin<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
         messages: &'c [OutboxMessage],
-    ) -> BoxFuture<'c, Result<()>> {
-        Box::pin(write_and_commit(conn, tables, messages))
-    }
-
-    fn rollback<'c>(conn: &'c mut PgConnection) -> BoxFuture<'c, Result<()>> {
+    ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async move {
-            conn.execute("ROLLBACK")
-                .await
-                .map_err(|e| Error::db("rolling back the transaction", "", e))?;
-            Ok(())
+            write_commit_and_begin(conn, tables, messages).await?;
+            Ok(true)
         })
     }
 
@@ -87,8 +72,8 @@ fn insert_sql(tables: &Tables) -> String {
     )
 }
 
-/// The flush statement with the rows spelled out as literals, followed by `COMMIT`: sent
-/// as one simple-protocol query, the events cost no round trip of their own. Same
+/// The flush statement with the rows spelled out as literals, to be sent with `COMMIT`
+/// as one simple-protocol query: the events cost no round trip of their own. Same
 /// semantics as [`insert_sql`] (writer lock before `seq`, emit order, notify at commit).
 ///
 /// Literals are `E'...'` strings with `\` and `'` doubled, which PostgreSQL reads back
@@ -140,7 +125,7 @@ fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
         ") AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
            ORDER BY m.ord\
          ) \
-         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, ''); COMMIT"
+         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '')"
     ));
     Ok(sql)
 }
@@ -179,22 +164,21 @@ fn headers_json(m: &OutboxMessage) -> Result<String> {
     })
 }
 
-async fn write_and_commit(
+async fn write_commit_and_begin(
     conn: &mut PgConnection,
     tables: &Tables,
     messages: &[OutboxMessage],
 ) -> Result<()> {
     let table = tables.outbox.to_string();
-    if messages.is_empty() {
-        conn.execute("COMMIT")
-            .await
-            .map_err(|e| Error::db("committing the transaction", &table, e))?;
-        return Ok(());
-    }
-    let sql = commit_sql(tables, messages)?;
-    // No arguments: the simple protocol runs both statements in one round trip. If the
-    // INSERT fails, COMMIT is not run and the transaction stays open (aborted) for the
-    // caller to roll back.
+    // In an aborted transaction the first statement fails (25P02) and nothing after it
+    // runs: `COMMIT` alone would answer `ROLLBACK` without an error.
+    let mut sql = if messages.is_empty() {
+        "SELECT 1".to_owned()
+    } else {
+        commit_sql(tables, messages)?
+    };
+    sql.push_str("; COMMIT; BEGIN");
+    // No arguments: the simple protocol runs the statements in one round trip.
     conn.execute(sql.as_str())
         .await
         .map_err(|e| Error::db("writing events to the outbox and committing", &table, e))?;

@@ -36,39 +36,9 @@ impl Backend for Sqlite {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
-    fn begin<'c>(conn: &'c mut SqliteConnection) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            // IMMEDIATE: take the write lock now (waiting up to the busy timeout), so a
-            // transaction that reads before it writes never fails to upgrade its lock.
-            conn.execute("BEGIN IMMEDIATE")
-                .await
-                .map_err(|e| Error::db("starting a transaction", "", e))?;
-            Ok(())
-        })
-    }
-
-    fn write_and_commit<'c>(
-        conn: &'c mut SqliteConnection,
-        tables: &'c Tables,
-        messages: &'c [OutboxMessage],
-    ) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            insert_messages(conn, tables, messages).await?;
-            conn.execute("COMMIT").await.map_err(|e| {
-                Error::db("committing the transaction", &tables.outbox.to_string(), e)
-            })?;
-            Ok(())
-        })
-    }
-
-    fn rollback<'c>(conn: &'c mut SqliteConnection) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute("ROLLBACK")
-                .await
-                .map_err(|e| Error::db("rolling back the transaction", "", e))?;
-            Ok(())
-        })
-    }
+    // IMMEDIATE: take the write lock at once (waiting up to the busy timeout), so a
+    // transaction that reads before it writes never fails to upgrade its lock.
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
     fn migrate<'c>(
         pool: &'c sqlx::SqlitePool,
