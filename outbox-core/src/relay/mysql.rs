@@ -50,8 +50,15 @@ pub(crate) async fn run<P: Publisher>(
              ORDER BY o.seq LIMIT ?"
         ),
         mark: match relay.config.on_sent {
-            OnSent::Mark => format!("UPDATE {outbox} SET sent_at = UTC_TIMESTAMP(6) WHERE seq IN "),
-            OnSent::Delete => format!("DELETE FROM {outbox} WHERE seq IN "),
+            // The seqs arrive as one bound JSON array (MariaDB >= 10.6, MySQL >= 8.0).
+            OnSent::Mark => format!(
+                "UPDATE {outbox} SET sent_at = UTC_TIMESTAMP(6) WHERE seq IN \
+                 (SELECT j.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j)"
+            ),
+            OnSent::Delete => format!(
+                "DELETE FROM {outbox} WHERE seq IN \
+                 (SELECT j.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j)"
+            ),
         },
         fail: format!(
             "UPDATE {outbox} SET attempts = attempts + 1, last_error = ?, \
@@ -116,14 +123,12 @@ impl<P: Publisher> Claims for Session<'_, P> {
     async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {
         for chunk in seqs.chunks(MARK_CHUNK) {
             self.count_queries(1);
-            let list = chunk
-                .iter()
-                .map(i64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            // Integers we read from the table: safe to inline, and one statement to prepare.
-            let sql = format!("{}({list})", self.mark);
-            (&mut self.conn).execute(sql.as_str()).await?;
+            let list =
+                serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+            sqlx::query(&self.mark)
+                .bind(list)
+                .execute(&mut self.conn)
+                .await?;
         }
         Ok(())
     }
