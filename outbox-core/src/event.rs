@@ -198,6 +198,17 @@ impl OutboxMessage {
         self
     }
 
+    /// The headers as the JSON object text the outbox stores.
+    pub(crate) fn headers_json(&self) -> Result<String> {
+        if self.headers.is_empty() {
+            return Ok("{}".to_owned());
+        }
+        serde_json::to_string(&self.headers).map_err(|source| Error::Serialize {
+            event_type: self.event_type.clone(),
+            source,
+        })
+    }
+
     /// Checks what the database cannot: non-empty routing fields and a JSON payload.
     pub(crate) fn validate(&self) -> Result<()> {
         self.validate_routing()?;

@@ -116,7 +116,6 @@ pub const MYSQL: &[Migration] = &[Migration {
 }];
 
 /// Checks what a database says it applied against `shipped`; returns what is left to do.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn pending<'m>(
     shipped: &'m [Migration],
     applied: &[(i64, String, i64)],

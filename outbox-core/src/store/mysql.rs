@@ -17,7 +17,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySql, MySqlConnection};
 use tokio::sync::watch;
 
-use super::sqlite_like::{headers_json, insert_sql};
+use super::sqlite_like::insert_sql;
 use super::{Backend, Sealed};
 use crate::config::{TableName, Tables};
 use crate::migrate::{self, MYSQL as MIGRATIONS};
@@ -81,7 +81,7 @@ async fn insert_messages(
                 .bind(m.destination.as_str())
                 .bind(m.partition_key.as_deref())
                 .bind(m.payload.as_str())
-                .bind(headers_json(m)?);
+                .bind(m.headers_json()?);
         }
         query
             .execute(&mut *conn)

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use super::{Backend, Sealed};
 use crate::config::{TableName, Tables, locks};
-use crate::migrate::{Migration, POSTGRES as MIGRATIONS};
+use crate::migrate::POSTGRES as MIGRATIONS;
 use crate::publisher::Publisher;
 use crate::relay::Relay;
 use crate::{Error, OutboxMessage, Result};
@@ -118,7 +118,7 @@ fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
         sql.push_str(", ");
         literal(&mut sql, &m.payload, m)?;
         sql.push_str(", ");
-        literal(&mut sql, &headers_json(m)?, m)?;
+        literal(&mut sql, &m.headers_json()?, m)?;
         sql.push_str(&format!(", {i})"));
     }
     sql.push_str(&format!(
@@ -152,16 +152,6 @@ fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()>
     }
     sql.push('\'');
     Ok(())
-}
-
-fn headers_json(m: &OutboxMessage) -> Result<String> {
-    if m.headers.is_empty() {
-        return Ok("{}".to_owned());
-    }
-    serde_json::to_string(&m.headers).map_err(|source| Error::Serialize {
-        event_type: m.event_type.clone(),
-        source,
-    })
 }
 
 async fn write_commit_and_begin(
@@ -208,7 +198,7 @@ async fn insert_messages(
         destinations.push(m.destination.as_str());
         keys.push(m.partition_key.as_deref());
         payloads.push(m.payload.as_str());
-        headers.push(headers_json(m)?);
+        headers.push(m.headers_json()?);
     }
     sqlx::query(&insert_sql(tables))
         .bind(&ids)
@@ -274,34 +264,7 @@ async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
     .await
     .map_err(|e| Error::db("reading the applied migrations", &table, e))?;
 
-    for (version, description, checksum) in &applied {
-        match MIGRATIONS.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(Error::Migration {
-                    version: *version,
-                    description: description.clone(),
-                    problem: "was applied to this database by a newer version of outbox-core; \
-                              upgrade this program's outbox-core"
-                        .into(),
-                });
-            }
-            Some(m) if m.checksum() != *checksum => {
-                return Err(Error::Migration {
-                    version: *version,
-                    description: description.clone(),
-                    problem: "was applied with different SQL than this outbox-core ships; \
-                              the tables may have been changed by hand — compare them with the shipped migration"
-                        .into(),
-                });
-            }
-            Some(_) => {}
-        }
-    }
-
-    let pending: Vec<&Migration> = MIGRATIONS
-        .iter()
-        .filter(|m| !applied.iter().any(|(v, _, _)| *v == m.version))
-        .collect();
+    let pending = crate::migrate::pending(MIGRATIONS, &applied)?;
     let mut done = Vec::new();
     for m in pending {
         let sql = m.render(tables, TableName::quoted);

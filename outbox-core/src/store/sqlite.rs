@@ -13,7 +13,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
 use tokio::sync::watch;
 
-use super::sqlite_like::{headers_json, insert_sql};
+use super::sqlite_like::insert_sql;
 use super::{Backend, Sealed};
 use crate::config::{TableName, Tables};
 use crate::migrate::{self, SQLITE as MIGRATIONS};
@@ -74,7 +74,7 @@ async fn insert_messages(
                 .bind(m.destination.as_str())
                 .bind(m.partition_key.as_deref())
                 .bind(m.payload.as_str())
-                .bind(headers_json(m)?);
+                .bind(m.headers_json()?);
         }
         query.execute(&mut *conn).await.map_err(|e| {
             Error::db(
