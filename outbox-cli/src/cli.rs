@@ -16,7 +16,8 @@ const TIMES: &str = "Times: RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01,
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, after_help = TIMES)]
 pub struct Cli {
-    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/db.
+    /// The database: postgres://user:password@host:5432/db, mysql://user@host:3306/db
+    /// (MariaDB too) or sqlite://path/to/app.db.
     #[arg(
         long,
         env = "DATABASE_URL",

@@ -2,11 +2,14 @@
 //! print the result.
 
 use std::fmt;
+use std::future::Future;
 use std::io::{self, Write};
+use std::path::Path;
 
 use outbox_core::admin::{Admin, ListFilter, MessageInfo, Status};
 use outbox_core::retention::Retention;
-use outbox_core::{Outbox, TableName};
+use outbox_core::sqlx::{MySql, Postgres, Sqlite};
+use outbox_core::{Backend, Outbox, TableName};
 
 use crate::cli::{Cli, Command, Filter};
 use crate::time::human;
@@ -52,9 +55,65 @@ impl From<serde_json::Error> for Failure {
 
 type Result<T = ()> = std::result::Result<T, Failure>;
 
-/// Runs the command, writing its output to `out`.
+/// Runs the command, writing its output to `out`: connects to the database the URL's
+/// scheme names, then does the same on each.
 pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
-    let outbox = connect(&cli).await?;
+    // Names first: a typo is reported without touching the database.
+    TableName::parse("outbox table name", &cli.table)?;
+    if let Some(name) = &cli.processed_table {
+        TableName::parse("processed-messages table name", name)?;
+    }
+    let url = cli
+        .database_url
+        .clone()
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            Failure::Message(
+                "no database given; set DATABASE_URL or pass --database-url \
+                 (postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://path/to/app.db)"
+                    .to_owned(),
+            )
+        })?;
+    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+    match scheme {
+        "postgres" | "postgresql" => {
+            let outbox: Outbox<Postgres> = connect(&cli, Outbox::connect(&url)).await?;
+            execute(cli, outbox, out).await
+        }
+        "mysql" | "mariadb" => {
+            // sqlx knows MariaDB by the `mysql` scheme.
+            let url = url.replacen("mariadb:", "mysql:", 1);
+            let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url)).await?;
+            execute(cli, outbox, out).await
+        }
+        "sqlite" => {
+            sqlite_file_exists(&url, &cli.command)?;
+            let outbox: Outbox<Sqlite> = connect(&cli, Outbox::open(&url)).await?;
+            execute(cli, outbox, out).await
+        }
+        _ => Err(Failure::Message(format!(
+            "the database URL must start with postgres://, mysql:// (or mariadb://) or sqlite://, \
+             not {:?}; check DATABASE_URL or --database-url",
+            url.chars().take(12).collect::<String>()
+        ))),
+    }
+}
+
+/// Opening a SQLite file creates it: outside `migrate` a missing file is a wrong path.
+fn sqlite_file_exists(url: &str, command: &Command) -> Result {
+    let rest = url.trim_start_matches("sqlite:");
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    let path = path.split('?').next().unwrap_or(path);
+    if matches!(command, Command::Migrate) || path == ":memory:" || Path::new(path).exists() {
+        return Ok(());
+    }
+    Err(Failure::Message(format!(
+        "no SQLite database at {path}; check the path in DATABASE_URL or --database-url \
+         (`outbox migrate` creates the file and its tables)"
+    )))
+}
+
+async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write) -> Result {
     let table = outbox.tables().outbox.to_string();
     let admin = Admin::new(outbox.clone());
     match cli.command {
@@ -170,23 +229,12 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
     Ok(())
 }
 
-async fn connect(cli: &Cli) -> Result<Outbox> {
-    // Names first: a typo is reported without touching the database.
-    TableName::parse("outbox table name", &cli.table)?;
-    if let Some(name) = &cli.processed_table {
-        TableName::parse("processed-messages table name", name)?;
-    }
-    let url = cli
-        .database_url
-        .as_deref()
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| {
-            Failure::Message(
-                "no database given; set DATABASE_URL or pass --database-url postgres://user@host:5432/db"
-                    .to_owned(),
-            )
-        })?;
-    let outbox = tokio::time::timeout(cli.connect_timeout, Outbox::connect(url))
+/// Waits for `connecting` (at most `--connect-timeout`), then applies the table names.
+async fn connect<DB: Backend>(
+    cli: &Cli,
+    connecting: impl Future<Output = outbox_core::Result<Outbox<DB>>>,
+) -> Result<Outbox<DB>> {
+    let outbox = tokio::time::timeout(cli.connect_timeout, connecting)
         .await
         .map_err(|_| {
             Failure::Message(format!(
@@ -221,13 +269,16 @@ fn age(secs: Option<f64>) -> String {
 fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
     writeln!(
         out,
-        "{}: {} pending ({} in retry), {} dead-lettered, oldest pending {}; {} relay(s) connected; ~{} rows in the table",
+        "{}: {} pending ({} in retry), {} dead-lettered, oldest pending {}; {}; ~{} rows in the table",
         s.table,
         s.pending,
         s.in_retry,
         s.dead,
         age(s.oldest_pending_age_seconds),
-        s.relays,
+        s.relays.map_or_else(
+            || "relays not tracked (SQLite)".to_owned(),
+            |n| format!("{n} relay(s) connected")
+        ),
         s.rows_estimate.max(0)
     )?;
     if s.destinations.is_empty() {

@@ -798,3 +798,157 @@ async fn bad_input_is_one_line_with_a_fix_and_changes_nothing() {
     assert_eq!(state(&db, sent).await, before, "nothing changed");
     db.cleanup().await;
 }
+
+/// Dead-letters a `Poison` message and sends a good one through a real relay run, then
+/// checks what `status`, `dead`, `release`, `pending` and `retention` say and do on the
+/// database `url` names.
+async fn commands_on<DB: outbox_core::Backend>(url: &str, outbox: outbox_core::Outbox<DB>) {
+    use outbox_core::OutboxMessage;
+    use outbox_core::publisher::{InMemoryPublisher, PublishError};
+
+    let mut tx = outbox.begin().await.expect("begin");
+    let poison = tx
+        .emit_message(OutboxMessage::new("Poison", "orders", "{}").with_key("p"))
+        .expect("emit");
+    let good = tx
+        .emit_message(OutboxMessage::new("Good", "orders", "{}").with_key("g"))
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::permanent("broker says no"),
+    );
+    let relay = outbox_core::Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    assert!(
+        publisher
+            .wait_for(1, std::time::Duration::from_secs(30))
+            .await
+    );
+    let admin = outbox_core::admin::Admin::new(outbox.clone());
+    for _ in 0..300 {
+        if admin.status().await.expect("status").dead == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    relay.shutdown().await;
+
+    let run = |args: &'static [&'static str]| outbox_with_env(args, Some(url));
+    let status = run(&["status"]).await;
+    let text = status.ok();
+    assert!(
+        text.contains("0 pending (0 in retry), 1 dead-lettered"),
+        "{text}"
+    );
+    assert!(
+        text.contains("relays not tracked (SQLite)") || text.contains("0 relay(s) connected"),
+        "{text}"
+    );
+
+    let dead = run(&["dead", "--json"]).await;
+    let listed: serde_json::Value = serde_json::from_str(dead.ok()).expect("JSON");
+    assert_eq!(listed[0]["id"], poison.to_string(), "{listed}");
+    assert_eq!(listed[0]["last_error"], "broker says no");
+    assert_eq!(listed[0]["state"], "dead");
+
+    let id = poison.to_string();
+    let release = outbox_with_env(&["release", "--id", &id], Some(url)).await;
+    assert!(release.ok().contains("released 1"), "{}", release.stdout);
+    let pending = run(&["pending"]).await;
+    assert!(pending.ok().contains(&id), "{}", pending.stdout);
+    let again = outbox_with_env(&["release", "--id", &id], Some(url)).await;
+    assert!(again.failed().contains("pending"), "{}", again.stderr);
+
+    let retention = run(&["retention", "--sent-older-than", "0s", "--keep-processed"]).await;
+    assert!(
+        retention.ok().contains("deleted 1 sent messages"),
+        "{}",
+        retention.stdout
+    );
+    assert!(
+        !admin
+            .pending(&Default::default())
+            .await
+            .expect("pending")
+            .iter()
+            .any(|m| m.id == good),
+        "the sent message is gone, the released one pending"
+    );
+}
+
+/// The URL's scheme picks the database: the same commands work on SQLite and
+/// MySQL/MariaDB. A SQLite path that does not exist is an error (except for `migrate`,
+/// which creates it), not a new empty file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_and_mysql_urls() {
+    use outbox_core::sqlx::{Connection as _, Executor as _, Sqlite};
+
+    let path = std::env::temp_dir().join(format!("outbox-cli-{}.db", Uuid::now_v7().simple()));
+    let url = format!("sqlite://{}", path.display());
+    let missing = outbox_with_env(&["status"], Some(&url)).await;
+    assert!(
+        missing.failed().contains("no SQLite database at"),
+        "{}",
+        missing.stderr
+    );
+    assert!(!path.exists(), "status created no file");
+    let migrate = outbox_with_env(&["migrate"], Some(&url)).await;
+    assert!(
+        migrate.ok().contains("applied migrations 1"),
+        "{}",
+        migrate.stdout
+    );
+    let outbox = outbox_core::Outbox::<Sqlite>::open(&url)
+        .await
+        .expect("open");
+    commands_on(&url, outbox.clone()).await;
+    outbox.pool().close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+
+    let server = outbox_tests::backends::mysql_url();
+    let database = format!("outbox_cli_{}", Uuid::now_v7().simple());
+    let mut admin = sqlx::MySqlConnection::connect(&server)
+        .await
+        .expect("MariaDB at OUTBOX_TEST_MYSQL_URL");
+    admin
+        .execute(format!("CREATE DATABASE `{database}`").as_str())
+        .await
+        .expect("create database");
+    let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+    let url = format!("{base}/{database}");
+    let migrate = outbox_with_env(&["migrate"], Some(&url)).await;
+    assert!(
+        migrate.ok().contains("applied migrations 1"),
+        "{}",
+        migrate.stdout
+    );
+    let outbox = outbox_core::Outbox::connect_mysql(&url)
+        .await
+        .expect("connect");
+    commands_on(&url, outbox.clone()).await;
+    let mariadb = url.replacen("mysql:", "mariadb:", 1);
+    let status = outbox_with_env(&["status"], Some(&mariadb)).await;
+    assert!(
+        status.ok().contains("1 pending"),
+        "mariadb:// is MySQL: {}",
+        status.stdout
+    );
+    outbox.pool().close().await;
+    admin
+        .execute(format!("DROP DATABASE `{database}`").as_str())
+        .await
+        .expect("drop database");
+
+    let unknown = outbox_with_env(&["status"], Some("redis://127.0.0.1:6379")).await;
+    assert!(
+        unknown
+            .failed()
+            .contains("must start with postgres://, mysql://"),
+        "{}",
+        unknown.stderr
+    );
+}

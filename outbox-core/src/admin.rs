@@ -34,11 +34,11 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::Transaction;
 use uuid::Uuid;
 
-use crate::config::locks;
+use crate::ops::Which;
+use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
 
 /// Where a message is in its life.
@@ -67,7 +67,7 @@ impl MessageState {
         }
     }
 
-    fn of(sent: bool, dead: bool, retrying: bool) -> MessageState {
+    pub(crate) fn of(sent: bool, dead: bool, retrying: bool) -> MessageState {
         match (sent, dead, retrying) {
             (true, _, _) => MessageState::Sent,
             (_, true, _) => MessageState::Dead,
@@ -183,10 +183,14 @@ pub struct Status {
     pub dead: i64,
     /// Age of the oldest pending message (the relay's `outbox_oldest_pending_age_seconds`).
     pub oldest_pending_age_seconds: Option<f64>,
-    /// Relays connected to this outbox now.
-    pub relays: i64,
-    /// All rows of the table, sent ones included: PostgreSQL's estimate (`reltuples`,
-    /// updated by `ANALYZE`/autovacuum), so as not to scan the history; -1 if never analyzed.
+    /// Relays connected to this outbox now (PostgreSQL: relays holding a session; MySQL:
+    /// 1 if the active relay holds its lock, standbys not counted). `None` on SQLite,
+    /// where relays leave no trace to count.
+    pub relays: Option<i64>,
+    /// All rows of the table, sent ones included, estimated so as not to scan the
+    /// history: PostgreSQL's `reltuples` (updated by `ANALYZE`/autovacuum), InnoDB's
+    /// `TABLE_ROWS`, SQLite's `seq` span (gaps left by deleted rows included); -1 if
+    /// the database has no estimate yet.
     pub rows_estimate: i64,
     /// The same counts per destination, for destinations with pending or dead messages.
     pub destinations: Vec<DestinationStatus>,
@@ -205,31 +209,39 @@ pub struct PurgeReport {
 }
 
 /// Operations on the stored messages of one outbox. See the [module](self).
-#[derive(Debug, Clone)]
-pub struct Admin {
-    outbox: Outbox,
+pub struct Admin<DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
 }
 
-const COLUMNS: &str = "seq, id, event_type, event_version, destination, partition_key, payload, headers, \
-                       created_at, sent_at, attempts, next_attempt_at, last_error, dead_at";
+impl<DB: Backend> Clone for Admin<DB> {
+    fn clone(&self) -> Self {
+        Admin {
+            outbox: self.outbox.clone(),
+        }
+    }
+}
 
-impl Admin {
+impl<DB: Backend> fmt::Debug for Admin<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("outbox", &self.outbox)
+            .finish()
+    }
+}
+
+impl<DB: Backend> Admin<DB> {
     /// Operations on `outbox`'s tables.
-    pub fn new(outbox: Outbox) -> Self {
+    pub fn new(outbox: Outbox<DB>) -> Self {
         Admin { outbox }
     }
 
     /// The outbox operated on.
-    pub fn outbox(&self) -> &Outbox {
+    pub fn outbox(&self) -> &Outbox<DB> {
         &self.outbox
     }
 
     fn table(&self) -> String {
         self.outbox.tables().outbox.to_string()
-    }
-
-    fn quoted(&self) -> String {
-        self.outbox.tables().outbox.quoted()
     }
 
     fn err(&self, context: &'static str) -> impl Fn(sqlx::Error) -> Error + '_ {
@@ -238,126 +250,40 @@ impl Admin {
 
     /// Counts of pending, in-retry and dead messages, overall and per destination, the
     /// age of the oldest pending message and the number of connected relays. Reads only
-    /// the pending and dead-letter indexes, never the history.
+    /// the pending and dead-letter rows, never the history.
     pub async fn status(&self) -> Result<Status> {
-        let t = self.quoted();
-        let rows = sqlx::query(&format!(
-            "WITH live AS (\
-               SELECT destination, created_at, next_attempt_at IS NOT NULL AS retrying, false AS dead \
-                 FROM {t} WHERE sent_at IS NULL AND dead_at IS NULL \
-               UNION ALL \
-               SELECT destination, created_at, false, true FROM {t} WHERE dead_at IS NOT NULL) \
-             SELECT destination, \
-                    count(*) FILTER (WHERE NOT dead) AS pending, \
-                    count(*) FILTER (WHERE retrying AND NOT dead) AS in_retry, \
-                    count(*) FILTER (WHERE dead) AS dead, \
-                    extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 AS oldest \
-             FROM live GROUP BY destination ORDER BY destination"
-        ))
-        .fetch_all(self.outbox.pool())
-        .await
-        .map_err(self.err("reading the outbox status"))?;
-        let mut status = Status {
-            table: self.table(),
-            ..Status::default()
-        };
-        for row in &rows {
-            let d = DestinationStatus {
-                destination: row
-                    .try_get("destination")
-                    .map_err(self.err("reading the outbox status"))?,
-                pending: row
-                    .try_get("pending")
-                    .map_err(self.err("reading the outbox status"))?,
-                in_retry: row
-                    .try_get("in_retry")
-                    .map_err(self.err("reading the outbox status"))?,
-                dead: row
-                    .try_get("dead")
-                    .map_err(self.err("reading the outbox status"))?,
-                oldest_pending_age_seconds: row
-                    .try_get("oldest")
-                    .map_err(self.err("reading the outbox status"))?,
-            };
-            status.pending += d.pending;
-            status.in_retry += d.in_retry;
-            status.dead += d.dead;
-            status.oldest_pending_age_seconds = match (
-                status.oldest_pending_age_seconds,
-                d.oldest_pending_age_seconds,
-            ) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            status.destinations.push(d);
-        }
-        let (relays, rows_estimate): (i64, i64) = sqlx::query_as(&format!(
-            "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
-                       AND classid = (c.oid::int4)::oid \
-                       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                       AND objid >= {relays} AND objid < {relays} + {max}), \
-                    c.reltuples::int8 \
-             FROM pg_class c WHERE c.oid = $1::text::regclass",
-            relays = locks::RELAYS,
-            max = locks::MAX_RELAYS,
-        ))
-        .bind(&t)
-        .fetch_one(self.outbox.pool())
-        .await
-        .map_err(self.err("counting the relays"))?;
-        status.relays = relays;
-        status.rows_estimate = rows_estimate;
+        let mut status = DB::status(self.outbox.pool(), self.outbox.tables())
+            .await
+            .map_err(self.err("reading the outbox status"))?;
+        status.table = self.table();
         Ok(status)
     }
 
     /// Pending messages (in retry or not), oldest first.
     pub async fn pending(&self, filter: &ListFilter) -> Result<Vec<MessageInfo>> {
-        let state = if filter.in_retry_only {
-            "sent_at IS NULL AND dead_at IS NULL AND next_attempt_at IS NOT NULL"
+        let which = if filter.in_retry_only {
+            Which::InRetry
         } else {
-            "sent_at IS NULL AND dead_at IS NULL"
+            Which::Pending
         };
-        self.list(state, filter, "listing pending messages").await
+        self.list(which, filter, "listing pending messages").await
     }
 
     /// Dead-lettered messages, oldest first.
     pub async fn dead(&self, filter: &ListFilter) -> Result<Vec<MessageInfo>> {
-        self.list(
-            "dead_at IS NOT NULL",
-            filter,
-            "listing dead-lettered messages",
-        )
-        .await
+        self.list(Which::Dead, filter, "listing dead-lettered messages")
+            .await
     }
 
     async fn list(
         &self,
-        state: &str,
+        which: Which,
         filter: &ListFilter,
         context: &'static str,
     ) -> Result<Vec<MessageInfo>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM {t} WHERE {state} \
-               AND ($1::text IS NULL OR destination = $1) \
-               AND ($2::text IS NULL OR event_type = $2) \
-               AND ($3::text IS NULL OR partition_key = $3) \
-               AND ($4::timestamptz IS NULL OR created_at >= $4) \
-               AND ($5::timestamptz IS NULL OR created_at < $5) \
-             ORDER BY seq LIMIT $6",
-            t = self.quoted()
-        ))
-        .bind(&filter.destination)
-        .bind(&filter.event_type)
-        .bind(&filter.key)
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(i64::from(filter.limit))
-        .fetch_all(self.outbox.pool())
-        .await
-        .map_err(self.err(context))?;
-        rows.iter()
-            .map(|r| message(r).map_err(self.err(context)))
-            .collect()
+        DB::list(self.outbox.pool(), self.outbox.tables(), which, filter)
+            .await
+            .map_err(self.err(context))
     }
 
     /// Re-queues the **sent** messages `ids`, to be published again (after a consumer
@@ -367,11 +293,10 @@ impl Admin {
     pub async fn replay(&self, ids: &[Uuid]) -> Result<u64> {
         self.requeue(
             ids,
-            MessageState::Sent,
+            Which::Sent,
             "replayed",
             "only sent messages can be replayed: a pending message is published anyway, and a \
              dead-lettered one is returned with `outbox release`",
-            "sent_at = NULL",
         )
         .await
     }
@@ -393,21 +318,11 @@ impl Admin {
         }
         let context = "re-queuing sent messages";
         let mut tx = self.begin(context).await?;
-        let n: i64 = sqlx::query_scalar(&format!(
-            "WITH r AS (UPDATE {t} SET sent_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-               WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3) \
-               RETURNING 1) \
-             SELECT count(*) FROM r",
-            t = self.quoted()
-        ))
-        .bind(since)
-        .bind(until)
-        .bind(destination)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err(context))?;
-        self.notify_and_commit(tx, n > 0, context).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        let n = DB::requeue_sent_between(&mut tx, self.outbox.tables(), since, until, destination)
+            .await
+            .map_err(self.err(context))?;
+        self.wake_and_commit(tx, n > 0, context).await?;
+        Ok(n)
     }
 
     /// Returns the **dead-lettered** messages `ids` to pending, with attempts and errors
@@ -416,11 +331,10 @@ impl Admin {
     pub async fn release(&self, ids: &[Uuid]) -> Result<u64> {
         self.requeue(
             ids,
-            MessageState::Dead,
+            Which::Dead,
             "released",
             "only dead-lettered messages can be released (`outbox dead` lists them); a sent one \
              is sent again with `outbox replay`",
-            "dead_at = NULL",
         )
         .await
     }
@@ -430,18 +344,11 @@ impl Admin {
     pub async fn release_key(&self, key: &str) -> Result<u64> {
         let context = "releasing dead-lettered messages";
         let mut tx = self.begin(context).await?;
-        let n: i64 = sqlx::query_scalar(&format!(
-            "WITH r AS (UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-               WHERE dead_at IS NOT NULL AND partition_key = $1 RETURNING 1) \
-             SELECT count(*) FROM r",
-            t = self.quoted()
-        ))
-        .bind(key)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err(context))?;
-        self.notify_and_commit(tx, n > 0, context).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        let n = DB::release_key(&mut tx, self.outbox.tables(), key)
+            .await
+            .map_err(self.err(context))?;
+        self.wake_and_commit(tx, n > 0, context).await?;
+        Ok(n)
     }
 
     /// Deletes sent messages sent before `sent_before` and dead-lettered messages
@@ -461,49 +368,40 @@ impl Admin {
             )));
         }
         let context = "purging messages";
-        let t = self.quoted();
-        let sql = if dry_run {
-            format!(
-                "SELECT count(*) FILTER (WHERE sent_at < $1 AND dead_at IS NULL), \
-                        count(*) FILTER (WHERE dead_at < $2) \
-                 FROM {t} WHERE (sent_at < $1 AND dead_at IS NULL) OR dead_at < $2"
-            )
-        } else {
-            format!(
-                "WITH gone AS (DELETE FROM {t} \
-                   WHERE (sent_at < $1 AND dead_at IS NULL) OR dead_at < $2 \
-                   RETURNING dead_at IS NOT NULL AS dead) \
-                 SELECT count(*) FILTER (WHERE NOT dead), count(*) FILTER (WHERE dead) FROM gone"
-            )
-        };
         let mut tx = self.begin(context).await?;
-        let (sent, dead): (i64, i64) = sqlx::query_as(&sql)
-            .bind(sent_before)
-            .bind(dead_before)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(self.err(context))?;
+        let (sent, dead) = DB::purge(
+            &mut tx,
+            self.outbox.tables(),
+            sent_before,
+            dead_before,
+            dry_run,
+        )
+        .await
+        .map_err(self.err(context))?;
         tx.commit().await.map_err(self.err(context))?;
         Ok(PurgeReport {
-            sent: u64::try_from(sent).unwrap_or(0),
-            dead: u64::try_from(dead).unwrap_or(0),
+            sent,
+            dead,
             dry_run,
         })
     }
 
-    async fn begin(&self, context: &'static str) -> Result<Transaction<'static, Postgres>> {
-        self.outbox.pool().begin().await.map_err(self.err(context))
+    /// A write transaction (on SQLite `BEGIN IMMEDIATE`: the write lock up front).
+    async fn begin(&self, context: &'static str) -> Result<Transaction<'static, DB>> {
+        match DB::BEGIN {
+            Some(statement) => self.outbox.pool().begin_with(statement).await,
+            None => self.outbox.pool().begin().await,
+        }
+        .map_err(self.err(context))
     }
 
-    /// Locks `ids`, checks that all exist and are in state `from`, then applies `set`
-    /// (plus the reset of attempts and errors) to them.
+    /// Locks `ids`, checks that all exist and are in state `from`, then re-queues them.
     async fn requeue(
         &self,
         ids: &[Uuid],
-        from: MessageState,
+        from: Which,
         operation: &'static str,
         hint: &'static str,
-        set: &str,
     ) -> Result<u64> {
         if ids.is_empty() {
             return Err(Error::InvalidArgument(Cow::Borrowed(
@@ -511,32 +409,20 @@ impl Admin {
             )));
         }
         let context = match from {
-            MessageState::Dead => "releasing dead-lettered messages",
+            Which::Dead => "releasing dead-lettered messages",
             _ => "re-queuing sent messages",
         };
-        let t = self.quoted();
+        let wanted = match from {
+            Which::Dead => MessageState::Dead,
+            _ => MessageState::Sent,
+        };
+        let tables = self.outbox.tables();
         let mut tx = self.begin(context).await?;
-        let rows = sqlx::query(&format!(
-            "SELECT id, sent_at IS NOT NULL AS sent, dead_at IS NOT NULL AS dead, \
-                    next_attempt_at IS NOT NULL AS retrying \
-             FROM {t} WHERE id = ANY($1) ORDER BY seq FOR UPDATE"
-        ))
-        .bind(ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.err(context))?;
-        let mut states = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let state = MessageState::of(
-                row.try_get("sent").map_err(self.err(context))?,
-                row.try_get("dead").map_err(self.err(context))?,
-                row.try_get("retrying").map_err(self.err(context))?,
-            );
-            states.insert(
-                row.try_get::<Uuid, _>("id").map_err(self.err(context))?,
-                state,
-            );
-        }
+        let states: HashMap<Uuid, MessageState> = DB::lock_states(&mut tx, tables, ids)
+            .await
+            .map_err(self.err(context))?
+            .into_iter()
+            .collect();
         for id in ids {
             match states.get(id) {
                 None => {
@@ -545,7 +431,7 @@ impl Admin {
                         id: *id,
                     });
                 }
-                Some(state) if *state != from => {
+                Some(state) if *state != wanted => {
                     return Err(Error::WrongState {
                         id: *id,
                         state: state.as_str(),
@@ -556,60 +442,25 @@ impl Admin {
                 Some(_) => {}
             }
         }
-        let n = sqlx::query(&format!(
-            "UPDATE {t} SET {set}, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-             WHERE id = ANY($1)"
-        ))
-        .bind(ids)
-        .execute(&mut *tx)
-        .await
-        .map_err(self.err(context))?
-        .rows_affected();
-        self.notify_and_commit(tx, n > 0, context).await?;
+        let n = DB::requeue_ids(&mut tx, tables, ids, from)
+            .await
+            .map_err(self.err(context))?;
+        self.wake_and_commit(tx, n > 0, context).await?;
         Ok(n)
     }
 
     /// Wakes listening relays when the transaction commits, then commits.
-    async fn notify_and_commit(
+    async fn wake_and_commit(
         &self,
-        mut tx: Transaction<'static, Postgres>,
-        notify: bool,
+        mut tx: Transaction<'static, DB>,
+        wake: bool,
         context: &'static str,
     ) -> Result<()> {
-        if notify {
-            sqlx::query("SELECT pg_notify('outbox_' || $1::text::regclass::oid::text, '')")
-                .bind(self.quoted())
-                .execute(&mut *tx)
+        if wake {
+            DB::wake_relays(&mut tx, self.outbox.tables())
                 .await
                 .map_err(self.err(context))?;
         }
         tx.commit().await.map_err(self.err(context))
     }
-}
-
-fn message(row: &PgRow) -> Result<MessageInfo, sqlx::Error> {
-    let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
-    let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
-    let next_attempt_at: Option<DateTime<Utc>> = row.try_get("next_attempt_at")?;
-    Ok(MessageInfo {
-        seq: row.try_get("seq")?,
-        id: row.try_get("id")?,
-        state: MessageState::of(
-            sent_at.is_some(),
-            dead_at.is_some(),
-            next_attempt_at.is_some(),
-        ),
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        created_at: row.try_get("created_at")?,
-        sent_at,
-        attempts: row.try_get("attempts")?,
-        next_attempt_at,
-        last_error: row.try_get("last_error")?,
-        dead_at,
-        payload: row.try_get("payload")?,
-        headers: row.try_get("headers")?,
-    })
 }

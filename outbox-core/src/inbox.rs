@@ -49,6 +49,7 @@ use std::fmt;
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
+use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, OutboxTx, Result};
 
 /// What [`Inbox::process`] did with a message.
@@ -83,15 +84,21 @@ pub enum InboxError<E> {
 /// Runs message handlers exactly once in effect, for one consumer name.
 ///
 /// Cheap to clone. See the [module docs](self).
-#[derive(Clone)]
-pub struct Inbox {
-    outbox: Outbox,
+pub struct Inbox<DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
     consumer: String,
-    insert: String,
-    exists: String,
 }
 
-impl fmt::Debug for Inbox {
+impl<DB: Backend> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Inbox {
+            outbox: self.outbox.clone(),
+            consumer: self.consumer.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Inbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbox")
             .field("consumer", &self.consumer)
@@ -100,20 +107,13 @@ impl fmt::Debug for Inbox {
     }
 }
 
-impl Inbox {
+impl<DB: Backend> Inbox<DB> {
     /// An inbox recording processed ids of `consumer` in `outbox`'s processed-messages
     /// table (`outbox.tables().processed`, created by [`Outbox::migrate`]).
-    pub fn new(outbox: &Outbox, consumer: impl Into<String>) -> Inbox {
-        let table = outbox.tables().processed.quoted();
+    pub fn new(outbox: &Outbox<DB>, consumer: impl Into<String>) -> Inbox<DB> {
         Inbox {
             outbox: outbox.clone(),
             consumer: consumer.into(),
-            insert: format!(
-                "INSERT INTO {table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-            ),
-            exists: format!(
-                "SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer = $1 AND message_id = $2)"
-            ),
         }
     }
 
@@ -123,7 +123,7 @@ impl Inbox {
     }
 
     /// The outbox whose tables this inbox uses.
-    pub fn outbox(&self) -> &Outbox {
+    pub fn outbox(&self) -> &Outbox<DB> {
         &self.outbox
     }
 
@@ -138,20 +138,20 @@ impl Inbox {
         handler: F,
     ) -> Result<Processed<T>, InboxError<E>>
     where
-        F: for<'t> FnOnce(&'t mut OutboxTx<'static>) -> BoxFuture<'t, Result<T, E>>,
+        F: for<'t> FnOnce(&'t mut OutboxTx<'static, DB>) -> BoxFuture<'t, Result<T, E>>,
     {
-        let table = self.outbox.tables().processed.to_string();
+        let tables = self.outbox.tables();
         let mut tx = self.outbox.begin().await.map_err(InboxError::Database)?;
-        let inserted = sqlx::query(&self.insert)
-            .bind(&self.consumer)
-            .bind(message_id)
-            .execute(&mut *tx)
+        let inserted = DB::record_processed(&mut tx, tables, &self.consumer, message_id)
             .await
             .map_err(|e| {
-                InboxError::Database(Error::db("recording a processed message id", &table, e))
-            })?
-            .rows_affected();
-        if inserted == 0 {
+                InboxError::Database(Error::db(
+                    "recording a processed message id",
+                    &tables.processed.to_string(),
+                    e,
+                ))
+            })?;
+        if !inserted {
             tracing::debug!(consumer = %self.consumer, %message_id, "duplicate message skipped");
             tx.rollback().await.map_err(InboxError::Database)?;
             return Ok(Processed::Duplicate);
@@ -174,17 +174,19 @@ impl Inbox {
 
     /// Whether this consumer has processed `message_id` (committed).
     pub async fn is_processed(&self, message_id: Uuid) -> Result<bool> {
-        sqlx::query_scalar(&self.exists)
-            .bind(&self.consumer)
-            .bind(message_id)
-            .fetch_one(self.outbox.pool())
-            .await
-            .map_err(|e| {
-                Error::db(
-                    "looking up a processed message id",
-                    &self.outbox.tables().processed.to_string(),
-                    e,
-                )
-            })
+        DB::is_processed(
+            self.outbox.pool(),
+            self.outbox.tables(),
+            &self.consumer,
+            message_id,
+        )
+        .await
+        .map_err(|e| {
+            Error::db(
+                "looking up a processed message id",
+                &self.outbox.tables().processed.to_string(),
+                e,
+            )
+        })
     }
 }

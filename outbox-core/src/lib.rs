@@ -110,20 +110,19 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
-#[cfg(feature = "postgres")]
 pub mod admin;
 pub mod catalog;
 pub mod config;
 mod error;
 pub mod event;
-#[cfg(feature = "postgres")]
 pub mod inbox;
 mod key;
 pub mod migrate;
+#[doc(hidden)]
+pub mod ops;
 mod outbox;
 pub mod publisher;
 pub mod relay;
-#[cfg(feature = "postgres")]
 pub mod retention;
 pub mod store;
 mod transactional;
@@ -137,7 +136,6 @@ pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};
-#[cfg(feature = "postgres")]
 pub use retention::{Retention, RetentionHandle, RetentionReport};
 pub use store::{Backend, DefaultBackend};
 pub use tx::OutboxTx;

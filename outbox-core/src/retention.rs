@@ -55,6 +55,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::relay::stopped;
+use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
 
 /// Retention settings. Every field has a documented default.
@@ -129,12 +130,12 @@ impl fmt::Display for RetentionReport {
 
 /// Configures retention. Start with [`Retention::builder`].
 #[derive(Debug)]
-pub struct RetentionBuilder {
-    outbox: Outbox,
+pub struct RetentionBuilder<DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
     config: RetentionConfig,
 }
 
-impl RetentionBuilder {
+impl<DB: Backend> RetentionBuilder<DB> {
     /// Delete sent messages once they have been sent for longer than `age`.
     pub fn sent_older_than(mut self, age: Duration) -> Self {
         self.config.sent_older_than = Some(age);
@@ -178,29 +179,8 @@ impl RetentionBuilder {
 
     /// The retention job, to [run once](Retention::run_once) or [run](Retention::run)
     /// in a task of your own.
-    pub fn build(self) -> Retention {
-        let outbox = self.outbox.tables().outbox.quoted();
-        let processed = self.outbox.tables().processed.quoted();
+    pub fn build(self) -> Retention<DB> {
         Retention {
-            sql: Sql {
-                delete_sent: format!(
-                    "WITH doomed AS (\
-                       SELECT seq FROM {outbox} \
-                       WHERE seq > $1 AND sent_at < $2 AND dead_at IS NULL \
-                       ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
-                     gone AS (DELETE FROM {outbox} o USING doomed d WHERE o.seq = d.seq RETURNING o.seq) \
-                     SELECT count(*), max(seq) FROM gone"
-                ),
-                delete_processed: format!(
-                    "WITH doomed AS (\
-                       SELECT consumer, message_id FROM {processed} \
-                       WHERE processed_at < $1 \
-                       ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
-                     gone AS (DELETE FROM {processed} p USING doomed d \
-                       WHERE p.consumer = d.consumer AND p.message_id = d.message_id RETURNING 1) \
-                     SELECT count(*) FROM gone"
-                ),
-            },
             outbox: self.outbox,
             config: self.config,
             last: Arc::new(Mutex::new(None)),
@@ -222,20 +202,14 @@ impl RetentionBuilder {
     }
 }
 
-struct Sql {
-    delete_sent: String,
-    delete_processed: String,
-}
-
 /// Deletes old sent messages and processed ids of one outbox. See the [module](self).
-pub struct Retention {
-    outbox: Outbox,
+pub struct Retention<DB: Backend = DefaultBackend> {
+    outbox: Outbox<DB>,
     config: RetentionConfig,
-    sql: Sql,
     last: Arc<Mutex<Option<RetentionReport>>>,
 }
 
-impl fmt::Debug for Retention {
+impl<DB: Backend> fmt::Debug for Retention<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retention")
             .field("outbox", &self.outbox)
@@ -260,9 +234,9 @@ impl Kind {
     }
 }
 
-impl Retention {
+impl<DB: Backend> Retention<DB> {
     /// Starts configuring retention for `outbox`.
-    pub fn builder(outbox: Outbox) -> RetentionBuilder {
+    pub fn builder(outbox: Outbox<DB>) -> RetentionBuilder<DB> {
         RetentionBuilder {
             outbox,
             config: RetentionConfig::default(),
@@ -372,9 +346,7 @@ impl Retention {
 
     async fn cutoff(&self, age: Option<Duration>) -> Result<Option<DateTime<Utc>>> {
         let Some(age) = age else { return Ok(None) };
-        sqlx::query_scalar("SELECT now() - make_interval(secs => $1)")
-            .bind(age.as_secs_f64())
-            .fetch_one(self.outbox.pool())
+        DB::clock_minus(self.outbox.pool(), age.as_secs_f64())
             .await
             .map(Some)
             .map_err(|e| {
@@ -399,24 +371,17 @@ impl Retention {
         let started = Instant::now();
         let pool = self.outbox.pool();
         let tables = self.outbox.tables();
-        let (n, last): (i64, Option<i64>) = match kind {
-            Kind::Sent => sqlx::query_as(&self.sql.delete_sent)
-                .bind(after)
-                .bind(cutoff)
-                .bind(limit)
-                .fetch_one(pool)
+        let (n, last) = match kind {
+            Kind::Sent => DB::delete_sent(pool, tables, after, cutoff, limit)
                 .instrument(span)
                 .await
                 .map_err(|e| {
                     Error::db("deleting old sent messages", &tables.outbox.to_string(), e)
                 })?,
-            Kind::Processed => sqlx::query_scalar(&self.sql.delete_processed)
-                .bind(cutoff)
-                .bind(limit)
-                .fetch_one(pool)
+            Kind::Processed => DB::delete_processed(pool, tables, cutoff, limit)
                 .instrument(span)
                 .await
-                .map(|n: i64| (n, None))
+                .map(|n| (n, None))
                 .map_err(|e| {
                     Error::db(
                         "deleting old processed-message ids",
@@ -426,7 +391,6 @@ impl Retention {
                 })?,
         };
         let elapsed = started.elapsed();
-        let n = u64::try_from(n).unwrap_or(0);
         report.batches += 1;
         report.longest_batch = report.longest_batch.max(elapsed);
         metrics::counter!("outbox_retention_deleted_total", "kind" => kind.label()).increment(n);

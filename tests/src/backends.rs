@@ -32,6 +32,8 @@ pub trait TestBackend: Backend {
     fn float(fixture: &Fixture<Self>, sql: &str) -> impl Future<Output = Option<f64>> + Send;
     /// An expression: seconds from now until timestamp column `col`.
     fn seconds_until(col: &str) -> String;
+    /// An expression: the time `secs` seconds ago, as the outbox stores timestamps.
+    fn ago(secs: u64) -> String;
     /// Drops what the fixture created.
     fn cleanup(fixture: Fixture<Self>) -> impl Future<Output = ()> + Send;
 }
@@ -108,6 +110,9 @@ impl TestBackend for Postgres {
     fn seconds_until(col: &str) -> String {
         format!("extract(epoch FROM {col} - now())")
     }
+    fn ago(secs: u64) -> String {
+        format!("(now() - interval '{secs} seconds')")
+    }
     async fn cleanup(fixture: Fixture<Self>) {
         if let Place::Postgres(db) = fixture.place {
             (*db).cleanup().await;
@@ -183,6 +188,9 @@ impl TestBackend for MySql {
     fn seconds_until(col: &str) -> String {
         format!("TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {col}) / 1000000")
     }
+    fn ago(secs: u64) -> String {
+        format!("(UTC_TIMESTAMP(6) - INTERVAL {secs} SECOND)")
+    }
     async fn cleanup(fixture: Fixture<Self>) {
         fixture.outbox.pool().close().await;
         if let Place::MySql { database } = fixture.place {
@@ -247,6 +255,9 @@ impl TestBackend for Sqlite {
     }
     fn seconds_until(col: &str) -> String {
         format!("(julianday({col}) - julianday('now')) * 86400.0")
+    }
+    fn ago(secs: u64) -> String {
+        format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{secs} seconds')")
     }
     async fn cleanup(fixture: Fixture<Self>) {
         fixture.outbox.pool().close().await;

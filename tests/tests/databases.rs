@@ -5,12 +5,26 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use chrono::Utc;
+use outbox_core::admin::{Admin, ListFilter, MessageState};
+use outbox_core::inbox::{Inbox, InboxError, Processed};
 use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::Relay;
-use outbox_core::{Outbox, OutboxMessage, OutboxRecord};
+use outbox_core::retention::Retention;
+use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord};
 use outbox_tests::backends::{Fixture, TestBackend, init_statement_log, logged_statements};
+use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
+const DAY: u64 = 24 * 3600;
+
+/// `'id', 'id', ...` for an `IN (...)` list.
+fn quoted_ids(ids: &[Uuid]) -> String {
+    ids.iter()
+        .map(|id| format!("'{id}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 fn message(key: &str, n: usize) -> OutboxMessage {
     OutboxMessage::new("Counted", "counts", format!(r#"{{"key":"{key}","n":{n}}}"#)).with_key(key)
@@ -405,9 +419,416 @@ async fn a_retry_that_comes_due_is_not_overtaken<DB: TestBackend>() {
     DB::cleanup(f).await;
 }
 
+/// Retention deletes sent messages and processed ids older than its cutoffs, batch by
+/// batch, and nothing else: not recently sent, pending or dead-lettered messages.
+async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    let ids: Vec<Uuid> = (0..23)
+        .map(|n| tx.emit_message(message("r", n)).expect("emit"))
+        .collect();
+    tx.commit().await.expect("commit");
+    // 10 sent ten days ago, 5 sent an hour ago, 5 pending, 3 dead-lettered ten days ago.
+    let set = |what: String, ids: &[Uuid]| {
+        format!("UPDATE outbox SET {what} WHERE id IN ({})", quoted_ids(ids))
+    };
+    DB::exec(
+        &f,
+        &set(format!("sent_at = {}", DB::ago(10 * DAY)), &ids[..10]),
+    )
+    .await;
+    DB::exec(
+        &f,
+        &set(format!("sent_at = {}", DB::ago(3600)), &ids[10..15]),
+    )
+    .await;
+    DB::exec(
+        &f,
+        &set(
+            format!(
+                "dead_at = {}, attempts = 5, last_error = 'gave up'",
+                DB::ago(10 * DAY)
+            ),
+            &ids[20..],
+        ),
+    )
+    .await;
+    // Four processed ids, three of them recorded two days ago.
+    let inbox = Inbox::new(&f.outbox, "billing");
+    let processed: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+    for id in &processed {
+        let outcome = inbox
+            .process(*id, |_tx| Box::pin(async { Ok::<_, String>(()) }))
+            .await
+            .expect("process");
+        assert!(!outcome.is_duplicate());
+    }
+    DB::exec(
+        &f,
+        &format!(
+            "UPDATE outbox_processed SET processed_at = {} WHERE message_id IN ({})",
+            DB::ago(2 * DAY),
+            quoted_ids(&processed[..3])
+        ),
+    )
+    .await;
+
+    let retention = Retention::builder(f.outbox.clone())
+        .sent_older_than(Duration::from_secs(7 * DAY))
+        .processed_older_than(Duration::from_secs(DAY))
+        .batch_size(3)
+        .batch_pause(Duration::ZERO)
+        .build();
+    let report = retention.run_once().await.expect("retention runs");
+    assert_eq!(
+        (report.sent_deleted, report.processed_deleted),
+        (10, 3),
+        "{report}"
+    );
+    // Sent: 3 + 3 + 3 + 1 (short: done); processed: 3 (full: look again) + 0.
+    assert_eq!(report.batches, 6, "{report}");
+    let cutoff = report.sent_cutoff.expect("a sent cutoff");
+    let expected = Utc::now() - chrono::Duration::days(7);
+    assert!(
+        (cutoff - expected).num_seconds().abs() < 60,
+        "cutoff {cutoff} is 7 days before the database clock"
+    );
+    assert!(!report.interrupted);
+
+    assert_eq!(
+        count(&f, &format!("id IN ({})", quoted_ids(&ids[..10]))).await,
+        0
+    );
+    assert_eq!(
+        count(&f, "sent_at IS NOT NULL").await,
+        5,
+        "recently sent kept"
+    );
+    assert_eq!(
+        count(&f, "sent_at IS NULL AND dead_at IS NULL").await,
+        5,
+        "pending kept"
+    );
+    assert_eq!(
+        count(&f, "dead_at IS NOT NULL").await,
+        3,
+        "dead letters kept"
+    );
+    for (i, id) in processed.iter().enumerate() {
+        assert_eq!(
+            inbox.is_processed(*id).await.expect("lookup"),
+            i == 3,
+            "processed id {i}"
+        );
+    }
+    let again = retention.run_once().await.expect("second run");
+    assert_eq!((again.sent_deleted, again.processed_deleted), (0, 0));
+    DB::cleanup(f).await;
+}
+
+/// Records a delivery of `id` to the inventory consumer: reserves one unit and emits an
+/// event, in the inbox's transaction.
+async fn reserve<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    id: Uuid,
+    fail: bool,
+) -> Result<Processed<()>, InboxError<String>> {
+    inbox
+        .process(id, |tx| {
+            Box::pin(async move {
+                DB::exec_on(tx, "UPDATE stock SET reserved = reserved + 1").await;
+                tx.emit_message(message("reserved", 0))
+                    .map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if fail {
+                    return Err("out of stock".to_owned());
+                }
+                Ok(())
+            })
+        })
+        .await
+}
+
+/// The inbox runs a handler once per message id: a redelivery is skipped, a failed
+/// handler leaves nothing behind (its change, its events, the id), and of two concurrent
+/// deliveries exactly one takes effect.
+async fn inbox_takes_effect_once_per_message<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    DB::exec(&f, "CREATE TABLE stock (reserved BIGINT NOT NULL)").await;
+    DB::exec(&f, "INSERT INTO stock (reserved) VALUES (0)").await;
+    let reserved = || DB::int(&f, "SELECT reserved FROM stock");
+    let inbox = Inbox::new(&f.outbox, "inventory");
+
+    let first = Uuid::now_v7();
+    assert!(!inbox.is_processed(first).await.expect("lookup"));
+    assert_eq!(
+        reserve(&inbox, first, false).await.expect("handled"),
+        Processed::Handled(())
+    );
+    assert!(inbox.is_processed(first).await.expect("lookup"));
+    assert_eq!(
+        reserve(&inbox, first, false).await.expect("duplicate"),
+        Processed::Duplicate
+    );
+    assert_eq!((reserved().await, count(&f, "1 = 1").await), (1, 1));
+
+    let second = Uuid::now_v7();
+    match reserve(&inbox, second, true).await {
+        Err(InboxError::Handler(e)) => assert_eq!(e, "out of stock"),
+        other => panic!("expected the handler's error, got {other:?}"),
+    }
+    assert!(!inbox.is_processed(second).await.expect("lookup"));
+    assert_eq!(
+        (reserved().await, count(&f, "1 = 1").await),
+        (1, 1),
+        "the failed handler's change and event were rolled back"
+    );
+    assert_eq!(
+        reserve(&inbox, second, false).await.expect("retry"),
+        Processed::Handled(())
+    );
+
+    // Another consumer name has its own record of what it processed.
+    let other = Inbox::new(&f.outbox, "analytics");
+    assert!(!other.is_processed(first).await.expect("lookup"));
+
+    let third = Uuid::now_v7();
+    let (a, b) = tokio::join!(reserve(&inbox, third, false), reserve(&inbox, third, false));
+    let outcomes = [a.expect("first delivery"), b.expect("second delivery")];
+    assert_eq!(
+        outcomes.iter().filter(|o| o.is_duplicate()).count(),
+        1,
+        "one of two concurrent deliveries is a duplicate: {outcomes:?}"
+    );
+    assert_eq!((reserved().await, count(&f, "1 = 1").await), (3, 3));
+    DB::cleanup(f).await;
+}
+
+/// Status, listings, replay, release and purge give the same answers on every database,
+/// and refuse (changing nothing) ids that are unknown or in the wrong state.
+async fn admin_operations<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    let m = [
+        ("a", "k1", 0),
+        ("a", "k1", 1),
+        ("b", "k2", 0),
+        ("b", "k3", 0),
+    ]
+    .map(|(d, k, n)| {
+        tx.emit_message(
+            OutboxMessage::new("Counted", d, format!(r#"{{"key":"{k}","n":{n}}}"#)).with_key(k),
+        )
+        .expect("emit")
+    });
+    tx.commit().await.expect("commit");
+    let set = |what: String, id: Uuid| format!("UPDATE outbox SET {what} WHERE id = '{id}'");
+    let sent = |id: Uuid, secs: u64| set(format!("sent_at = {}", DB::ago(secs)), id);
+    let dead = |id: Uuid, secs: u64| {
+        set(
+            format!(
+                "dead_at = {}, attempts = 5, last_error = 'gave up'",
+                DB::ago(secs)
+            ),
+            id,
+        )
+    };
+    DB::exec(&f, &sent(m[0], 60)).await;
+    DB::exec(&f, &dead(m[1], 30)).await;
+    DB::exec(
+        &f,
+        &set(
+            format!(
+                "attempts = 1, next_attempt_at = {}, last_error = 'timeout'",
+                DB::ago(0)
+            ),
+            m[2],
+        ),
+    )
+    .await;
+    let admin = Admin::new(f.outbox.clone());
+
+    let status = admin.status().await.expect("status");
+    assert_eq!(
+        (status.pending, status.in_retry, status.dead),
+        (2, 1, 1),
+        "{status:?}"
+    );
+    assert_eq!(status.table, "outbox");
+    let per: Vec<_> = status
+        .destinations
+        .iter()
+        .map(|d| (d.destination.as_str(), d.pending, d.in_retry, d.dead))
+        .collect();
+    assert_eq!(per, vec![("a", 0, 0, 1), ("b", 2, 1, 0)]);
+    let age = status
+        .oldest_pending_age_seconds
+        .expect("an oldest pending age");
+    assert!((0.0..600.0).contains(&age), "oldest pending age {age}");
+    assert!(
+        matches!(status.relays, None | Some(0)),
+        "no relay running: {:?}",
+        status.relays
+    );
+
+    let ids = |list: Vec<outbox_core::admin::MessageInfo>| -> Vec<(Uuid, MessageState)> {
+        list.into_iter().map(|i| (i.id, i.state)).collect()
+    };
+    let all = ListFilter::default();
+    assert_eq!(
+        ids(admin.pending(&all).await.expect("pending")),
+        vec![(m[2], MessageState::InRetry), (m[3], MessageState::Pending)]
+    );
+    let filtered = |edit: fn(&mut ListFilter)| {
+        let mut filter = ListFilter::default();
+        edit(&mut filter);
+        filter
+    };
+    for (filter, expected) in [
+        (filtered(|f| f.in_retry_only = true), vec![m[2]]),
+        (filtered(|f| f.key = Some("k3".into())), vec![m[3]]),
+        (filtered(|f| f.destination = Some("a".into())), vec![]),
+        (
+            filtered(|f| f.event_type = Some("Counted".into())),
+            vec![m[2], m[3]],
+        ),
+        (
+            filtered(|f| f.since = Some(Utc::now() + chrono::Duration::hours(1))),
+            vec![],
+        ),
+        (
+            filtered(|f| f.until = Some(Utc::now() + chrono::Duration::hours(1))),
+            vec![m[2], m[3]],
+        ),
+        (filtered(|f| f.limit = 1), vec![m[2]]),
+    ] {
+        let got: Vec<Uuid> = admin
+            .pending(&filter)
+            .await
+            .expect("pending")
+            .iter()
+            .map(|i| i.id)
+            .collect();
+        assert_eq!(got, expected, "{filter:?}");
+    }
+    let dead_list = admin.dead(&all).await.expect("dead");
+    assert_eq!(dead_list.len(), 1);
+    let d = &dead_list[0];
+    assert_eq!(
+        (d.id, d.state, d.attempts, d.last_error.as_deref()),
+        (m[1], MessageState::Dead, 5, Some("gave up"))
+    );
+    assert_eq!(
+        (
+            d.event_type.as_str(),
+            d.destination.as_str(),
+            d.partition_key.as_deref()
+        ),
+        ("Counted", "a", Some("k1"))
+    );
+    assert_eq!(d.payload, serde_json::json!({"key": "k1", "n": 1}));
+    assert_eq!(d.headers, serde_json::json!({}));
+    assert!(d.dead_at.is_some() && d.sent_at.is_none());
+
+    // Refusals change nothing.
+    let unknown = Uuid::now_v7();
+    assert!(matches!(
+        admin.replay(&[m[0], unknown]).await,
+        Err(Error::UnknownMessage { id, .. }) if id == unknown
+    ));
+    assert!(matches!(
+        admin.replay(&[m[0], m[3]]).await,
+        Err(Error::WrongState { id, .. }) if id == m[3]
+    ));
+    assert!(matches!(
+        admin.release(&[m[0]]).await,
+        Err(Error::WrongState { id, .. }) if id == m[0]
+    ));
+    assert!(matches!(
+        admin.replay(&[]).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(count(&f, "sent_at IS NOT NULL").await, 1, "m0 still sent");
+
+    assert_eq!(admin.replay(&[m[0]]).await.expect("replay"), 1);
+    assert_eq!(admin.release(&[m[1]]).await.expect("release"), 1);
+    assert_eq!(
+        count(
+            &f,
+            "sent_at IS NULL AND dead_at IS NULL AND attempts = 0 AND last_error IS NULL"
+        )
+        .await,
+        3,
+        "m0 and m1 pending again, attempts and errors reset"
+    );
+
+    DB::exec(&f, &dead(m[1], 30)).await;
+    assert_eq!(admin.release_key("k1").await.expect("release key"), 1);
+    assert_eq!(admin.release_key("k1").await.expect("release key"), 0);
+
+    DB::exec(&f, &sent(m[0], 60)).await;
+    let hour = chrono::Duration::hours(1);
+    let (since, until) = (Utc::now() - hour, Utc::now() + hour);
+    assert_eq!(
+        admin
+            .replay_sent_between(since, until, Some("b"))
+            .await
+            .expect("replay b"),
+        0
+    );
+    assert_eq!(
+        admin
+            .replay_sent_between(since, until, Some("a"))
+            .await
+            .expect("replay a"),
+        1
+    );
+    assert!(matches!(
+        admin.replay_sent_between(until, since, None).await,
+        Err(Error::InvalidArgument(_))
+    ));
+
+    DB::exec(&f, &sent(m[0], 10 * DAY)).await;
+    DB::exec(&f, &dead(m[1], 10 * DAY)).await;
+    DB::exec(&f, &sent(m[2], 60)).await;
+    let day_ago = Some(Utc::now() - chrono::Duration::days(1));
+    let dry = admin.purge(day_ago, day_ago, true).await.expect("dry run");
+    assert_eq!((dry.sent, dry.dead, dry.dry_run), (1, 1, true));
+    assert_eq!(count(&f, "1 = 1").await, 4, "a dry run deletes nothing");
+    let done = admin.purge(day_ago, None, false).await.expect("purge sent");
+    assert_eq!((done.sent, done.dead), (1, 0));
+    let done = admin.purge(None, day_ago, false).await.expect("purge dead");
+    assert_eq!((done.sent, done.dead), (0, 1));
+    assert_eq!(
+        count(&f, &format!("id IN ({})", quoted_ids(&m[2..]))).await,
+        2,
+        "only the old sent and the old dead message were purged"
+    );
+    assert!(matches!(
+        admin.purge(None, None, false).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    DB::cleanup(f).await;
+}
+
 macro_rules! suite {
     ($($db:ident => $ty:ty),* $(,)?) => {$(
         mod $db {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retention_deletes_only_old_sent_messages_and_processed_ids() {
+                super::retention_deletes_only_old_sent_messages_and_processed_ids::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn inbox_takes_effect_once_per_message() {
+                super::inbox_takes_effect_once_per_message::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn admin_operations() {
+                super::admin_operations::<$ty>().await;
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn commit_rollback_drop_and_panic() {
                 super::commit_rollback_drop_and_panic::<$ty>().await;
@@ -496,4 +917,50 @@ async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
     check_order(&publisher.published(), 5, 80);
     assert_eq!(count(&f, "sent_at IS NOT NULL").await, 400);
     <MySql as TestBackend>::cleanup(f).await;
+}
+
+/// MySQL/MariaDB only: the relay's named lock is per database and table, so relays of
+/// outboxes with the same table name in two databases of one server both publish (a lock
+/// named after the table alone made the second stand by until the first stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_relays_of_two_databases_do_not_exclude_each_other() {
+    use outbox_core::admin::Admin;
+    use outbox_core::sqlx::MySql;
+    init_statement_log();
+    let (a, b) = (
+        <MySql as TestBackend>::fixture().await,
+        <MySql as TestBackend>::fixture().await,
+    );
+    let (pa, pb) = (InMemoryPublisher::new(), InMemoryPublisher::new());
+    let first = Relay::builder(a.outbox.clone(), pa.clone()).spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await; // `first` holds its lock
+    let second = Relay::builder(b.outbox.clone(), pb.clone()).spawn();
+    for f in [&a, &b] {
+        let mut tx = f.outbox.begin().await.expect("begin");
+        for n in 0..10 {
+            tx.emit_message(message("k", n)).expect("emit");
+        }
+        tx.commit().await.expect("commit");
+    }
+    assert!(
+        pa.wait_for(10, WAIT).await,
+        "the first database's relay publishes"
+    );
+    assert!(
+        pb.wait_for(10, Duration::from_secs(5)).await,
+        "the second database's relay publishes while the first runs: {}",
+        pb.published_count()
+    );
+    for f in [&a, &b] {
+        let status = Admin::new(f.outbox.clone()).status().await.expect("status");
+        assert_eq!(
+            status.relays,
+            Some(1),
+            "each database sees its own active relay"
+        );
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+    <MySql as TestBackend>::cleanup(a).await;
+    <MySql as TestBackend>::cleanup(b).await;
 }

@@ -19,6 +19,9 @@ use super::poll::{self, Polled};
 use super::{OnSent, Relay, RelayStats};
 use crate::publisher::{OutboxRecord, Publisher};
 
+/// The prefix of the named lock the active relay holds (see `store::mysql::lock_name`).
+pub(crate) const RELAY_LOCK: &str = "outbox-relay:";
+
 /// Seqs per `IN (...)` list when marking.
 const MARK_CHUNK: usize = 5000;
 
@@ -33,7 +36,10 @@ pub(crate) async fn run<P: Publisher>(
         relay,
         conn,
         owner: false,
-        lock_name: format!("outbox-relay:{}", relay.outbox.tables().outbox),
+        acquire: format!(
+            "SELECT GET_LOCK({}, 0)",
+            crate::store::mysql::lock_name(RELAY_LOCK)
+        ),
         claim: format!(
             // CASTs: the columns' binary collation would make sqlx see bytes, not text.
             "SELECT o.seq, CAST(o.id AS CHAR) AS id, CAST(o.event_type AS CHAR) AS event_type, \
@@ -87,7 +93,7 @@ struct Session<'r, P> {
     relay: &'r Relay<P, MySql>,
     conn: MySqlConnection,
     owner: bool,
-    lock_name: String,
+    acquire: String,
     claim: String,
     mark: String,
     fail: String,
@@ -158,11 +164,12 @@ impl<P: Publisher> Polled for Session<'_, P> {
     async fn acquire(&mut self) -> SqlResult<bool> {
         if !self.owner {
             self.count_queries(1);
-            let got: Option<i64> =
-                sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-relay:', SHA1(?)), 0)")
-                    .bind(&self.lock_name)
-                    .fetch_one(&mut self.conn)
-                    .await?;
+            let table = &self.relay.outbox.tables().outbox;
+            let got: Option<i64> = sqlx::query_scalar(&self.acquire)
+                .bind(table.schema())
+                .bind(table.name())
+                .fetch_one(&mut self.conn)
+                .await?;
             self.owner = got == Some(1);
         }
         Ok(self.owner)

@@ -43,7 +43,7 @@ pub(crate) use sealed::Sealed;
 /// A database the outbox can live in. Implemented by this crate for each supported
 /// `sqlx` database (PostgreSQL, MySQL/MariaDB, SQLite, each behind its cargo feature);
 /// not meant to be implemented outside it.
-pub trait Backend: sqlx::Database + Sealed {
+pub trait Backend: sqlx::Database + Sealed + crate::ops::Ops {
     /// Writes `messages` in one statement on `conn` (inside the caller's transaction) and
     /// wakes listening relays at commit.
     #[doc(hidden)]

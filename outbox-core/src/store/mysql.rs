@@ -91,6 +91,14 @@ async fn insert_messages(
     Ok(())
 }
 
+/// The SQL expression naming a server-wide lock (`GET_LOCK`) for one outbox table:
+/// `prefix` plus the SHA-1 of `database.table`, so that outboxes in different databases
+/// of one server never share a lock. Binds the table's schema (`NULL`: the connection's
+/// database), then its name.
+pub(crate) fn lock_name(prefix: &str) -> String {
+    format!("CONCAT('{prefix}', SHA1(CONCAT(COALESCE(?, DATABASE()), '.', ?)))")
+}
+
 async fn migrate(pool: &sqlx::MySqlPool, tables: &Tables) -> Result<Vec<i64>> {
     let table = tables.migrations.to_string();
     let mut conn = pool
@@ -99,13 +107,13 @@ async fn migrate(pool: &sqlx::MySqlPool, tables: &Tables) -> Result<Vec<i64>> {
         .map_err(|e| Error::db("connecting to migrate", &table, e))?;
     // MySQL DDL commits implicitly, so a transaction cannot serialize migrators: a named
     // lock does (one migrator per outbox table; others wait, then find nothing to do).
-    let name = format!("outbox-migrate:{}", tables.outbox);
-    let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-migrate:', SHA1(?)), 60)")
-            .bind(&name)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| Error::db("locking the migrations", &table, e))?;
+    let lock = lock_name("outbox-migrate:");
+    let got: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({lock}, 60)"))
+        .bind(tables.outbox.schema())
+        .bind(tables.outbox.name())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| Error::db("locking the migrations", &table, e))?;
     if got != Some(1) {
         return Err(Error::Migration {
             version: 0,
@@ -115,8 +123,9 @@ async fn migrate(pool: &sqlx::MySqlPool, tables: &Tables) -> Result<Vec<i64>> {
         });
     }
     let result = apply(&mut conn, tables).await;
-    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('outbox-migrate:', SHA1(?)))")
-        .bind(&name)
+    let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({lock})"))
+        .bind(tables.outbox.schema())
+        .bind(tables.outbox.name())
         .execute(&mut *conn)
         .await;
     result

@@ -1,0 +1,356 @@
+//! The operations on PostgreSQL.
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Postgres, Row};
+use uuid::Uuid;
+
+use super::{Ops, SqlResult, Which, count, total};
+use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
+use crate::config::{Tables, locks};
+
+const COLUMNS: &str = "seq, id, event_type, event_version, destination, partition_key, payload, headers, \
+                       created_at, sent_at, attempts, next_attempt_at, last_error, dead_at";
+
+impl Ops for Postgres {
+    fn record_processed<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        consumer: &'c str,
+        id: Uuid,
+    ) -> BoxFuture<'c, SqlResult<bool>> {
+        Box::pin(async move {
+            let sql = format!(
+                "INSERT INTO {} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                tables.processed.quoted()
+            );
+            let done = sqlx::query(&sql)
+                .bind(consumer)
+                .bind(id)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn is_processed<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        consumer: &'c str,
+        id: Uuid,
+    ) -> BoxFuture<'c, SqlResult<bool>> {
+        Box::pin(async move {
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE consumer = $1 AND message_id = $2)",
+                tables.processed.quoted()
+            );
+            sqlx::query_scalar(&sql)
+                .bind(consumer)
+                .bind(id)
+                .fetch_one(pool)
+                .await
+        })
+    }
+
+    fn clock_minus(pool: &PgPool, age_secs: f64) -> BoxFuture<'_, SqlResult<DateTime<Utc>>> {
+        Box::pin(async move {
+            sqlx::query_scalar("SELECT now() - make_interval(secs => $1)")
+                .bind(age_secs)
+                .fetch_one(pool)
+                .await
+        })
+    }
+
+    fn delete_sent<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        after: i64,
+        cutoff: DateTime<Utc>,
+        limit: i64,
+    ) -> BoxFuture<'c, SqlResult<(u64, Option<i64>)>> {
+        Box::pin(async move {
+            let t = tables.outbox.quoted();
+            let (n, last): (i64, Option<i64>) = sqlx::query_as(&format!(
+                "WITH doomed AS (\
+                   SELECT seq FROM {t} \
+                   WHERE seq > $1 AND sent_at < $2 AND dead_at IS NULL \
+                   ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
+                 gone AS (DELETE FROM {t} o USING doomed d WHERE o.seq = d.seq RETURNING o.seq) \
+                 SELECT count(*), max(seq) FROM gone"
+            ))
+            .bind(after)
+            .bind(cutoff)
+            .bind(limit)
+            .fetch_one(pool)
+            .await?;
+            Ok((count(n), last))
+        })
+    }
+
+    fn delete_processed<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        cutoff: DateTime<Utc>,
+        limit: i64,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let p = tables.processed.quoted();
+            let n: i64 = sqlx::query_scalar(&format!(
+                "WITH doomed AS (\
+                   SELECT consumer, message_id FROM {p} \
+                   WHERE processed_at < $1 \
+                   ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                 gone AS (DELETE FROM {p} x USING doomed d \
+                   WHERE x.consumer = d.consumer AND x.message_id = d.message_id RETURNING 1) \
+                 SELECT count(*) FROM gone"
+            ))
+            .bind(cutoff)
+            .bind(limit)
+            .fetch_one(pool)
+            .await?;
+            Ok(count(n))
+        })
+    }
+
+    fn status<'c>(pool: &'c PgPool, tables: &'c Tables) -> BoxFuture<'c, SqlResult<Status>> {
+        Box::pin(async move {
+            let t = tables.outbox.quoted();
+            let rows = sqlx::query(&format!(
+                "WITH live AS (\
+                   SELECT destination, created_at, next_attempt_at IS NOT NULL AS retrying, false AS dead \
+                     FROM {t} WHERE sent_at IS NULL AND dead_at IS NULL \
+                   UNION ALL \
+                   SELECT destination, created_at, false, true FROM {t} WHERE dead_at IS NOT NULL) \
+                 SELECT destination, \
+                        count(*) FILTER (WHERE NOT dead) AS pending, \
+                        count(*) FILTER (WHERE retrying AND NOT dead) AS in_retry, \
+                        count(*) FILTER (WHERE dead) AS dead, \
+                        extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 AS oldest \
+                 FROM live GROUP BY destination ORDER BY destination"
+            ))
+            .fetch_all(pool)
+            .await?;
+            let mut status = Status::default();
+            for row in &rows {
+                status.destinations.push(DestinationStatus {
+                    destination: row.try_get("destination")?,
+                    pending: row.try_get("pending")?,
+                    in_retry: row.try_get("in_retry")?,
+                    dead: row.try_get("dead")?,
+                    oldest_pending_age_seconds: row.try_get("oldest")?,
+                });
+            }
+            total(&mut status);
+            let (relays, rows_estimate): (i64, i64) = sqlx::query_as(&format!(
+                "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+                           AND classid = (c.oid::int4)::oid \
+                           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                           AND objid >= {relays} AND objid < {relays} + {max}), \
+                        c.reltuples::int8 \
+                 FROM pg_class c WHERE c.oid = $1::text::regclass",
+                relays = locks::RELAYS,
+                max = locks::MAX_RELAYS,
+            ))
+            .bind(&t)
+            .fetch_one(pool)
+            .await?;
+            status.relays = Some(relays);
+            status.rows_estimate = rows_estimate;
+            Ok(status)
+        })
+    }
+
+    fn list<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        which: Which,
+        filter: &'c ListFilter,
+    ) -> BoxFuture<'c, SqlResult<Vec<MessageInfo>>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM {t} WHERE {state} \
+                   AND ($1::text IS NULL OR destination = $1) \
+                   AND ($2::text IS NULL OR event_type = $2) \
+                   AND ($3::text IS NULL OR partition_key = $3) \
+                   AND ($4::timestamptz IS NULL OR created_at >= $4) \
+                   AND ($5::timestamptz IS NULL OR created_at < $5) \
+                 ORDER BY seq LIMIT $6",
+                t = tables.outbox.quoted(),
+                state = which.condition(),
+            ))
+            .bind(&filter.destination)
+            .bind(&filter.event_type)
+            .bind(&filter.key)
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(i64::from(filter.limit))
+            .fetch_all(pool)
+            .await?;
+            rows.iter().map(message).collect()
+        })
+    }
+
+    fn lock_states<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        ids: &'c [Uuid],
+    ) -> BoxFuture<'c, SqlResult<Vec<(Uuid, MessageState)>>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&format!(
+                "SELECT id, sent_at IS NOT NULL AS sent, dead_at IS NOT NULL AS dead, \
+                        next_attempt_at IS NOT NULL AS retrying \
+                 FROM {} WHERE id = ANY($1) ORDER BY seq FOR UPDATE",
+                tables.outbox.quoted()
+            ))
+            .bind(ids)
+            .fetch_all(conn)
+            .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok((
+                        row.try_get("id")?,
+                        MessageState::of(
+                            row.try_get("sent")?,
+                            row.try_get("dead")?,
+                            row.try_get("retrying")?,
+                        ),
+                    ))
+                })
+                .collect()
+        })
+    }
+
+    fn requeue_ids<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        ids: &'c [Uuid],
+        from: Which,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "UPDATE {t} SET {set}, attempts = 0, next_attempt_at = NULL, last_error = NULL \
+                 WHERE id = ANY($1) AND {state}",
+                t = tables.outbox.quoted(),
+                set = from.requeue_set(),
+                state = from.condition(),
+            ))
+            .bind(ids)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn requeue_sent_between<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        destination: Option<&'c str>,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "UPDATE {} SET sent_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
+                 WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)",
+                tables.outbox.quoted()
+            ))
+            .bind(since)
+            .bind(until)
+            .bind(destination)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn release_key<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        key: &'c str,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "UPDATE {} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
+                 WHERE dead_at IS NOT NULL AND partition_key = $1",
+                tables.outbox.quoted()
+            ))
+            .bind(key)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn purge<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        sent_before: Option<DateTime<Utc>>,
+        dead_before: Option<DateTime<Utc>>,
+        dry_run: bool,
+    ) -> BoxFuture<'c, SqlResult<(u64, u64)>> {
+        Box::pin(async move {
+            let t = tables.outbox.quoted();
+            let sql = if dry_run {
+                format!(
+                    "SELECT count(*) FILTER (WHERE sent_at < $1 AND dead_at IS NULL), \
+                            count(*) FILTER (WHERE dead_at < $2) \
+                     FROM {t} WHERE (sent_at < $1 AND dead_at IS NULL) OR dead_at < $2"
+                )
+            } else {
+                format!(
+                    "WITH gone AS (DELETE FROM {t} \
+                       WHERE (sent_at < $1 AND dead_at IS NULL) OR dead_at < $2 \
+                       RETURNING dead_at IS NOT NULL AS dead) \
+                     SELECT count(*) FILTER (WHERE NOT dead), count(*) FILTER (WHERE dead) FROM gone"
+                )
+            };
+            let (sent, dead): (i64, i64) = sqlx::query_as(&sql)
+                .bind(sent_before)
+                .bind(dead_before)
+                .fetch_one(conn)
+                .await?;
+            Ok((count(sent), count(dead)))
+        })
+    }
+
+    fn wake_relays<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, SqlResult<()>> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_notify('outbox_' || $1::text::regclass::oid::text, '')")
+                .bind(tables.outbox.quoted())
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+fn message(row: &PgRow) -> SqlResult<MessageInfo> {
+    let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
+    let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
+    let next_attempt_at: Option<DateTime<Utc>> = row.try_get("next_attempt_at")?;
+    Ok(MessageInfo {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        state: MessageState::of(
+            sent_at.is_some(),
+            dead_at.is_some(),
+            next_attempt_at.is_some(),
+        ),
+        event_type: row.try_get("event_type")?,
+        event_version: row.try_get("event_version")?,
+        destination: row.try_get("destination")?,
+        partition_key: row.try_get("partition_key")?,
+        created_at: row.try_get("created_at")?,
+        sent_at,
+        attempts: row.try_get("attempts")?,
+        next_attempt_at,
+        last_error: row.try_get("last_error")?,
+        dead_at,
+        payload: row.try_get("payload")?,
+        headers: row.try_get("headers")?,
+    })
+}
