@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use outbox_core::inbox::Inbox;
 use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::relay::Relay;
 use outbox_core::sqlx::{self, Sqlite};
@@ -74,31 +75,25 @@ impl OrderService {
     }
 }
 
-/// The consuming side: applies each message once. The message id goes into the
-/// processed-messages table in the same transaction as the consumer's own change, so a
-/// redelivery finds it there and is skipped. (Plain SQL: `outbox-core` has no consumer
-/// API for this yet.)
-async fn consume(db: &sqlx::SqlitePool, message: &OutboxRecord) -> Result<bool, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let first_time = sqlx::query(
-        "INSERT INTO outbox_processed (consumer, message_id) VALUES ('shipping', ?) \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(message.id.to_string())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
-    if first_time {
-        let event: OrderConfirmed =
-            serde_json::from_str(&message.payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
-        sqlx::query("INSERT INTO shipments (order_id) VALUES (?)")
-            .bind(event.order_id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(first_time)
+/// The consuming side: applies each message once. [`Inbox::process`] records the
+/// message id in the processed-messages table in the same transaction as the
+/// consumer's own change, so a redelivery finds it there and the handler does not run.
+async fn consume(
+    inbox: &Inbox<Sqlite>,
+    message: &OutboxRecord,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let event: OrderConfirmed = serde_json::from_str(&message.payload)?;
+    let outcome = inbox
+        .process(message.id, |tx| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO shipments (order_id) VALUES (?)")
+                    .bind(event.order_id)
+                    .execute(&mut **tx)
+                    .await
+            })
+        })
+        .await?;
+    Ok(!outcome.is_duplicate())
 }
 
 #[tokio::main]
@@ -168,7 +163,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("   payload: {}", message.payload);
 
-    let first = consume(&db, &message).await?;
+    let inbox = Inbox::new(&outbox, "shipping");
+    let first = consume(&inbox, &message).await?;
     println!(
         "4. The shipping consumer received it: {}.",
         if first {
@@ -177,7 +173,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "already seen?!"
         }
     );
-    let again = consume(&db, &message).await?;
+    let again = consume(&inbox, &message).await?;
     let shipments: i64 = sqlx::query_scalar("SELECT count(*) FROM shipments")
         .fetch_one(&db)
         .await?;
