@@ -38,8 +38,10 @@
 //!   handler again.
 //!
 //! Two concurrent deliveries of one message: the second insert waits on the first's
-//! uncommitted row; if the first commits, the second is a duplicate; if it rolls back,
-//! the second runs. Exactly one handler run commits.
+//! uncommitted row (on SQLite, the second transaction waits for the first, which holds
+//! the write lock); if the first commits, the second is a duplicate; if it rolls back,
+//! the second runs. Exactly one handler run commits. The same holds on PostgreSQL,
+//! MySQL/MariaDB and SQLite (`Inbox<MySql>`, `Inbox<Sqlite>`).
 //!
 //! The consumer name scopes the deduplication: two services (or two independent
 //! handlers) reading the same messages use different names.

@@ -38,9 +38,11 @@
 //! `sent_at`), so one run removes exactly the rows older than the cutoff at its start.
 //!
 //! # How it stays out of the way
-//! Each batch is one short statement in its own transaction: it locks up to
-//! `batch_size` rows with `FOR UPDATE SKIP LOCKED` (a row someone else holds is left for
-//! the next run, never waited for) and deletes them. Sent rows are walked in `seq` order
+//! Each batch is one short statement in its own transaction. On PostgreSQL it locks up
+//! to `batch_size` rows with `FOR UPDATE SKIP LOCKED` (a row someone else holds is left
+//! for the next run, never waited for) and deletes them; on MySQL/MariaDB it finds the
+//! batch's last `seq` and deletes that range at `READ COMMITTED` (no gap locks that would
+//! hold back writers); on SQLite it deletes the range in one short write transaction. Sent rows are walked in `seq` order
 //! from where the previous batch stopped, so a run reads the history once. Between
 //! batches the task pauses [`batch_pause`](RetentionBuilder::batch_pause). The relay only
 //! touches pending rows, which retention never touches, so they do not contend for locks.
