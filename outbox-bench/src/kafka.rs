@@ -154,6 +154,18 @@ impl Arrivals {
         })
     }
 
+    /// Arrivals sent by hand on the returned channel (see `publisher::Acked`).
+    pub fn channel() -> (mpsc::UnboundedSender<(uuid::Uuid, Instant)>, Arrivals) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            tx,
+            Arrivals {
+                rx,
+                seen: HashMap::new(),
+            },
+        )
+    }
+
     /// Arrivals at an in-memory publisher (acknowledgement time), for `--broker memory`.
     pub fn from_memory(publisher: &outbox_core::publisher::InMemoryPublisher) -> Arrivals {
         let mut published = publisher.subscribe();

@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
+use tokio::sync::mpsc;
 
 #[derive(Clone, Default)]
 pub struct CountingPublisher {
@@ -14,5 +16,31 @@ impl Publisher for CountingPublisher {
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
         vec![Ok(()); batch.len()]
+    }
+}
+
+/// Wraps a publisher and reports when each message was acknowledged to the relay (for
+/// a batch: when its last acknowledgement arrived, an upper bound for each message).
+pub struct Acked<P> {
+    inner: P,
+    acks: mpsc::UnboundedSender<(uuid::Uuid, Instant)>,
+}
+
+impl<P> Acked<P> {
+    pub fn new(inner: P, acks: mpsc::UnboundedSender<(uuid::Uuid, Instant)>) -> Self {
+        Acked { inner, acks }
+    }
+}
+
+impl<P: Publisher> Publisher for Acked<P> {
+    async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
+        let results = self.inner.publish(batch).await;
+        let now = Instant::now();
+        for (record, result) in batch.iter().zip(&results) {
+            if result.is_ok() {
+                let _ = self.acks.send((record.id, now));
+            }
+        }
+        results
     }
 }

@@ -43,10 +43,11 @@
 mod drain;
 #[cfg(feature = "postgres")]
 mod horizon;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[macro_use]
+mod poll;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod poll;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]

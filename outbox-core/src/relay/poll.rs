@@ -72,3 +72,158 @@ pub(crate) async fn run<P: Publisher, DB: Backend, S: Polled>(
         }
     }
 }
+
+/// The session of a polling relay, stamped out for MySQL/MariaDB and SQLite from one
+/// body: `lite_session!(Database, Connection, Row, dialect)`, where `dialect` is a module
+/// with what differs — the statements (`claim`, `mark`, `fail`, `retrying`, `probe`, `NAME`),
+/// how a failure's plan is bound (`bind_plan`) and how a session becomes the active relay
+/// (`acquire`).
+macro_rules! lite_session {
+    ($db:ty, $conn:ty, $row:ty, $d:ident) => {
+        use chrono::{DateTime, Utc};
+        use sqlx::{Connection, Executor, Row};
+        use tokio::sync::watch;
+        use uuid::Uuid;
+
+        use super::drain::{Claims, Outcome, SqlResult, headers, retry_plan};
+        use super::poll::{self, Polled};
+        use super::{Relay, RelayStats};
+        use crate::publisher::{OutboxRecord, Publisher};
+
+        /// Seqs per marking statement.
+        const MARK_CHUNK: usize = 5000;
+
+        pub(crate) async fn run<P: Publisher>(
+            relay: &Relay<P, $db>,
+            shutdown: &mut watch::Receiver<bool>,
+        ) -> SqlResult<()> {
+            let options = (*relay.outbox.pool().connect_options()).clone();
+            let conn = <$conn>::connect_with(&options).await?;
+            let table = &relay.outbox.tables().outbox;
+            let outbox = $d::quote(table);
+            let mut session = Session {
+                relay,
+                conn,
+                owner: false,
+                claim: $d::claim(&outbox),
+                mark: $d::mark(&outbox, relay.config.on_sent),
+                fail: $d::fail(&outbox),
+                retrying: $d::retrying(&outbox),
+                probe: format!(
+                    "SELECT count(*), min(created_at) FROM {outbox} \
+                     WHERE sent_at IS NULL AND dead_at IS NULL"
+                ),
+            };
+            tracing::info!(outbox = %table, engine = $d::NAME, "outbox relay connected (polling)");
+            let result = poll::run(relay, &mut session, shutdown).await;
+            if result.is_ok() {
+                // Hand the outbox over at once instead of when the connection times out.
+                let _ = session.conn.close().await;
+            }
+            result
+        }
+
+        struct Session<'r, P> {
+            relay: &'r Relay<P, $db>,
+            conn: $conn,
+            owner: bool,
+            claim: String,
+            mark: String,
+            fail: String,
+            probe: String,
+            retrying: String,
+        }
+
+        impl<P> Session<'_, P> {
+            fn count_queries(&self, n: u64) {
+                RelayStats::add(&self.relay.stats.queries, n);
+            }
+        }
+
+        impl<P: Publisher> Claims for Session<'_, P> {
+            async fn retrying_keys(&mut self) -> SqlResult<Vec<String>> {
+                self.count_queries(1);
+                sqlx::query_scalar(&self.retrying)
+                    .fetch_all(&mut self.conn)
+                    .await
+            }
+
+            async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
+                self.count_queries(1);
+                let limit = i64::try_from(self.relay.config.batch_size).unwrap_or(i64::MAX);
+                let rows = sqlx::query(&self.claim)
+                    .bind(after.unwrap_or(0))
+                    .bind(limit)
+                    .fetch_all(&mut self.conn)
+                    .await?;
+                rows.iter().map(record).collect()
+            }
+
+            async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {
+                // The seqs go as one bound JSON array per statement.
+                for chunk in seqs.chunks(MARK_CHUNK) {
+                    self.count_queries(1);
+                    let list = serde_json::to_string(chunk)
+                        .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+                    sqlx::query(&self.mark)
+                        .bind(list)
+                        .execute(&mut self.conn)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn fail(&mut self, outcome: &Outcome) -> SqlResult<u64> {
+                let mut dead = 0;
+                self.count_queries(outcome.failed_seq.len() as u64 + 2);
+                let mut tx = self.conn.begin().await?;
+                for (i, seq) in outcome.failed_seq.iter().enumerate() {
+                    let (is_dead, delay) = retry_plan(self.relay, outcome, i);
+                    dead += u64::from(is_dead);
+                    let query = sqlx::query(&self.fail).bind(&outcome.failed_error[i]);
+                    $d::bind_plan(query, is_dead, delay)
+                        .bind(seq)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(dead)
+            }
+        }
+
+        impl<P: Publisher> Polled for Session<'_, P> {
+            async fn acquire(&mut self) -> SqlResult<bool> {
+                if !self.owner {
+                    self.count_queries(1);
+                    self.owner =
+                        $d::acquire(&mut self.conn, &self.relay.outbox.tables().outbox).await?;
+                }
+                Ok(self.owner)
+            }
+
+            async fn probe(&mut self) -> SqlResult<(i64, Option<DateTime<Utc>>)> {
+                self.count_queries(1);
+                let row = (&mut self.conn).fetch_one(self.probe.as_str()).await?;
+                Ok((row.try_get(0)?, row.try_get(1)?))
+            }
+        }
+
+        fn record(row: &$row) -> SqlResult<OutboxRecord> {
+            let seq: i64 = row.try_get("seq")?;
+            let id: String = row.try_get("id")?;
+            let headers = headers(seq, &row.try_get::<String, _>("headers")?);
+            Ok(OutboxRecord {
+                seq,
+                id: Uuid::parse_str(&id).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                event_type: row.try_get("event_type")?,
+                event_version: row.try_get("event_version")?,
+                destination: row.try_get("destination")?,
+                partition_key: row.try_get("partition_key")?,
+                payload: row.try_get("payload")?,
+                headers,
+                created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+                attempts: row.try_get("attempts")?,
+            })
+        }
+    };
+}
