@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use outbox_core::inbox::{Inbox, InboxError, Processed};
-use outbox_core::{OutboxEvent, OutboxTx};
+use outbox_core::{Backend, DefaultBackend, OutboxEvent, OutboxTx};
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
@@ -74,11 +74,11 @@ struct Meta {
 }
 
 /// A type-erased handler: decodes the payload, then runs in the inbox transaction.
-trait Dispatch: Send + Sync {
+trait Dispatch<DB: Backend>: Send + Sync {
     fn decode(&self, payload: &[u8]) -> Result<Box<dyn Any + Send>, serde_json::Error>;
     fn run<'a>(
         &'a self,
-        tx: &'a mut OutboxTx<'static>,
+        tx: &'a mut OutboxTx<'static, DB>,
         event: Box<dyn Any + Send>,
         meta: Meta,
     ) -> BoxFuture<'a, Result<(), BoxError>>;
@@ -89,10 +89,13 @@ struct Typed<T, F> {
     _event: PhantomData<fn() -> T>,
 }
 
-impl<T, F> Dispatch for Typed<T, F>
+impl<DB: Backend, T, F> Dispatch<DB> for Typed<T, F>
 where
     T: DeserializeOwned + Send + 'static,
-    F: for<'t> Fn(&'t mut OutboxTx<'static>, Received<T>) -> BoxFuture<'t, Result<(), BoxError>>
+    F: for<'t> Fn(
+            &'t mut OutboxTx<'static, DB>,
+            Received<T>,
+        ) -> BoxFuture<'t, Result<(), BoxError>>
         + Send
         + Sync
         + 'static,
@@ -103,7 +106,7 @@ where
 
     fn run<'a>(
         &'a self,
-        tx: &'a mut OutboxTx<'static>,
+        tx: &'a mut OutboxTx<'static, DB>,
         event: Box<dyn Any + Send>,
         meta: Meta,
     ) -> BoxFuture<'a, Result<(), BoxError>> {
@@ -168,18 +171,18 @@ impl ConsumerStats {
 }
 
 /// Configures a [`KafkaConsumer`]; start with [`KafkaConsumer::builder`].
-pub struct KafkaConsumerBuilder {
+pub struct KafkaConsumerBuilder<DB: Backend = DefaultBackend> {
     settings: Settings,
     topics: Vec<String>,
-    inbox: Inbox,
-    handlers: HashMap<String, Arc<dyn Dispatch>>,
+    inbox: Inbox<DB>,
+    handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,
     errors: Vec<Error>,
     unknown: Policy,
     undecodable: Policy,
     retry_backoff: (Duration, Duration),
 }
 
-impl fmt::Debug for KafkaConsumerBuilder {
+impl<DB: Backend> fmt::Debug for KafkaConsumerBuilder<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaConsumerBuilder")
             .field("settings", &self.settings)
@@ -197,18 +200,18 @@ impl fmt::Debug for KafkaConsumerBuilder {
 /// committed only after that transaction committed.
 ///
 /// See the [crate docs](crate) for an example and `docs/kafka.md` for the policies.
-pub struct KafkaConsumer {
+pub struct KafkaConsumer<DB: Backend = DefaultBackend> {
     consumer: StreamConsumer,
     settings: Settings,
-    inbox: Inbox,
-    handlers: HashMap<String, Arc<dyn Dispatch>>,
+    inbox: Inbox<DB>,
+    handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,
     unknown: Policy,
     undecodable: Policy,
     retry_backoff: (Duration, Duration),
     stats: Arc<ConsumerStats>,
 }
 
-impl fmt::Debug for KafkaConsumer {
+impl<DB: Backend> fmt::Debug for KafkaConsumer<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaConsumer")
             .field("settings", &self.settings)
@@ -218,7 +221,7 @@ impl fmt::Debug for KafkaConsumer {
     }
 }
 
-impl KafkaConsumer {
+impl<DB: Backend> KafkaConsumer<DB> {
     /// A consumer in group `group_id` of the cluster at `bootstrap_servers`, recording
     /// processed messages in `inbox` (whose consumer name scopes the deduplication).
     ///
@@ -230,8 +233,8 @@ impl KafkaConsumer {
     pub fn builder(
         bootstrap_servers: impl Into<String>,
         group_id: impl Into<String>,
-        inbox: Inbox,
-    ) -> KafkaConsumerBuilder {
+        inbox: Inbox<DB>,
+    ) -> KafkaConsumerBuilder<DB> {
         let mut settings = Settings::default();
         settings
             .set("bootstrap.servers", bootstrap_servers)
@@ -265,7 +268,7 @@ fn catalog_names<T>() -> Vec<&'static str> {
         .collect()
 }
 
-impl KafkaConsumerBuilder {
+impl<DB: Backend> KafkaConsumerBuilder<DB> {
     /// Any librdkafka consumer property (SASL, TLS, `session.timeout.ms`, ...).
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.set(key, value);
@@ -289,7 +292,7 @@ impl KafkaConsumerBuilder {
     where
         T: OutboxEvent + DeserializeOwned + Send + 'static,
         F: for<'t> Fn(
-                &'t mut OutboxTx<'static>,
+                &'t mut OutboxTx<'static, DB>,
                 Received<T>,
             ) -> BoxFuture<'t, Result<(), BoxError>>
             + Send
@@ -303,7 +306,7 @@ impl KafkaConsumerBuilder {
             });
             return self;
         }
-        let dispatch: Arc<dyn Dispatch> = Arc::new(Typed {
+        let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
             handler,
             _event: PhantomData::<fn() -> T>,
         });
@@ -319,14 +322,14 @@ impl KafkaConsumerBuilder {
     where
         T: DeserializeOwned + Send + 'static,
         F: for<'t> Fn(
-                &'t mut OutboxTx<'static>,
+                &'t mut OutboxTx<'static, DB>,
                 Received<T>,
             ) -> BoxFuture<'t, Result<(), BoxError>>
             + Send
             + Sync
             + 'static,
     {
-        let dispatch: Arc<dyn Dispatch> = Arc::new(Typed {
+        let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
             handler,
             _event: PhantomData::<fn() -> T>,
         });
@@ -334,7 +337,7 @@ impl KafkaConsumerBuilder {
         self
     }
 
-    fn add(&mut self, event_type: String, dispatch: Arc<dyn Dispatch>) {
+    fn add(&mut self, event_type: String, dispatch: Arc<dyn Dispatch<DB>>) {
         match self.handlers.entry(event_type) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 self.errors.push(Error::DuplicateHandler(e.key().clone()));
@@ -368,7 +371,7 @@ impl KafkaConsumerBuilder {
     }
 
     /// Creates the consumer and subscribes.
-    pub fn build(mut self) -> Result<KafkaConsumer> {
+    pub fn build(mut self) -> Result<KafkaConsumer<DB>> {
         if let Some(e) = self.errors.into_iter().next() {
             return Err(e);
         }
@@ -448,7 +451,7 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-impl KafkaConsumer {
+impl<DB: Backend> KafkaConsumer<DB> {
     /// Starts the consumer on the current tokio runtime.
     pub fn spawn(self) -> ConsumerHandle {
         let (tx, rx) = watch::channel(false);
