@@ -40,13 +40,38 @@ pub async fn create_topic(brokers: &str) -> Result<String, BoxError> {
     Ok(topic)
 }
 
-/// Our publisher with its defaults, for `topic`.
+/// Our publisher with its defaults, for `topic`. `OUTBOX_BENCH_PRODUCER=k=v,k=v` sets
+/// producer properties on top, for experiments (they are printed when set).
 pub async fn publisher(brokers: &str, topic: &str) -> Result<KafkaPublisher, BoxError> {
-    Ok(KafkaPublisher::builder(brokers)
+    let mut builder = KafkaPublisher::builder(brokers)
         .skip_catalog_check()
-        .destination(topic)
-        .build()
-        .await?)
+        .destination(topic);
+    let overrides = producer_overrides()?;
+    if !overrides.is_empty() {
+        eprintln!("producer properties set by OUTBOX_BENCH_PRODUCER: {overrides:?}");
+    }
+    for (key, value) in overrides {
+        builder = builder.set(key, value);
+    }
+    Ok(builder.build().await?)
+}
+
+/// The `OUTBOX_BENCH_PRODUCER` properties.
+fn producer_overrides() -> Result<Vec<(String, String)>, BoxError> {
+    let Ok(text) = std::env::var("OUTBOX_BENCH_PRODUCER") else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .ok_or_else(|| {
+                    format!("OUTBOX_BENCH_PRODUCER: {p:?} is not key=value (e.g. linger.ms=0)")
+                        .into()
+                })
+        })
+        .collect()
 }
 
 /// (c) The broker ceiling: the same messages produced straight from memory by an
