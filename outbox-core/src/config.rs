@@ -153,6 +153,11 @@ pub(crate) mod locks {
     pub(crate) const RELAYS: i32 = 2_000_000;
     /// Relay slots per outbox.
     pub(crate) const MAX_RELAYS: i32 = 4096;
+    /// `PARTITION_COUNT + n`: held shared by every running relay configured with `n`
+    /// partitions, so that a relay configured differently can see it and stand by.
+    pub(crate) const PARTITION_COUNT: i32 = 3_000_000;
+    /// Held for a moment while a relay checks and registers its partition count.
+    pub(crate) const PARTITION_COUNT_CHECK: i32 = 2_999_999;
 }
 
 impl Default for Tables {

@@ -535,3 +535,57 @@ async fn killed_connections_are_re_established_without_loss_or_reordering() {
     assert_eq!(by_key.len(), 2000);
     db.cleanup().await;
 }
+
+/// A relay configured with another partition count than the relays already running on
+/// its outbox publishes nothing (the two would hash keys to different partitions and
+/// could publish one key at the same time); it says why, and takes over once they are
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_another_partition_count_stands_by_until_the_others_are_gone() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let (first_out, second_out) = (InMemoryPublisher::new(), InMemoryPublisher::new());
+    let first = Relay::builder(outbox.clone(), first_out.clone())
+        .partitions(16)
+        .rebalance_interval(Duration::from_millis(100))
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await; // `first` is registered
+    let second = Relay::builder(outbox.clone(), second_out.clone())
+        .partitions(8)
+        .reconnect_delay(Duration::from_millis(200))
+        .rebalance_interval(Duration::from_millis(100))
+        .spawn();
+    // Long enough for the first relay to give partitions back to a second one it saw.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    write_events(&outbox, 20, 5, 10, 2).await;
+    assert!(
+        first_out.wait_for(100, WAIT).await,
+        "the first relay publishes"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        second_out.published_count(),
+        0,
+        "the relay with 8 partitions published nothing next to one with 16"
+    );
+    assert!(
+        second.stats().reconnects >= 2,
+        "it was refused and keeps retrying: {:?}",
+        second.stats()
+    );
+
+    first.shutdown().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..10 {
+        tx.emit_message(message("after", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    assert!(
+        second_out.wait_for(10, WAIT).await,
+        "it takes over once the other is gone: {}",
+        second_out.published_count()
+    );
+    second.shutdown().await;
+    check_order(&first_out.published(), 20, 5);
+    db.cleanup().await;
+}

@@ -211,7 +211,9 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.backoff_cap = cap.max(base).min(WEEK);
         self
     }
-    /// Number of partitions (at least 1; the same for every relay of this outbox).
+    /// Number of partitions (at least 1; the same for every relay of this outbox: on
+    /// PostgreSQL a relay configured differently from the running ones stands by, with an
+    /// error in the log, until they are gone).
     pub fn partitions(mut self, n: u16) -> Self {
         self.config.partitions = n.max(1);
         self

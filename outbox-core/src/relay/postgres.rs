@@ -93,6 +93,59 @@ impl Sql {
     }
 }
 
+/// Registers this relay's partition count, or refuses to run next to relays of the same
+/// outbox configured with another: they would hash keys to different partitions, and two
+/// relays could then publish one key at the same time, out of order. The check and the
+/// registration happen under a short exclusive lock, so two relays starting together with
+/// different counts cannot both pass. A refused relay reports the error and retries like
+/// after any failed session: it takes over once the others are gone (a rolling change of
+/// `partitions` therefore switches over without overlap).
+async fn register_partition_count<P>(
+    conn: &mut PgConnection,
+    table_key: i32,
+    relay: &Relay<P, Postgres>,
+) -> SqlResult<()> {
+    let mine = i32::from(relay.config.partitions);
+    sqlx::query("SELECT pg_advisory_lock($1, $2)")
+        .bind(table_key)
+        .bind(locks::PARTITION_COUNT_CHECK)
+        .execute(&mut *conn)
+        .await?;
+    let others: Option<i32> = sqlx::query_scalar(
+        "SELECT (objid::int8 - $2)::int4 FROM pg_locks \
+         WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = ($1)::int4::oid \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND objid::int8 > $2 AND objid::int8 <= $2 + 65535 AND objid::int8 <> $2 + $3 \
+         LIMIT 1",
+    )
+    .bind(table_key)
+    .bind(i64::from(locks::PARTITION_COUNT))
+    .bind(i64::from(mine))
+    .fetch_optional(&mut *conn)
+    .await?;
+    if others.is_none() {
+        sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
+            .bind(table_key)
+            .bind(locks::PARTITION_COUNT + mine)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+        .bind(table_key)
+        .bind(locks::PARTITION_COUNT_CHECK)
+        .execute(&mut *conn)
+        .await?;
+    match others {
+        None => Ok(()),
+        Some(theirs) => Err(sqlx::Error::Protocol(format!(
+            "other relays of outbox {} run with {theirs} partitions, this one is configured with \
+             {mine}; every relay of one outbox must use the same `partitions` (RelayBuilder::partitions). \
+             This relay stands by and takes over when those relays are gone",
+            relay.outbox.tables().outbox
+        ))),
+    }
+}
+
 /// What the safety-poll probe found.
 struct Probe {
     due: i64,
@@ -168,6 +221,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 locks::MAX_RELAYS
             ))
         })?;
+        register_partition_count(&mut conn, table_key, relay).await?;
 
         // The listener reconnects by itself through this one-connection pool.
         let listen_pool = sqlx::postgres::PgPoolOptions::new()
