@@ -13,7 +13,8 @@ use outbox_core::inbox::{Inbox, InboxError, Processed};
 use outbox_core::{Backend, DefaultBackend, OutboxEvent, OutboxTx};
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -35,6 +36,26 @@ pub enum Policy {
     /// Stop the consumer with an error naming the message. Its offset is not committed,
     /// so it is read again after a restart.
     Stop,
+    /// Write the message as it came (key, payload, headers) to the dead-letter topic set
+    /// with [`KafkaConsumerBuilder::dead_letter_topic`], with `dlq-reason`, `dlq-topic`,
+    /// `dlq-partition` and `dlq-offset` headers added; once the broker acknowledged it,
+    /// count it in [`ConsumerStatsSnapshot::dead_lettered`], commit its offset and go
+    /// on. If the write fails the consumer stops ([`Error::DeadLetter`]) without
+    /// committing the offset: the message is never dropped. Later messages of its key
+    /// are handled without it.
+    DeadLetter,
+}
+
+/// Headers added to a dead-lettered message.
+pub mod dead_letter_headers {
+    /// Why it was dead-lettered (the error, as text).
+    pub const REASON: &str = "dlq-reason";
+    /// The topic it was consumed from.
+    pub const TOPIC: &str = "dlq-topic";
+    /// Its partition there.
+    pub const PARTITION: &str = "dlq-partition";
+    /// Its offset there.
+    pub const OFFSET: &str = "dlq-offset";
 }
 
 /// A message handed to a handler: the decoded event and where it came from.
@@ -142,6 +163,7 @@ pub struct ConsumerStats {
     duplicates: AtomicU64,
     skipped: AtomicU64,
     handler_errors: AtomicU64,
+    dead_lettered: AtomicU64,
 }
 
 /// A copy of [`ConsumerStats`] at one moment.
@@ -154,8 +176,10 @@ pub struct ConsumerStatsSnapshot {
     pub duplicates: u64,
     /// Messages skipped by [`Policy::Skip`] (unknown event type, undecodable).
     pub skipped: u64,
-    /// Handler (or database) failures; each was retried.
+    /// Handler (or database) failures.
     pub handler_errors: u64,
+    /// Messages written to the dead-letter topic ([`Policy::DeadLetter`]).
+    pub dead_lettered: u64,
 }
 
 impl ConsumerStats {
@@ -166,6 +190,7 @@ impl ConsumerStats {
             duplicates: self.duplicates.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
             handler_errors: self.handler_errors.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
         }
     }
 }
@@ -180,6 +205,8 @@ pub struct KafkaConsumerBuilder<DB: Backend = DefaultBackend> {
     unknown: Policy,
     undecodable: Policy,
     retry_backoff: (Duration, Duration),
+    handler_attempts: Option<(u32, Policy)>,
+    dead_letter_topic: Option<String>,
 }
 
 impl<DB: Backend> fmt::Debug for KafkaConsumerBuilder<DB> {
@@ -191,6 +218,8 @@ impl<DB: Backend> fmt::Debug for KafkaConsumerBuilder<DB> {
             .field("event_types", &self.handlers.keys().collect::<Vec<_>>())
             .field("on_unknown_event_type", &self.unknown)
             .field("on_undecodable", &self.undecodable)
+            .field("handler_attempts", &self.handler_attempts)
+            .field("dead_letter_topic", &self.dead_letter_topic)
             .finish()
     }
 }
@@ -208,6 +237,9 @@ pub struct KafkaConsumer<DB: Backend = DefaultBackend> {
     unknown: Policy,
     undecodable: Policy,
     retry_backoff: (Duration, Duration),
+    handler_attempts: Option<(u32, Policy)>,
+    /// The dead-letter topic and the producer writing to it.
+    dead_letters: Option<(String, FutureProducer)>,
     stats: Arc<ConsumerStats>,
 }
 
@@ -248,6 +280,8 @@ impl<DB: Backend> KafkaConsumer<DB> {
             unknown: Policy::Skip,
             undecodable: Policy::Stop,
             retry_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            handler_attempts: None,
+            dead_letter_topic: None,
         }
     }
 
@@ -370,6 +404,24 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
         self
     }
 
+    /// Gives up on a message after its handler failed `attempts` times (at least 1) in
+    /// a row, and applies `then` to it: [`Policy::DeadLetter`] (the usual choice),
+    /// [`Policy::Stop`], or [`Policy::Skip`] (its effect is lost). Without this a failing
+    /// handler is retried until it succeeds, holding back the messages after it.
+    pub fn handler_attempts(mut self, attempts: u32, then: Policy) -> Self {
+        self.handler_attempts = Some((attempts.max(1), then));
+        self
+    }
+
+    /// The topic [`Policy::DeadLetter`] writes to (e.g. `orders.events.dlq`). It must
+    /// exist; it is written with a producer made from this consumer's connection and
+    /// security settings (`bootstrap.servers`, `security.protocol`, `sasl.*`, `ssl.*`,
+    /// `client.id`), idempotent, `acks=all`.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = Some(topic.into());
+        self
+    }
+
     /// Creates the consumer and subscribes.
     pub fn build(mut self) -> Result<KafkaConsumer<DB>> {
         if let Some(e) = self.errors.into_iter().next() {
@@ -381,6 +433,18 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
         if self.handlers.is_empty() {
             return Err(Error::Incomplete("no handlers"));
         }
+        let policies = [
+            Some(self.unknown),
+            Some(self.undecodable),
+            self.handler_attempts.map(|(_, then)| then),
+        ];
+        let dead_letters = match self.dead_letter_topic.take() {
+            Some(topic) => Some((topic, dead_letter_producer(&self.settings)?)),
+            None if policies.contains(&Some(Policy::DeadLetter)) => {
+                return Err(Error::NoDeadLetterTopic);
+            }
+            None => None,
+        };
         self.settings.set_default("enable.auto.commit", "true");
         self.settings
             .set_default("enable.auto.offset.store", "false");
@@ -398,9 +462,27 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
             unknown: self.unknown,
             undecodable: self.undecodable,
             retry_backoff: self.retry_backoff,
+            handler_attempts: self.handler_attempts,
+            dead_letters,
             stats: Arc::new(ConsumerStats::default()),
         })
     }
+}
+
+/// A producer with the consumer's connection and security settings only.
+fn dead_letter_producer(consumer: &Settings) -> Result<FutureProducer> {
+    let mut settings = Settings::default();
+    for key in consumer.keys() {
+        let shared = ["bootstrap.servers", "security.protocol", "client.id"].contains(&key)
+            || key.starts_with("sasl.")
+            || key.starts_with("ssl.");
+        if let (true, Some(value)) = (shared, consumer.get(key)) {
+            settings.set(key, value);
+        }
+    }
+    settings.set_default("enable.idempotence", "true");
+    settings.set_default("acks", "all");
+    settings.create()
 }
 
 /// Controls a spawned consumer.
@@ -524,7 +606,12 @@ impl<DB: Backend> KafkaConsumer<DB> {
         }
     }
 
-    fn policy(&self, message: &BorrowedMessage<'_>, policy: Policy, error: Error) -> Result<Step> {
+    async fn policy(
+        &self,
+        message: &BorrowedMessage<'_>,
+        policy: Policy,
+        error: Error,
+    ) -> Result<Step> {
         match policy {
             Policy::Skip => {
                 tracing::warn!(
@@ -543,7 +630,68 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 );
                 Err(error)
             }
+            Policy::DeadLetter => {
+                let dead_letter_topic = self.dead_letter(message, &error).await?;
+                tracing::warn!(
+                    topic = message.topic(), partition = message.partition(), offset = message.offset(),
+                    dead_letter_topic, reason = %error, "outbox-kafka: message dead-lettered"
+                );
+                self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("outbox_kafka_consumer_dead_lettered_total").increment(1);
+                self.store(message);
+                Ok(Step::Next)
+            }
         }
+    }
+
+    /// Writes `message` to the dead-letter topic and waits for the acknowledgement;
+    /// returns the topic.
+    async fn dead_letter(&self, message: &BorrowedMessage<'_>, reason: &Error) -> Result<&str> {
+        let Some((dead_letter_topic, producer)) = &self.dead_letters else {
+            return Err(Error::NoDeadLetterTopic);
+        };
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let failed = |reason: String| Error::DeadLetter {
+            dead_letter_topic: dead_letter_topic.clone(),
+            reason,
+            topic: topic.to_owned(),
+            partition,
+            offset,
+        };
+        let mut headers = OwnedHeaders::new();
+        if let Some(original) = message.headers() {
+            for h in original.iter() {
+                headers = headers.insert(Header {
+                    key: h.key,
+                    value: h.value,
+                });
+            }
+        }
+        let reason = self.settings.redact(&reason.to_string());
+        let (partition_text, offset_text) = (partition.to_string(), offset.to_string());
+        for (key, value) in [
+            (dead_letter_headers::REASON, reason.as_str()),
+            (dead_letter_headers::TOPIC, topic),
+            (dead_letter_headers::PARTITION, partition_text.as_str()),
+            (dead_letter_headers::OFFSET, offset_text.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(dead_letter_topic).headers(headers);
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| failed(e.to_string()))?;
+        Ok(dead_letter_topic)
     }
 
     async fn handle(
@@ -569,27 +717,33 @@ impl<DB: Backend> KafkaConsumer<DB> {
             }
         }
         let Some(event_type) = all.get(headers::EVENT_TYPE).cloned() else {
-            return self.policy(
-                message,
-                self.undecodable,
-                undecodable(format!("no `{}` header", headers::EVENT_TYPE)),
-            );
+            return self
+                .policy(
+                    message,
+                    self.undecodable,
+                    undecodable(format!("no `{}` header", headers::EVENT_TYPE)),
+                )
+                .await;
         };
         let id = match all.get(headers::MESSAGE_ID).map(|v| v.parse::<Uuid>()) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {
-                return self.policy(
-                    message,
-                    self.undecodable,
-                    undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
-                );
+                return self
+                    .policy(
+                        message,
+                        self.undecodable,
+                        undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
+                    )
+                    .await;
             }
             None => {
-                return self.policy(
-                    message,
-                    self.undecodable,
-                    undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
-                );
+                return self
+                    .policy(
+                        message,
+                        self.undecodable,
+                        undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
+                    )
+                    .await;
             }
         };
         let Some(dispatch) = self.handlers.get(&event_type) else {
@@ -599,19 +753,21 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 partition,
                 offset,
             };
-            return self.policy(message, self.unknown, error);
+            return self.policy(message, self.unknown, error).await;
         };
         let payload = message.payload().unwrap_or_default();
         let event = match dispatch.decode(payload) {
             Ok(event) => event,
             Err(e) => {
-                return self.policy(
-                    message,
-                    self.undecodable,
-                    undecodable(format!(
-                        "message {id}: payload is not a valid `{event_type}`: {e}"
-                    )),
-                );
+                return self
+                    .policy(
+                        message,
+                        self.undecodable,
+                        undecodable(format!(
+                            "message {id}: payload is not a valid `{event_type}`: {e}"
+                        )),
+                    )
+                    .await;
             }
         };
         let meta = Meta {
@@ -629,6 +785,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
 
         let mut decoded = Some(event);
         let mut delay = self.retry_backoff.0;
+        let mut attempts = 0_u32;
         loop {
             // The first attempt uses the event decoded above; a retry decodes it again.
             let ev = match decoded.take() {
@@ -661,10 +818,25 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 }
                 Err(e) => {
                     self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
+                    attempts += 1;
                     let error: &dyn std::fmt::Display = match &e {
                         InboxError::Handler(e) => e,
                         InboxError::Database(e) => e,
                     };
+                    if let Some((max, then)) =
+                        self.handler_attempts.filter(|(max, _)| attempts >= *max)
+                    {
+                        let failure = Error::HandlerFailed {
+                            id,
+                            event_type: event_type.clone(),
+                            attempts: max,
+                            error: error.to_string(),
+                            topic: topic.to_owned(),
+                            partition,
+                            offset,
+                        };
+                        return self.policy(message, then, failure).await;
+                    }
                     tracing::warn!(%id, %event_type, topic, partition, offset, error = %error, retry_in = ?delay,
                         "outbox-kafka: handler failed; nothing recorded, retrying");
                 }

@@ -101,6 +101,58 @@ pub enum Error {
         offset: i64,
     },
 
+    /// A handler failed as often as `handler_attempts` allows and the policy is
+    /// [`Policy::Stop`](crate::Policy::Stop).
+    #[error(
+        "the handler of message {id} ({event_type}, {topic}/{partition}@{offset}) failed {attempts} times, \
+         last with: {error}; the consumer stopped as configured (`handler_attempts(.., Policy::Stop)`); \
+         nothing was recorded and its offset is not committed, so it is read again after a restart"
+    )]
+    HandlerFailed {
+        /// The message id.
+        id: uuid::Uuid,
+        /// The event type header's value.
+        event_type: String,
+        /// How many times the handler ran.
+        attempts: u32,
+        /// The last error.
+        error: String,
+        /// Topic of the message.
+        topic: String,
+        /// Partition of the message.
+        partition: i32,
+        /// Offset of the message.
+        offset: i64,
+    },
+
+    /// A policy is [`Policy::DeadLetter`](crate::Policy::DeadLetter) but no dead-letter
+    /// topic is set.
+    #[error(
+        "a policy is `Policy::DeadLetter` but the consumer has no dead-letter topic; \
+         set one with `.dead_letter_topic(\"<topic>.dlq\")`"
+    )]
+    NoDeadLetterTopic,
+
+    /// A message could not be written to the dead-letter topic; the consumer stopped
+    /// without committing its offset.
+    #[error(
+        "could not write message {topic}/{partition}@{offset} to the dead-letter topic `{dead_letter_topic}`: \
+         {reason}; the consumer stopped and did not commit the message's offset, so it is read again after \
+         a restart (check that the topic exists and the consumer may write to it)"
+    )]
+    DeadLetter {
+        /// The dead-letter topic.
+        dead_letter_topic: String,
+        /// The producer's error.
+        reason: String,
+        /// Topic of the message.
+        topic: String,
+        /// Partition of the message.
+        partition: i32,
+        /// Offset of the message.
+        offset: i64,
+    },
+
     /// The database failed.
     #[error(transparent)]
     Outbox(#[from] outbox_core::Error),

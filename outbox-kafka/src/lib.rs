@@ -80,7 +80,7 @@ mod topics;
 
 pub use consumer::{
     BoxError, ConsumerHandle, ConsumerStats, ConsumerStatsSnapshot, KafkaConsumer,
-    KafkaConsumerBuilder, Policy, Received,
+    KafkaConsumerBuilder, Policy, Received, dead_letter_headers,
 };
 pub use error::{Error, Result};
 pub use publisher::{KafkaPublisher, KafkaPublisherBuilder};

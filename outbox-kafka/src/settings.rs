@@ -50,6 +50,11 @@ impl Settings {
         self.map.get(key).map(String::as_str)
     }
 
+    /// The keys set.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.map.keys().map(String::as_str)
+    }
+
     /// The `bootstrap.servers` setting, for messages.
     pub(crate) fn brokers(&self) -> &str {
         self.get("bootstrap.servers")

@@ -1,0 +1,195 @@
+//! A message whose handler keeps failing is given up on after `handler_attempts` and
+//! written to the dead-letter topic with where it came from and why; the messages after
+//! it are handled. A badly configured dead-letter policy is refused at build time.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::inbox::Inbox;
+use outbox_core::publisher::Publisher;
+use outbox_core::{OutboxRecord, sqlx};
+use outbox_kafka::rdkafka::ClientConfig;
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use outbox_kafka::rdkafka::message::{Headers, Message};
+use outbox_kafka::{Error, KafkaConsumer, KafkaPublisher, Policy, dead_letter_headers};
+use outbox_tests::TestDb;
+use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+use uuid::Uuid;
+
+#[derive(serde::Deserialize)]
+struct Job {
+    n: i32,
+}
+
+fn job(topic: &str, n: i32) -> OutboxRecord {
+    OutboxRecord {
+        seq: i64::from(n),
+        id: Uuid::now_v7(),
+        event_type: "Job".to_owned(),
+        event_version: None,
+        destination: topic.to_owned(),
+        partition_key: Some("jobs".to_owned()),
+        payload: format!(r#"{{"n":{n}}}"#),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+/// A message read back: key, payload, headers.
+type Read = (String, String, Vec<(String, String)>);
+
+/// The messages on `topic`, read from the beginning.
+fn read_all(brokers: &str, topic: &str, n: usize) -> Vec<Read> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", kafka::unique("dlq-reader"))
+        .set("auto.offset.reset", "earliest");
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        config.set(k, v);
+    }
+    let c: BaseConsumer = config.create().expect("reader");
+    c.subscribe(&[topic]).expect("subscribe");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            let text =
+                |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), text(h.value)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((text(m.key()), text(m.payload()), headers));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest_flows() {
+    let brokers = kafka::brokers();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    sqlx::query("CREATE TABLE effects (n int NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create effects");
+    let (topic, dlq) = (kafka::unique("jobs"), kafka::unique("jobs-dlq"));
+    kafka::create_topic(&brokers, &topic, 1).await;
+    kafka::create_topic(&brokers, &dlq, 1).await;
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .build()
+        .await
+        .expect("publisher");
+    let batch: Vec<OutboxRecord> = (1..=3).map(|n| job(&topic, n)).collect();
+    assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));
+
+    let mut builder = KafkaConsumer::builder(
+        &brokers,
+        kafka::unique("group"),
+        Inbox::new(&outbox, "jobs"),
+    )
+    .topic(&topic)
+    .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
+    .handler_attempts(3, Policy::DeadLetter)
+    .dead_letter_topic(&dlq)
+    .on_event_type::<Job, _>("Job", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (n) VALUES ($1)")
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            if msg.event.n == 2 {
+                return Err("job 2 is poison".into());
+            }
+            Ok(())
+        })
+    });
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        builder = builder.set(k, v);
+    }
+    let consumer = builder.build().expect("consumer").spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumer.stats().handled + consumer.stats().dead_lettered < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "not all consumed: {:?}",
+            consumer.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = consumer.stats();
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        (stats.handled, stats.dead_lettered, stats.handler_errors),
+        (2, 1, 3),
+        "job 2 ran three times, then was dead-lettered; jobs 1 and 3 were handled: {stats:?}"
+    );
+    let effects: Vec<i32> = sqlx::query_scalar("SELECT n FROM effects ORDER BY n")
+        .fetch_all(&db.pool)
+        .await
+        .expect("effects");
+    assert_eq!(effects, vec![1, 3], "the failed attempts were rolled back");
+    let inbox = Inbox::new(&outbox, "jobs");
+    assert!(!inbox.is_processed(batch[1].id).await.expect("lookup"));
+
+    let dead = read_all(&brokers, &dlq, 1);
+    assert_eq!(dead.len(), 1, "one message in the dead-letter topic");
+    let (key, payload, headers) = &dead[0];
+    assert_eq!((key.as_str(), payload.as_str()), ("jobs", r#"{"n":2}"#));
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("header {name} in {headers:?}"))
+    };
+    assert_eq!(
+        header("message-id"),
+        batch[1].id.to_string(),
+        "original headers kept"
+    );
+    assert_eq!(header(dead_letter_headers::TOPIC), topic);
+    assert_eq!(header(dead_letter_headers::PARTITION), "0");
+    assert_eq!(header(dead_letter_headers::OFFSET), "1");
+    let reason = header(dead_letter_headers::REASON);
+    assert!(
+        reason.contains("failed 3 times") && reason.contains("job 2 is poison"),
+        "{reason}"
+    );
+    kafka::delete_topic(&brokers, &topic).await;
+    kafka::delete_topic(&brokers, &dlq).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_policy_without_a_topic_is_refused() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    for builder in [
+        KafkaConsumer::builder("127.0.0.1:9092", "g", Inbox::new(&outbox, "c"))
+            .handler_attempts(3, Policy::DeadLetter),
+        KafkaConsumer::builder("127.0.0.1:9092", "g", Inbox::new(&outbox, "c"))
+            .on_undecodable(Policy::DeadLetter),
+    ] {
+        let built = builder
+            .topic("t")
+            .on_event_type::<Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }))
+            .build();
+        match built {
+            Err(e @ Error::NoDeadLetterTopic) => {
+                assert!(e.to_string().contains(".dead_letter_topic("), "{e}")
+            }
+            Err(e) => panic!("expected NoDeadLetterTopic, got {e}"),
+            Ok(_) => panic!("expected NoDeadLetterTopic, got a consumer"),
+        }
+    }
+    db.cleanup().await;
+}
