@@ -81,8 +81,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
             execute(cli, outbox, out).await
         }
         "mysql" | "mariadb" => {
-            // sqlx knows MariaDB by the `mysql` scheme.
-            let url = url.replacen("mariadb:", "mysql:", 1);
+            let url = mysql_scheme(&url);
             let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url)).await?;
             execute(cli, outbox, out).await
         }
@@ -103,14 +102,47 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
 fn sqlite_file_exists(url: &str, command: &Command) -> Result {
     let rest = url.trim_start_matches("sqlite:");
     let path = rest.strip_prefix("//").unwrap_or(rest);
-    let path = path.split('?').next().unwrap_or(path);
-    if matches!(command, Command::Migrate) || path == ":memory:" || Path::new(path).exists() {
+    let path = percent_decoded(path.split('?').next().unwrap_or(path));
+    if matches!(command, Command::Migrate) || path == ":memory:" || Path::new(&path).exists() {
         return Ok(());
     }
     Err(Failure::Message(format!(
         "no SQLite database at {path}; check the path in DATABASE_URL or --database-url \
          (`outbox migrate` creates the file and its tables)"
     )))
+}
+
+/// sqlx knows MariaDB by the `mysql` scheme: `mariadb://` becomes `mysql://`, and
+/// nothing else in the URL changes (a host or user may well be called `mariadb`).
+fn mysql_scheme(url: &str) -> String {
+    match url.strip_prefix("mariadb:") {
+        Some(rest) => format!("mysql:{rest}"),
+        None => url.to_owned(),
+    }
+}
+
+/// `%XX` escapes decoded, as sqlx decodes the path of a `sqlite://` URL.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write) -> Result {
@@ -397,4 +429,28 @@ fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Res
         line(out, &cells)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_mariadb_scheme_is_rewritten() {
+        assert_eq!(
+            mysql_scheme("mariadb://mariadb:pw@mariadb:3306/app"),
+            "mysql://mariadb:pw@mariadb:3306/app"
+        );
+        assert_eq!(
+            mysql_scheme("mysql://app:pw@mariadb:3306/app"),
+            "mysql://app:pw@mariadb:3306/app"
+        );
+    }
+
+    #[test]
+    fn sqlite_paths_are_percent_decoded_like_sqlx_does() {
+        assert_eq!(percent_decoded("/tmp/my%20app.db"), "/tmp/my app.db");
+        assert_eq!(percent_decoded("/tmp/100%.db"), "/tmp/100%.db");
+        assert_eq!(percent_decoded("/tmp/caf%C3%A9.db"), "/tmp/café.db");
+    }
 }

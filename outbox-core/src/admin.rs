@@ -386,9 +386,10 @@ impl<DB: Backend> Admin<DB> {
         })
     }
 
-    /// A write transaction (on SQLite `BEGIN IMMEDIATE`: the write lock up front).
+    /// A write transaction: see `Ops::ADMIN_BEGIN` (MySQL: `READ COMMITTED`, so a purge
+    /// or replay holds back no writer; SQLite: the write lock up front).
     async fn begin(&self, context: &'static str) -> Result<Transaction<'static, DB>> {
-        match DB::BEGIN {
+        match DB::ADMIN_BEGIN {
             Some(statement) => self.outbox.pool().begin_with(statement).await,
             None => self.outbox.pool().begin().await,
         }

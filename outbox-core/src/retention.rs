@@ -301,17 +301,18 @@ impl<DB: Backend> Retention<DB> {
             if let Some(cutoff) = report.sent_cutoff {
                 let mut after = 0_i64;
                 loop {
-                    let (n, last) = self.batch(Kind::Sent, cutoff, after, &mut report).await?;
+                    let (n, found, last) =
+                        self.batch(Kind::Sent, cutoff, after, &mut report).await?;
                     report.sent_deleted += n;
                     after = last.unwrap_or(after);
-                    if n < self.batch_len() || self.pause(shutdown, &mut report).await {
+                    if found < self.batch_len() || self.pause(shutdown, &mut report).await {
                         break;
                     }
                 }
             }
             if let Some(cutoff) = report.processed_cutoff.filter(|_| !report.interrupted) {
                 loop {
-                    let (n, _) = self.batch(Kind::Processed, cutoff, 0, &mut report).await?;
+                    let (n, _, _) = self.batch(Kind::Processed, cutoff, 0, &mut report).await?;
                     report.processed_deleted += n;
                     if n < self.batch_len() || self.pause(shutdown, &mut report).await {
                         break;
@@ -367,23 +368,24 @@ impl<DB: Backend> Retention<DB> {
         cutoff: DateTime<Utc>,
         after: i64,
         report: &mut RetentionReport,
-    ) -> Result<(u64, Option<i64>)> {
+    ) -> Result<(u64, u64, Option<i64>)> {
         let limit = i64::try_from(self.config.batch_size.max(1)).unwrap_or(i64::MAX);
         let span = tracing::debug_span!("outbox.retention.batch", kind = kind.label(), after);
         let started = Instant::now();
         let pool = self.outbox.pool();
         let tables = self.outbox.tables();
-        let (n, last) = match kind {
+        let (n, found, last) = match kind {
             Kind::Sent => DB::delete_sent(pool, tables, after, cutoff, limit)
                 .instrument(span)
                 .await
+                .map(|b| (b.deleted, b.found, b.last))
                 .map_err(|e| {
                     Error::db("deleting old sent messages", &tables.outbox.to_string(), e)
                 })?,
             Kind::Processed => DB::delete_processed(pool, tables, cutoff, limit)
                 .instrument(span)
                 .await
-                .map(|n| (n, None))
+                .map(|n| (n, n, None))
                 .map_err(|e| {
                     Error::db(
                         "deleting old processed-message ids",
@@ -403,7 +405,7 @@ impl<DB: Backend> Retention<DB> {
             elapsed_ms = elapsed.as_millis() as u64,
             "outbox retention batch"
         );
-        Ok((n, last))
+        Ok((n, found, last))
     }
 }
 

@@ -818,7 +818,11 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 }
                 Err(e) => {
                     self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
-                    attempts += 1;
+                    // Only the handler's own failures count towards giving up: a database
+                    // that is briefly unavailable must not dead-letter or skip messages.
+                    if matches!(e, InboxError::Handler(_)) {
+                        attempts += 1;
+                    }
                     let error: &dyn std::fmt::Display = match &e {
                         InboxError::Handler(e) => e,
                         InboxError::Database(e) => e,

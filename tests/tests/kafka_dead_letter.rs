@@ -193,3 +193,81 @@ async fn a_dead_letter_policy_without_a_topic_is_refused() {
     }
     db.cleanup().await;
 }
+
+/// Database failures are not handler failures: with `handler_attempts(1, Policy::Skip)`,
+/// a message whose inbox transaction cannot run (here its table is missing for a while)
+/// is retried, not skipped, and handled once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_failures_do_not_count_as_handler_attempts() {
+    let brokers = kafka::brokers();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    sqlx::query("ALTER TABLE outbox_processed RENAME TO outbox_processed_away")
+        .execute(&db.pool)
+        .await
+        .expect("hide the processed table");
+    let topic = kafka::unique("blip");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .build()
+        .await
+        .expect("publisher");
+    let record = job(&topic, 7);
+    assert!(publisher.publish(std::slice::from_ref(&record)).await[0].is_ok());
+
+    let mut builder = KafkaConsumer::builder(
+        &brokers,
+        kafka::unique("group"),
+        Inbox::new(&outbox, "jobs"),
+    )
+    .topic(&topic)
+    .retry_backoff(Duration::from_millis(20), Duration::from_millis(50))
+    .handler_attempts(1, Policy::Skip)
+    .on_event_type::<Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }));
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        builder = builder.set(k, v);
+    }
+    let consumer = builder.build().expect("consumer").spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumer.stats().handler_errors < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no retries: {:?}",
+            consumer.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        consumer.stats().skipped,
+        0,
+        "a database failure skipped the message"
+    );
+    sqlx::query("ALTER TABLE outbox_processed_away RENAME TO outbox_processed")
+        .execute(&db.pool)
+        .await
+        .expect("bring the processed table back");
+    while consumer.stats().handled < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not handled: {:?}",
+            consumer.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = consumer.stats();
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        (stats.handled, stats.skipped, stats.dead_lettered),
+        (1, 0, 0)
+    );
+    assert!(
+        Inbox::new(&outbox, "jobs")
+            .is_processed(record.id)
+            .await
+            .expect("lookup")
+    );
+    kafka::delete_topic(&brokers, &topic).await;
+    db.cleanup().await;
+}

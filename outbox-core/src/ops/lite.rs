@@ -18,7 +18,7 @@ macro_rules! lite_ops {
         use sqlx::Row;
         use uuid::Uuid;
 
-        use super::super::{Ops, SqlResult, Which, count, total};
+        use super::super::{Ops, SentBatch, SqlResult, Which, count, total};
         use super::{IDS_PER_STATEMENT, placeholders};
         use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
         use crate::config::Tables;
@@ -44,6 +44,8 @@ macro_rules! lite_ops {
         }
 
         impl Ops for $db {
+            const ADMIN_BEGIN: Option<&'static str> = Some($d::ADMIN_BEGIN);
+
             fn record_processed<'c>(
                 conn: &'c mut Conn,
                 tables: &'c Tables,
@@ -111,7 +113,7 @@ macro_rules! lite_ops {
                 after: i64,
                 cutoff: DateTime<Utc>,
                 limit: i64,
-            ) -> BoxFuture<'c, SqlResult<(u64, Option<i64>)>> {
+            ) -> BoxFuture<'c, SqlResult<SentBatch>> {
                 Box::pin(async move {
                     let t = $d::quote(&tables.outbox);
                     let mut conn = pool.acquire().await?;
@@ -127,20 +129,24 @@ macro_rules! lite_ops {
                     .fetch_one(&mut *conn)
                     .await?;
                     let Some(last) = last.filter(|_| found > 0) else {
-                        return Ok((0, None));
+                        return Ok(SentBatch::default());
                     };
-                    if let Some(before) = $d::BEFORE_DELETE {
-                        sqlx::query(before).execute(&mut *conn).await?;
-                    }
+                    drop(conn);
+                    let mut tx = pool.begin_with($d::ADMIN_BEGIN).await?;
                     let done = sqlx::query(&format!(
                         "DELETE FROM {t} WHERE seq > ? AND seq <= ? AND sent_at < ? AND dead_at IS NULL"
                     ))
                     .bind(after)
                     .bind(last)
                     .bind($d::ts(cutoff))
-                    .execute(&mut *conn)
+                    .execute(&mut *tx)
                     .await?;
-                    Ok((done.rows_affected(), Some(last)))
+                    tx.commit().await?;
+                    Ok(SentBatch {
+                        deleted: done.rows_affected(),
+                        found: count(found),
+                        last: Some(last),
+                    })
                 })
             }
 
@@ -151,15 +157,13 @@ macro_rules! lite_ops {
                 limit: i64,
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
-                    let mut conn = pool.acquire().await?;
-                    if let Some(before) = $d::BEFORE_DELETE {
-                        sqlx::query(before).execute(&mut *conn).await?;
-                    }
+                    let mut tx = pool.begin_with($d::ADMIN_BEGIN).await?;
                     let done = sqlx::query(&$d::delete_processed(&$d::quote(&tables.processed)))
                         .bind($d::ts(cutoff))
                         .bind(limit)
-                        .execute(&mut *conn)
+                        .execute(&mut *tx)
                         .await?;
+                    tx.commit().await?;
                     Ok(done.rows_affected())
                 })
             }
@@ -442,9 +446,10 @@ mod mysql {
             t
         }
         pub(super) const FOR_UPDATE: &str = " FOR UPDATE";
-        /// Deletes take no gap locks that would hold back writers appending rows.
-        pub(super) const BEFORE_DELETE: Option<&str> =
-            Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+        /// Deletes and updates take no gap locks that would hold back writers appending
+        /// rows; one round trip, so the setting cannot outlive this transaction.
+        pub(super) const ADMIN_BEGIN: &str =
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
         pub(super) fn delete_processed(table: &str) -> String {
             format!("DELETE FROM {table} WHERE processed_at < ? ORDER BY processed_at LIMIT ?")
         }
@@ -498,7 +503,7 @@ mod sqlite {
         }
         /// A write transaction holds the whole database already (`BEGIN IMMEDIATE`).
         pub(super) const FOR_UPDATE: &str = "";
-        pub(super) const BEFORE_DELETE: Option<&str> = None;
+        pub(super) const ADMIN_BEGIN: &str = "BEGIN IMMEDIATE";
         pub(super) fn delete_processed(table: &str) -> String {
             format!(
                 "DELETE FROM {table} WHERE rowid IN \

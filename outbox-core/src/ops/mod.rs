@@ -56,6 +56,13 @@ impl Which {
 /// Methods taking `conn` run inside the caller's transaction; the others take a
 /// connection from the pool.
 pub trait Ops: sqlx::Database {
+    /// How [`Admin`](crate::admin::Admin) and retention begin their write transactions
+    /// (`None`: the driver's `BEGIN`). MySQL: at `READ COMMITTED`, set in the same round
+    /// trip as `START TRANSACTION` (so it can never outlive it on a pooled connection),
+    /// which keeps InnoDB's next-key locks off the index gap where writers append
+    /// pending rows; SQLite: `BEGIN IMMEDIATE`.
+    const ADMIN_BEGIN: Option<&'static str> = None;
+
     /// Inserts `(consumer, id)` into the processed table unless present; `true` if inserted.
     fn record_processed<'c>(
         conn: &'c mut Self::Connection,
@@ -87,7 +94,7 @@ pub trait Ops: sqlx::Database {
         after: i64,
         cutoff: DateTime<Utc>,
         limit: i64,
-    ) -> BoxFuture<'c, SqlResult<(u64, Option<i64>)>>;
+    ) -> BoxFuture<'c, SqlResult<SentBatch>>;
 
     /// Deletes up to `limit` processed ids with `processed_at < cutoff`, oldest first.
     fn delete_processed<'c>(
@@ -162,6 +169,18 @@ pub trait Ops: sqlx::Database {
     ) -> BoxFuture<'c, SqlResult<()>> {
         Box::pin(async { Ok(()) })
     }
+}
+
+/// What one retention batch of sent messages did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SentBatch {
+    /// Rows deleted.
+    pub deleted: u64,
+    /// Rows the batch took on (at most `limit`; fewer means the run is done). Can exceed
+    /// `deleted` when a message was re-queued between finding and deleting it.
+    pub found: u64,
+    /// The largest `seq` the batch covered.
+    pub last: Option<i64>,
 }
 
 /// Converts a count from the database.

@@ -6,7 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::{Ops, SqlResult, Which, count, total};
+use super::{Ops, SentBatch, SqlResult, Which, count, total};
 use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
 use crate::config::{Tables, locks};
 
@@ -68,7 +68,7 @@ impl Ops for Postgres {
         after: i64,
         cutoff: DateTime<Utc>,
         limit: i64,
-    ) -> BoxFuture<'c, SqlResult<(u64, Option<i64>)>> {
+    ) -> BoxFuture<'c, SqlResult<SentBatch>> {
         Box::pin(async move {
             let t = tables.outbox.quoted();
             let (n, last): (i64, Option<i64>) = sqlx::query_as(&format!(
@@ -84,7 +84,11 @@ impl Ops for Postgres {
             .bind(limit)
             .fetch_one(pool)
             .await?;
-            Ok((count(n), last))
+            Ok(SentBatch {
+                deleted: count(n),
+                found: count(n),
+                last,
+            })
         })
     }
 

@@ -207,6 +207,8 @@ impl<'r, P: Publisher> Session<'r, P> {
                 .bind(tables.outbox.quoted())
                 .fetch_one(&mut conn)
                 .await?;
+        // Before taking a relay slot: a refused relay must not count as a relay.
+        register_partition_count(&mut conn, table_key, relay).await?;
         let slot: Option<i32> = sqlx::query_scalar(
             "SELECT s FROM generate_series(0, $3 - 1) AS s WHERE pg_try_advisory_lock($1, $2 + s) LIMIT 1",
         )
@@ -221,7 +223,6 @@ impl<'r, P: Publisher> Session<'r, P> {
                 locks::MAX_RELAYS
             ))
         })?;
-        register_partition_count(&mut conn, table_key, relay).await?;
 
         // The listener reconnects by itself through this one-connection pool.
         let listen_pool = sqlx::postgres::PgPoolOptions::new()
