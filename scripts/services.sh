@@ -4,6 +4,8 @@
 #   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down)
 #   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
+#   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
+#   installed; skipped if OUTBOX_TEST_NATS_URL is set)
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
 # brokers of their own on other ports): `eval "$(scripts/services.sh)"` keeps it.
@@ -115,7 +117,24 @@ ensure_kafka() {
   log "Kafka-protocol broker is up on $KAFKA_ADDR"
 }
 
+# ---------------------------------------------------------------------- NATS
+ensure_nats() {
+  if port_open 127.0.0.1 4222; then
+    log "NATS is up on 127.0.0.1:4222"
+    return 0
+  fi
+  command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] \
+    || die "NATS is not listening on 127.0.0.1:4222 and nats-server is not installed; install it (apt-get install nats-server) or set OUTBOX_TEST_NATS_URL"
+  local bin; bin="$(command -v nats-server || echo /usr/sbin/nats-server)"
+  mkdir -p "$OUTBOX_TOOLS_DIR/nats"
+  log "starting NATS with JetStream"
+  nohup "$bin" -a 127.0.0.1 -p 4222 -js -sd "$OUTBOX_TOOLS_DIR/nats" >"$OUTBOX_TOOLS_DIR/nats.log" 2>&1 &
+  wait_port nats 127.0.0.1 4222 20 || die "NATS did not start listening on 127.0.0.1:4222 within 20 s; see $OUTBOX_TOOLS_DIR/nats.log"
+  log "NATS is up on 127.0.0.1:4222"
+}
+
 ensure_postgres
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
+if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 ensure_kafka
 echo "export TANSU_BIN=$TANSU_BIN"

@@ -1,0 +1,329 @@
+//! `outbox-nats`: publishes outbox messages to [NATS JetStream](https://docs.nats.io/nats-concepts/jetstream).
+//!
+//! ```no_run
+//! # async fn demo(outbox: outbox_core::Outbox) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::Relay;
+//! use outbox_nats::NatsPublisher;
+//!
+//! // Every destination of the event catalog must be captured by a JetStream stream.
+//! let publisher = NatsPublisher::builder("nats://127.0.0.1:4222").build().await?;
+//! let relay = Relay::builder(outbox, publisher).spawn();
+//! # relay.shutdown().await; Ok(()) }
+//! ```
+//!
+//! # What it guarantees
+//! - **Deduplication**: every message carries `Nats-Msg-Id: <outbox message id>`, so a
+//!   message the relay publishes again (after a crash between the broker's
+//!   acknowledgement and the mark) is dropped by JetStream if it arrives within the
+//!   stream's duplicate window (2 minutes by default; see `duplicate_window`). A duplicate
+//!   is acknowledged as a success.
+//! - **Per-key order**: messages of one partition key are published one after the other,
+//!   each after the previous one was acknowledged; messages of different keys are all in
+//!   flight at once. After a failure, the later messages of that key in the batch are not
+//!   attempted (reported as [`PublishError::not_attempted`]), so a key is never stored
+//!   out of order. The cost: a batch made of one hot key takes one round trip per message.
+//! - **Start-up check**: [`NatsPublisherBuilder::build`] fails with
+//!   [`Error::MissingStreams`] if a destination (subject) of the event catalog, or one
+//!   added with [`destination`](NatsPublisherBuilder::destination), is captured by no
+//!   stream: JetStream would answer every publish with "no responders".
+//!
+//! # Message layout
+//! Subject = the outbox destination; payload = the JSON payload; headers: `Nats-Msg-Id`,
+//! `message-id`, `event-type`, `event-version` (if any), `content-type:
+//! application/json`, `partition-key` (if any), and every header stored with the row
+//! (`traceparent`, ...). The header names other than `Nats-Msg-Id` and `partition-key`
+//! are the ones `outbox-kafka` writes, so consumers can share their decoding.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::{self};
+use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
+
+/// The headers this publisher writes.
+pub mod headers {
+    /// JetStream's deduplication header: the outbox message id.
+    pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+    /// The message id (the consumer's deduplication key).
+    pub const MESSAGE_ID: &str = "message-id";
+    /// The event type name.
+    pub const EVENT_TYPE: &str = "event-type";
+    /// The schema version, when the event has one.
+    pub const EVENT_VERSION: &str = "event-version";
+    /// `application/json`.
+    pub const CONTENT_TYPE: &str = "content-type";
+    /// The outbox partition key, when the message has one.
+    pub const PARTITION_KEY: &str = "partition-key";
+    /// Headers the publisher sets itself; row headers with these names are not copied.
+    pub const RESERVED: [&str; 6] = [
+        NATS_MSG_ID,
+        MESSAGE_ID,
+        EVENT_TYPE,
+        EVENT_VERSION,
+        CONTENT_TYPE,
+        PARTITION_KEY,
+    ];
+}
+
+/// Why the publisher could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The server could not be reached or refused the connection.
+    #[error(
+        "cannot connect to NATS at {url}: {reason}; check that the server runs and the URL is right"
+    )]
+    Connect {
+        /// The URL given.
+        url: String,
+        /// The client's error.
+        reason: String,
+    },
+    /// Subjects no JetStream stream captures.
+    #[error(
+        "no JetStream stream captures subject(s) {}; create one (e.g. `nats stream add EVENTS --subjects '{}'`), \
+         or leave the catalog out of the check with `.skip_catalog_check()`",
+        .subjects.join(", "),
+        .subjects.first().map(String::as_str).unwrap_or("<subject>")
+    )]
+    MissingStreams {
+        /// The subjects without a stream.
+        subjects: Vec<String>,
+    },
+    /// JetStream did not answer a stream lookup.
+    #[error(
+        "cannot look up the JetStream stream of subject {subject}: {reason}; is JetStream enabled on the server?"
+    )]
+    Lookup {
+        /// The subject looked up.
+        subject: String,
+        /// The client's error.
+        reason: String,
+    },
+}
+
+/// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
+pub struct NatsPublisherBuilder {
+    url: String,
+    options: async_nats::ConnectOptions,
+    destinations: Vec<String>,
+    check_catalog: bool,
+    ack_timeout: Duration,
+}
+
+impl fmt::Debug for NatsPublisherBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisherBuilder")
+            .field("url", &self.url)
+            .field("destinations", &self.destinations)
+            .field("check_catalog", &self.check_catalog)
+            .field("ack_timeout", &self.ack_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsPublisherBuilder {
+    /// Connection options (credentials, TLS, name, ...) instead of the defaults.
+    pub fn options(mut self, options: async_nats::ConnectOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Also check at start-up that `subject` is captured by a stream.
+    pub fn destination(mut self, subject: impl Into<String>) -> Self {
+        self.destinations.push(subject.into());
+        self
+    }
+
+    /// Do not check the destinations of the event catalog (`outbox_core::catalog()`) at
+    /// start-up; subjects added with [`destination`](Self::destination) are still checked.
+    pub fn skip_catalog_check(mut self) -> Self {
+        self.check_catalog = false;
+        self
+    }
+
+    /// How long to wait for JetStream's acknowledgement of one message (default 10 s);
+    /// past it the message is reported as a retryable failure.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// Connects and checks that every destination is captured by a stream.
+    pub async fn build(self) -> Result<NatsPublisher, Error> {
+        let client = self
+            .options
+            .connect(self.url.as_str())
+            .await
+            .map_err(|e| Error::Connect {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            })?;
+        let js = jetstream::new(client);
+        let mut wanted = self.destinations;
+        if self.check_catalog {
+            wanted.extend(
+                outbox_core::catalog()
+                    .iter()
+                    .map(|e| e.destination.as_str().to_owned()),
+            );
+        }
+        wanted.sort();
+        wanted.dedup();
+        let mut missing = Vec::new();
+        for subject in wanted {
+            match js.stream_by_subject(subject.as_str()).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => missing.push(subject),
+                Err(e) => {
+                    return Err(Error::Lookup {
+                        subject,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Err(Error::MissingStreams { subjects: missing });
+        }
+        tracing::info!(url = %self.url, "outbox-nats publisher ready");
+        Ok(NatsPublisher {
+            js,
+            ack_timeout: self.ack_timeout,
+        })
+    }
+}
+
+/// Publishes outbox messages to NATS JetStream. See the [crate docs](crate).
+#[derive(Clone)]
+pub struct NatsPublisher {
+    js: jetstream::Context,
+    ack_timeout: Duration,
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("ack_timeout", &self.ack_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsPublisher {
+    /// A publisher connecting to `url` (`nats://host:4222`, or several separated by commas).
+    pub fn builder(url: impl Into<String>) -> NatsPublisherBuilder {
+        NatsPublisherBuilder {
+            url: url.into(),
+            options: async_nats::ConnectOptions::new().name("outbox-nats"),
+            destinations: Vec::new(),
+            check_catalog: true,
+            ack_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Publishes one message and waits for JetStream's acknowledgement.
+    async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
+        let send = self.js.publish_with_headers(
+            record.destination.clone(),
+            nats_headers(record),
+            bytes::Bytes::copy_from_slice(record.payload.as_bytes()),
+        );
+        let acked = async {
+            let ack = send.await?;
+            ack.await
+        };
+        match tokio::time::timeout(self.ack_timeout, acked).await {
+            Ok(Ok(_ack)) => Ok(()),
+            Ok(Err(e)) => Err(classify(&e)),
+            Err(_) => Err(PublishError::retryable(format!(
+                "nats: no acknowledgement from JetStream within {:?}",
+                self.ack_timeout
+            ))),
+        }
+    }
+}
+
+fn classify(e: &jetstream::context::PublishError) -> PublishError {
+    let text = format!("nats: {e}");
+    // The payload exceeds the server's max_payload: it will never fit. (The client
+    // reports it as the source of an `Other` error.)
+    let too_large = e.kind() == PublishErrorKind::Other
+        && std::error::Error::source(e).is_some_and(|s| s.to_string().contains("max payload"));
+    if too_large {
+        return PublishError::permanent(text);
+    }
+    // No stream (yet), a timeout, a broken connection, a stream at its limits: worth
+    // retrying with backoff.
+    PublishError::retryable(text)
+}
+
+fn nats_headers(record: &OutboxRecord) -> HeaderMap {
+    let id = record.id.to_string();
+    let mut h = HeaderMap::new();
+    h.insert(headers::NATS_MSG_ID, id.as_str());
+    h.insert(headers::MESSAGE_ID, id.as_str());
+    h.insert(headers::EVENT_TYPE, record.event_type.as_str());
+    h.insert(headers::CONTENT_TYPE, "application/json");
+    if let Some(version) = record.event_version {
+        h.insert(headers::EVENT_VERSION, version.to_string().as_str());
+    }
+    if let Some(key) = &record.partition_key {
+        h.insert(headers::PARTITION_KEY, key.as_str());
+    }
+    for (key, value) in &record.headers {
+        if headers::RESERVED
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(key))
+        {
+            continue;
+        }
+        h.insert(key.as_str(), value.as_str());
+    }
+    h
+}
+
+impl Publisher for NatsPublisher {
+    async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
+        // One chain per key, in batch order; messages without a key are chains of one.
+        let mut chains: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();
+        let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, record) in batch.iter().enumerate() {
+            let chain = match record.partition_key.as_deref() {
+                Some(key) => (true, *by_key.entry(key).or_insert(i)),
+                None => (false, i),
+            };
+            chains.entry(chain).or_default().push(i);
+        }
+        let runs = chains.into_values().map(|chain| async move {
+            let mut results = Vec::with_capacity(chain.len());
+            let mut failed = false;
+            for i in chain {
+                let result = if failed {
+                    Err(PublishError::not_attempted())
+                } else {
+                    self.publish_one(&batch[i]).await
+                };
+                failed |= result.is_err();
+                results.push((i, result));
+            }
+            results
+        });
+        let mut out: Vec<Option<Result<(), PublishError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        for (i, result) in futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            out[i] = Some(result);
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(PublishError::retryable("nats: message not published")))
+            })
+            .collect()
+    }
+}

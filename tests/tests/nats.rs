@@ -1,0 +1,228 @@
+//! `outbox-nats` against the real NATS server with JetStream (`OUTBOX_TEST_NATS_URL`,
+//! default `nats://127.0.0.1:4222`). Each test works in a stream and subjects of its own.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use outbox_core::publisher::{PublishErrorKind, Publisher};
+use outbox_core::{OutboxMessage, OutboxRecord, Relay};
+use outbox_nats::{Error, NatsPublisher, headers};
+use outbox_tests::TestDb;
+use uuid::Uuid;
+
+fn nats_url() -> String {
+    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// A fresh stream capturing `<prefix>.>`; returns the context, the stream name and the prefix.
+async fn fresh_stream() -> (jetstream::Context, String, String) {
+    let client = async_nats::connect(nats_url())
+        .await
+        .expect("NATS at OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222)");
+    let js = jetstream::new(client);
+    let id = Uuid::now_v7().simple().to_string();
+    let (name, prefix) = (format!("OUTBOX_TEST_{id}"), format!("outbox-test-{id}"));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("create the test stream (is JetStream enabled?)");
+    (js, name, prefix)
+}
+
+async fn stored(js: &jetstream::Context, name: &str) -> u64 {
+    let mut s = js.get_stream(name).await.expect("stream");
+    s.info().await.expect("stream info").state.messages
+}
+
+fn record(subject: &str, key: &str, n: i32) -> OutboxRecord {
+    OutboxRecord {
+        seq: i64::from(n),
+        id: Uuid::now_v7(),
+        event_type: "Counted".to_owned(),
+        event_version: Some(2),
+        destination: subject.to_owned(),
+        partition_key: Some(key.to_owned()),
+        payload: format!(r#"{{"key":"{key}","n":{n}}}"#),
+        headers: [("traceparent".to_owned(), "00-abc-def-01".to_owned())].into(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_to_jetstream_in_key_order_with_ids_for_deduplication() {
+    let (js, name, prefix) = fresh_stream().await;
+    let subject = format!("{prefix}.orders");
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    for round in 0..4 {
+        let mut tx = outbox.begin().await.expect("begin");
+        for n in round * 5..round * 5 + 5 {
+            for key in ["a", "b", "c"] {
+                tx.emit_message(
+                    OutboxMessage::new(
+                        "Counted",
+                        subject.as_str(),
+                        format!(r#"{{"key":"{key}","n":{n}}}"#),
+                    )
+                    .with_key(key),
+                )
+                .expect("emit");
+            }
+        }
+        tx.commit().await.expect("commit");
+    }
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher)
+        .batch_size(7)
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored(&js, &name).await < 60 {
+        assert!(
+            Instant::now() < deadline,
+            "stored {}",
+            stored(&js, &name).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.shutdown().await;
+    let sent: i64 =
+        outbox_core::sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count sent");
+    assert_eq!(sent, 60, "every message marked sent");
+
+    let reader = js
+        .get_stream(&name)
+        .await
+        .expect("stream")
+        .create_consumer(consumer::pull::Config::default())
+        .await
+        .expect("consumer");
+    let mut messages = reader
+        .fetch()
+        .max_messages(100)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut next: HashMap<String, i64> = HashMap::new();
+    let mut seen = 0;
+    while let Some(m) = messages.next().await {
+        let m = m.expect("message");
+        let h = m.headers.clone().expect("headers");
+        let get = |k: &str| h.get(k).map(|v| v.as_str().to_owned());
+        // (JetStream consumes `Nats-Msg-Id` for deduplication; see the next test.)
+        let id = get(headers::MESSAGE_ID).expect("message-id header");
+        assert!(Uuid::parse_str(&id).is_ok(), "message-id {id}");
+        assert_eq!(get(headers::EVENT_TYPE).as_deref(), Some("Counted"));
+        assert_eq!(
+            get(headers::CONTENT_TYPE).as_deref(),
+            Some("application/json")
+        );
+        let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("JSON");
+        let key = payload["key"].as_str().expect("key").to_owned();
+        assert_eq!(get(headers::PARTITION_KEY).as_deref(), Some(key.as_str()));
+        let n = payload["n"].as_i64().expect("n");
+        let expected = next.entry(key.clone()).or_default();
+        assert_eq!(n, *expected, "key {key} in order");
+        *expected += 1;
+        seen += 1;
+    }
+    assert_eq!(seen, 60);
+    js.delete_stream(&name).await.expect("delete stream");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_message_published_twice_is_stored_once() {
+    let (js, name, prefix) = fresh_stream().await;
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    let r = record(&format!("{prefix}.x"), "k", 1);
+    for _ in 0..2 {
+        // The second time is what the relay does after a crash before its mark.
+        let results = publisher.publish(std::slice::from_ref(&r)).await;
+        assert!(results[0].is_ok(), "{results:?}");
+    }
+    assert_eq!(
+        stored(&js, &name).await,
+        1,
+        "JetStream dropped the duplicate"
+    );
+    js.delete_stream(&name).await.expect("delete stream");
+}
+
+#[tokio::test]
+async fn a_failure_holds_back_the_rest_of_its_key_only() {
+    let (js, name, prefix) = fresh_stream().await;
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .ack_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("publisher");
+    let good = format!("{prefix}.x");
+    let batch = [
+        record("outbox-test-nowhere.x", "k1", 1), // no stream captures it
+        record(&good, "k1", 2),
+        record(&good, "k2", 1),
+    ];
+    let results = publisher.publish(&batch).await;
+    let kinds: Vec<Option<PublishErrorKind>> = results
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Some(PublishErrorKind::Retryable),
+            Some(PublishErrorKind::NotAttempted),
+            None
+        ],
+        "{results:?}"
+    );
+    assert_eq!(stored(&js, &name).await, 1, "only k2 was stored");
+    js.delete_stream(&name).await.expect("delete stream");
+}
+
+#[tokio::test]
+async fn a_destination_without_a_stream_is_refused_at_start_up() {
+    let missing = format!("outbox-test-missing-{}.orders", Uuid::now_v7().simple());
+    match NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&missing)
+        .build()
+        .await
+    {
+        Err(e @ Error::MissingStreams { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&missing) && text.contains("nats stream add"),
+                "{text}"
+            );
+        }
+        Err(e) => panic!("expected MissingStreams, got {e}"),
+        Ok(_) => panic!("expected MissingStreams, got a publisher"),
+    }
+    match NatsPublisher::builder("nats://127.0.0.1:1").build().await {
+        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains("127.0.0.1:1"), "{e}"),
+        Err(e) => panic!("expected Connect, got {e}"),
+        Ok(_) => panic!("expected Connect, got a publisher"),
+    }
+}
