@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write idle history scale all
+//! scenarios: drain latency write idle history scale all; nats (needs NATS with JetStream,
+//! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
 //!            --smoke (tiny sizes, seconds) --out DIR (JSON + SVG, default target/bench)
@@ -12,6 +13,7 @@
 //! Every scenario works in a schema of its own, dropped at the end.
 
 mod kafka;
+mod nats;
 mod publisher;
 mod report;
 mod scenarios;
@@ -47,6 +49,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "idle" => scenarios::idle(args, &mut report).await?,
             "history" => scenarios::history(args, &mut report).await?,
             "scale" => scenarios::scale_out(args, &mut report).await?,
+            "nats" => nats::drain(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }
     }

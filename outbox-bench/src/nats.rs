@@ -1,0 +1,153 @@
+//! `nats`: drain throughput to NATS JetStream. Our relay with `outbox-nats` against the
+//! JetStream ceiling: the same messages published straight from memory, 4,096 in flight,
+//! every acknowledgement awaited. Both go to a fresh in-memory stream (like tansu's
+//! in-memory storage in `drain`).
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use futures_util::StreamExt;
+use outbox_core::relay::Relay;
+use outbox_nats::NatsPublisher;
+
+use crate::BoxError;
+use crate::report::Report;
+use crate::setup::{Args, BenchDb};
+
+const IN_FLIGHT: usize = 4096;
+
+fn url() -> String {
+    std::env::var("OUTBOX_BENCH_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// A fresh in-memory stream; returns its name and subject.
+async fn fresh_stream(js: &jetstream::Context) -> Result<(String, String), BoxError> {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let (name, subject) = (
+        format!("OUTBOX_BENCH_{id}"),
+        format!("outbox-bench-{id}.events"),
+    );
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        storage: stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await?;
+    Ok((name, subject))
+}
+
+pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let client = async_nats::connect(url()).await?;
+    let js = jetstream::new(client);
+
+    // The relay.
+    let (name, subject) = fresh_stream(&js).await?;
+    let mut db = BenchDb::new(args).await?;
+    db.destination = subject.clone();
+    db.fill(args.events, args.keys, args.payload).await?;
+    let publisher = NatsPublisher::builder(url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .build()
+        .await?;
+    let started = Instant::now();
+    let relay = Relay::builder(db.outbox.clone(), publisher).spawn();
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while relay.stats().published < args.events {
+        if Instant::now() > deadline {
+            return Err(format!("the relay published only {}", relay.stats().published).into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let relay_rate = args.events as f64 / started.elapsed().as_secs_f64();
+    relay.shutdown().await;
+    db.drop().await?;
+    js.delete_stream(&name).await?;
+
+    // The ceiling.
+    let (name, subject) = fresh_stream(&js).await?;
+    let payload = bytes::Bytes::from(format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    ));
+    let started = Instant::now();
+    let acked = futures_util::stream::iter(0..args.events)
+        .map(|_| {
+            let (js, subject, payload) = (js.clone(), subject.clone(), payload.clone());
+            async move {
+                let mut headers = async_nats::HeaderMap::new();
+                let id = uuid::Uuid::now_v7().to_string();
+                headers.insert("Nats-Msg-Id", id.as_str());
+                js.publish_with_headers(subject, headers, payload)
+                    .await?
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .filter(|r| std::future::ready(r.is_ok()))
+        .count()
+        .await;
+    let ceiling = acked as f64 / started.elapsed().as_secs_f64();
+    js.delete_stream(&name).await?;
+    if acked as u64 != args.events {
+        return Err(format!(
+            "the ceiling run had {acked} of {} acknowledged",
+            args.events
+        )
+        .into());
+    }
+
+    // The publisher alone: the same messages in batches as the relay hands them over.
+    let (name, subject) = fresh_stream(&js).await?;
+    let publisher = NatsPublisher::builder(url())
+        .skip_catalog_check()
+        .build()
+        .await?;
+    let records: Vec<outbox_core::OutboxRecord> = (0..args.events)
+        .map(|i| outbox_core::OutboxRecord {
+            seq: i as i64,
+            id: uuid::Uuid::now_v7(),
+            event_type: "BenchEvent".to_owned(),
+            event_version: None,
+            destination: subject.clone(),
+            partition_key: Some(format!("k{}", i % args.keys.max(1))),
+            payload: String::from_utf8_lossy(&payload).into_owned(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        })
+        .collect();
+    let started = Instant::now();
+    for batch in records.chunks(1000) {
+        use outbox_core::publisher::Publisher;
+        let results = publisher.publish(batch).await;
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            return Err(format!("publisher alone: {e}").into());
+        }
+    }
+    let alone = args.events as f64 / started.elapsed().as_secs_f64();
+    js.delete_stream(&name).await?;
+
+    report.add(
+        "nats",
+        "(p) NatsPublisher alone, batches of 1,000",
+        alone,
+        "events/s",
+    );
+    report.add(
+        "nats",
+        "(n) raw JetStream publish ceiling (no database)",
+        ceiling,
+        "events/s",
+    );
+    report.add(
+        "nats",
+        "(r) outbox relay -> NATS JetStream",
+        relay_rate,
+        "events/s",
+    );
+    report.add("nats", "(r) / (n)", relay_rate / ceiling, "ratio");
+    Ok(())
+}
