@@ -207,6 +207,7 @@ pub struct KafkaConsumerBuilder<DB: Backend = DefaultBackend> {
     retry_backoff: (Duration, Duration),
     handler_attempts: Option<(u32, Policy)>,
     dead_letter_topic: Option<String>,
+    dead_letter_settings: Vec<(String, String)>,
 }
 
 impl<DB: Backend> fmt::Debug for KafkaConsumerBuilder<DB> {
@@ -282,6 +283,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
             retry_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
             handler_attempts: None,
             dead_letter_topic: None,
+            dead_letter_settings: Vec::new(),
         }
     }
 
@@ -416,9 +418,17 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
     /// The topic [`Policy::DeadLetter`] writes to (e.g. `orders.events.dlq`). It must
     /// exist; it is written with a producer made from this consumer's connection and
     /// security settings (`bootstrap.servers`, `security.protocol`, `sasl.*`, `ssl.*`,
-    /// `client.id`), idempotent, `acks=all`.
+    /// `https.*`, `socket.*`, `client.id`, ...), idempotent, `acks=all`, plus what
+    /// [`dead_letter_set`](Self::dead_letter_set) adds.
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
         self.dead_letter_topic = Some(topic.into());
+        self
+    }
+
+    /// A librdkafka producer property for the dead-letter producer only (e.g.
+    /// `message.timeout.ms`, to stop sooner when the dead-letter topic cannot be written).
+    pub fn dead_letter_set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.dead_letter_settings.push((key.into(), value.into()));
         self
     }
 
@@ -439,7 +449,10 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
             self.handler_attempts.map(|(_, then)| then),
         ];
         let dead_letters = match self.dead_letter_topic.take() {
-            Some(topic) => Some((topic, dead_letter_producer(&self.settings)?)),
+            Some(topic) => Some((
+                topic,
+                dead_letter_producer(&self.settings, &self.dead_letter_settings)?,
+            )),
             None if policies.contains(&Some(Policy::DeadLetter)) => {
                 return Err(Error::NoDeadLetterTopic);
             }
@@ -470,19 +483,56 @@ impl<DB: Backend> KafkaConsumerBuilder<DB> {
 }
 
 /// A producer with the consumer's connection and security settings only.
-fn dead_letter_producer(consumer: &Settings) -> Result<FutureProducer> {
+fn dead_letter_producer(consumer: &Settings, own: &[(String, String)]) -> Result<FutureProducer> {
     let mut settings = Settings::default();
     for key in consumer.keys() {
-        let shared = ["bootstrap.servers", "security.protocol", "client.id"].contains(&key)
-            || key.starts_with("sasl.")
-            || key.starts_with("ssl.");
+        let shared = [
+            "bootstrap.servers",
+            "security.protocol",
+            "client.id",
+            "client.dns.lookup",
+            "broker.address.family",
+            "enable.ssl.certificate.verification",
+            "enable.sasl.oauthbearer.unsecure.jwt",
+        ]
+        .contains(&key)
+            || ["sasl.", "ssl.", "https.", "socket."]
+                .iter()
+                .any(|prefix| key.starts_with(prefix));
         if let (true, Some(value)) = (shared, consumer.get(key)) {
             settings.set(key, value);
         }
     }
+    for (key, value) in own {
+        settings.set(key.as_str(), value.as_str());
+    }
     settings.set_default("enable.idempotence", "true");
     settings.set_default("acks", "all");
     settings.create()
+}
+
+/// What went wrong with a message, in words that do not depend on the policy applied
+/// (for logs and the `dlq-reason` header), at most 4 KiB.
+fn short_reason(error: &Error) -> String {
+    let mut text = match error {
+        Error::UnknownEventType { event_type, .. } => {
+            format!("no handler for event type `{event_type}`")
+        }
+        Error::Undecodable { reason, .. } => format!("cannot decode the message: {reason}"),
+        Error::HandlerFailed {
+            attempts, error, ..
+        } => format!("the handler failed {attempts} times, last with: {error}"),
+        other => other.to_string(),
+    };
+    if text.len() > 4096 {
+        let mut end = 4096;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 /// Controls a spawned consumer.
@@ -611,12 +661,13 @@ impl<DB: Backend> KafkaConsumer<DB> {
         message: &BorrowedMessage<'_>,
         policy: Policy,
         error: Error,
+        shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Step> {
         match policy {
             Policy::Skip => {
                 tracing::warn!(
                     topic = message.topic(), partition = message.partition(), offset = message.offset(),
-                    reason = %error, "outbox-kafka: message skipped (policy Skip)"
+                    reason = %short_reason(&error), "outbox-kafka: message skipped (policy Skip)"
                 );
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("outbox_kafka_consumer_skipped_total").increment(1);
@@ -631,10 +682,15 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 Err(error)
             }
             Policy::DeadLetter => {
-                let dead_letter_topic = self.dead_letter(message, &error).await?;
+                // A shutdown does not wait for the write: the offset stays unstored, so
+                // the message comes again (at worst twice in the dead-letter topic).
+                let dead_letter_topic = tokio::select! {
+                    written = self.dead_letter(message, &error) => written?,
+                    _ = stopped(shutdown) => return Ok(Step::Stop),
+                };
                 tracing::warn!(
                     topic = message.topic(), partition = message.partition(), offset = message.offset(),
-                    dead_letter_topic, reason = %error, "outbox-kafka: message dead-lettered"
+                    dead_letter_topic, reason = %short_reason(&error), "outbox-kafka: message dead-lettered"
                 );
                 self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("outbox_kafka_consumer_dead_lettered_total").increment(1);
@@ -667,7 +723,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 });
             }
         }
-        let reason = self.settings.redact(&reason.to_string());
+        let reason = self.settings.redact(&short_reason(reason));
         let (partition_text, offset_text) = (partition.to_string(), offset.to_string());
         for (key, value) in [
             (dead_letter_headers::REASON, reason.as_str()),
@@ -722,6 +778,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                     message,
                     self.undecodable,
                     undecodable(format!("no `{}` header", headers::EVENT_TYPE)),
+                    shutdown,
                 )
                 .await;
         };
@@ -733,6 +790,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                         message,
                         self.undecodable,
                         undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
+                        shutdown,
                     )
                     .await;
             }
@@ -742,6 +800,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                         message,
                         self.undecodable,
                         undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
+                        shutdown,
                     )
                     .await;
             }
@@ -753,7 +812,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 partition,
                 offset,
             };
-            return self.policy(message, self.unknown, error).await;
+            return self.policy(message, self.unknown, error, shutdown).await;
         };
         let payload = message.payload().unwrap_or_default();
         let event = match dispatch.decode(payload) {
@@ -766,6 +825,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                         undecodable(format!(
                             "message {id}: payload is not a valid `{event_type}`: {e}"
                         )),
+                        shutdown,
                     )
                     .await;
             }
@@ -839,7 +899,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                             partition,
                             offset,
                         };
-                        return self.policy(message, then, failure).await;
+                        return self.policy(message, then, failure, shutdown).await;
                     }
                     tracing::warn!(%id, %event_type, topic, partition, offset, error = %error, retry_in = ?delay,
                         "outbox-kafka: handler failed; nothing recorded, retrying");

@@ -38,6 +38,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
@@ -112,6 +114,7 @@ pub struct NatsPublisherBuilder {
     destinations: Vec<String>,
     check_catalog: bool,
     ack_timeout: Duration,
+    batch_budget: Duration,
 }
 
 impl fmt::Debug for NatsPublisherBuilder {
@@ -152,6 +155,15 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// The most one batch may take (default 20 s, below the relay's 30 s
+    /// `publish_timeout`): a key's chain that is still going when it runs out reports
+    /// its remaining messages as not attempted, so a long chain of one hot key makes
+    /// progress batch after batch instead of timing out as a whole.
+    pub fn batch_budget(mut self, budget: Duration) -> Self {
+        self.batch_budget = budget;
+        self
+    }
+
     /// Connects and checks that every destination is captured by a stream.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
         let client = self
@@ -162,7 +174,9 @@ impl NatsPublisherBuilder {
                 url: self.url.clone(),
                 reason: e.to_string(),
             })?;
-        let js = jetstream::new(client);
+        let max_payload = client.server_info().max_payload;
+        let mut js = jetstream::new(client);
+        js.set_timeout(self.ack_timeout);
         let mut wanted = self.destinations;
         if self.check_catalog {
             wanted.extend(
@@ -193,6 +207,8 @@ impl NatsPublisherBuilder {
         Ok(NatsPublisher {
             js,
             ack_timeout: self.ack_timeout,
+            batch_budget: self.batch_budget,
+            max_payload,
         })
     }
 }
@@ -202,6 +218,9 @@ impl NatsPublisherBuilder {
 pub struct NatsPublisher {
     js: jetstream::Context,
     ack_timeout: Duration,
+    batch_budget: Duration,
+    /// The server's limit for one message, headers included.
+    max_payload: usize,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -221,14 +240,25 @@ impl NatsPublisher {
             destinations: Vec::new(),
             check_catalog: true,
             ack_timeout: Duration::from_secs(10),
+            batch_budget: Duration::from_secs(20),
         }
     }
 
     /// Publishes one message and waits for JetStream's acknowledgement.
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
+        let headers = nats_headers(record)?;
+        // The server closes the connection on a message over its limit (dropping every
+        // acknowledgement in flight), so such a message is refused before it is sent.
+        let size = record.payload.len() + headers_len(&headers);
+        if size > self.max_payload {
+            return Err(PublishError::permanent(format!(
+                "nats: the message is {size} bytes with its headers, over the server's max_payload of {} bytes",
+                self.max_payload
+            )));
+        }
         let send = self.js.publish_with_headers(
             record.destination.clone(),
-            nats_headers(record),
+            headers,
             bytes::Bytes::copy_from_slice(record.payload.as_bytes()),
         );
         let acked = async {
@@ -247,11 +277,14 @@ impl NatsPublisher {
 }
 
 fn classify(e: &jetstream::context::PublishError) -> PublishError {
-    let text = format!("nats: {e}");
-    // The payload exceeds the server's max_payload: it will never fit. (The client
-    // reports it as the source of an `Other` error.)
+    let source = std::error::Error::source(e).map(|s| s.to_string());
+    let text = match &source {
+        Some(source) => format!("nats: {e}: {source}"),
+        None => format!("nats: {e}"),
+    };
+    // Over the stream's max_msg_size (JetStream error 10054): it will never fit.
     let too_large = e.kind() == PublishErrorKind::Other
-        && std::error::Error::source(e).is_some_and(|s| s.to_string().contains("max payload"));
+        && source.is_some_and(|s| s.contains("10054") || s.contains("maximum message size"));
     if too_large {
         return PublishError::permanent(text);
     }
@@ -260,17 +293,33 @@ fn classify(e: &jetstream::context::PublishError) -> PublishError {
     PublishError::retryable(text)
 }
 
-fn nats_headers(record: &OutboxRecord) -> HeaderMap {
+/// The NATS headers of `record`. A header line break would let a value forge other
+/// headers (a `Nats-Msg-Id` making JetStream drop the message as a duplicate), and
+/// `Nats-*` headers are commands to JetStream (`Nats-Rollup` purges a stream): both
+/// are refused as permanent errors rather than sent or silently dropped.
+fn nats_headers(record: &OutboxRecord) -> Result<HeaderMap, PublishError> {
+    let refuse = |what: String| {
+        Err(PublishError::permanent(format!(
+            "nats: {what}; change the header or key where the event is emitted, then release the message"
+        )))
+    };
+    let clean = |text: &str| !text.contains(['\r', '\n']);
     let id = record.id.to_string();
     let mut h = HeaderMap::new();
     h.insert(headers::NATS_MSG_ID, id.as_str());
     h.insert(headers::MESSAGE_ID, id.as_str());
+    if !clean(&record.event_type) {
+        return refuse("the event type contains a line break".to_owned());
+    }
     h.insert(headers::EVENT_TYPE, record.event_type.as_str());
     h.insert(headers::CONTENT_TYPE, "application/json");
     if let Some(version) = record.event_version {
         h.insert(headers::EVENT_VERSION, version.to_string().as_str());
     }
     if let Some(key) = &record.partition_key {
+        if !clean(key) {
+            return refuse("the partition key contains a line break".to_owned());
+        }
         h.insert(headers::PARTITION_KEY, key.as_str());
     }
     for (key, value) in &record.headers {
@@ -280,9 +329,31 @@ fn nats_headers(record: &OutboxRecord) -> HeaderMap {
         {
             continue;
         }
+        if key.len() >= 5 && key[..5].eq_ignore_ascii_case("nats-") {
+            return refuse(format!(
+                "row header {key:?} would be read by JetStream as a command (`Nats-*` headers are reserved)"
+            ));
+        }
+        let valid_name = !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic() && b != b':');
+        if !valid_name || !clean(value) {
+            return refuse(format!(
+                "row header {key:?} is not a valid NATS header (names: printable ASCII without ':'; values: no line breaks)"
+            ));
+        }
         h.insert(key.as_str(), value.as_str());
     }
-    h
+    Ok(h)
+}
+
+/// The bytes `headers` take on the wire (`NATS/1.0\r\n`, `name: value\r\n` each, `\r\n`).
+fn headers_len(headers: &HeaderMap) -> usize {
+    let mut n = 12;
+    for (name, values) in headers.iter() {
+        for value in values {
+            n += name.to_string().len() + value.as_str().len() + 4;
+        }
+    }
+    n
 }
 
 impl Publisher for NatsPublisher {
@@ -297,11 +368,12 @@ impl Publisher for NatsPublisher {
             };
             chains.entry(chain).or_default().push(i);
         }
+        let deadline = Instant::now() + self.batch_budget;
         let runs = chains.into_values().map(|chain| async move {
             let mut results = Vec::with_capacity(chain.len());
             let mut failed = false;
             for i in chain {
-                let result = if failed {
+                let result = if failed || Instant::now() >= deadline {
                     Err(PublishError::not_attempted())
                 } else {
                     self.publish_one(&batch[i]).await

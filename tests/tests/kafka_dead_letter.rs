@@ -38,8 +38,8 @@ fn job(topic: &str, n: i32) -> OutboxRecord {
 /// A message read back: key, payload, headers.
 type Read = (String, String, Vec<(String, String)>);
 
-/// The messages on `topic`, read from the beginning.
-fn read_all(brokers: &str, topic: &str, n: usize) -> Vec<Read> {
+/// The messages on `topic`, read from the beginning: until `n` arrived, or for `wait`.
+fn read_all(brokers: &str, topic: &str, n: usize, wait: Duration) -> Vec<Read> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
@@ -51,7 +51,7 @@ fn read_all(brokers: &str, topic: &str, n: usize) -> Vec<Read> {
     let c: BaseConsumer = config.create().expect("reader");
     c.subscribe(&[topic]).expect("subscribe");
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + wait;
     while out.len() < n && Instant::now() < deadline {
         if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
             let text =
@@ -140,8 +140,13 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
     let inbox = Inbox::new(&outbox, "jobs");
     assert!(!inbox.is_processed(batch[1].id).await.expect("lookup"));
 
-    let dead = read_all(&brokers, &dlq, 1);
-    assert_eq!(dead.len(), 1, "one message in the dead-letter topic");
+    // Up to two, for a few seconds: a duplicate would show.
+    let dead = read_all(&brokers, &dlq, 2, Duration::from_secs(5));
+    assert_eq!(
+        dead.len(),
+        1,
+        "exactly one message in the dead-letter topic"
+    );
     let (key, payload, headers) = &dead[0];
     assert_eq!((key.as_str(), payload.as_str()), ("jobs", r#"{"n":2}"#));
     let header = |name: &str| {
@@ -163,6 +168,10 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
     assert!(
         reason.contains("failed 3 times") && reason.contains("job 2 is poison"),
         "{reason}"
+    );
+    assert!(
+        !reason.contains("Policy::Stop"),
+        "the reason does not name another policy: {reason}"
     );
     kafka::delete_topic(&brokers, &topic).await;
     kafka::delete_topic(&brokers, &dlq).await;
@@ -269,5 +278,77 @@ async fn database_failures_do_not_count_as_handler_attempts() {
             .expect("lookup")
     );
     kafka::delete_topic(&brokers, &topic).await;
+    db.cleanup().await;
+}
+
+/// A dead-letter write that fails stops the consumer with `Error::DeadLetter` and leaves
+/// the message's offset uncommitted: it is never dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_dead_letter_write_stops_the_consumer_without_committing() {
+    let brokers = kafka::brokers();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let topic = kafka::unique("jobs");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .build()
+        .await
+        .expect("publisher");
+    assert!(publisher.publish(&[job(&topic, 1)]).await[0].is_ok());
+    let group = kafka::unique("group");
+    let consume = |dead_letter_topic: String, dead_letter_brokers: &str| {
+        let mut builder = KafkaConsumer::builder(&brokers, &group, Inbox::new(&outbox, "jobs"))
+            .topic(&topic)
+            .handler_attempts(1, Policy::DeadLetter)
+            .dead_letter_topic(dead_letter_topic)
+            .dead_letter_set("bootstrap.servers", dead_letter_brokers)
+            .dead_letter_set("message.timeout.ms", "2000")
+            .on_event_type::<Job, _>("Job", |_tx, _msg| {
+                Box::pin(async { Err("always fails".into()) })
+            });
+        for (k, v) in TEST_CONSUMER_SETTINGS {
+            builder = builder.set(k, v);
+        }
+        builder.build().expect("consumer").spawn()
+    };
+    // The dead-letter producer cannot reach a broker (tansu would create a missing topic
+    // on the fly, so an unreachable broker is the failure to provoke).
+    let dlq = kafka::unique("jobs-dlq");
+    kafka::create_topic(&brokers, &dlq, 1).await;
+    let consumer = consume(dlq.clone(), "127.0.0.1:1");
+    let ended = tokio::time::timeout(Duration::from_secs(60), consumer.join())
+        .await
+        .expect("the consumer stops by itself");
+    match ended {
+        Err(Error::DeadLetter {
+            dead_letter_topic,
+            offset,
+            ..
+        }) => {
+            assert_eq!((dead_letter_topic, offset), (dlq.clone(), 0));
+        }
+        other => panic!("expected Error::DeadLetter, got {other:?}"),
+    }
+    // The message was not committed past: a consumer of the same group with a working
+    // dead-letter topic gets it again and dead-letters it.
+    let consumer = consume(dlq.clone(), &brokers);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumer.stats().dead_lettered < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not redelivered: {:?}",
+            consumer.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        read_all(&brokers, &dlq, 1, Duration::from_secs(30)).len(),
+        1
+    );
+    kafka::delete_topic(&brokers, &topic).await;
+    kafka::delete_topic(&brokers, &dlq).await;
     db.cleanup().await;
 }

@@ -226,3 +226,69 @@ async fn a_destination_without_a_stream_is_refused_at_start_up() {
         Ok(_) => panic!("expected Connect, got a publisher"),
     }
 }
+
+/// Messages the server would choke on are refused before they are sent, as permanent
+/// failures (dead-lettered at once), and the connection keeps working for the others: one
+/// over the server's `max_payload` (the server would close the connection, dropping every
+/// acknowledgement in flight), a header value with a line break (it could forge a
+/// `Nats-Msg-Id` and have the message dropped as a duplicate), a `Nats-*` row header
+/// (a command to JetStream).
+#[tokio::test]
+async fn bad_messages_are_refused_before_they_are_sent() {
+    let (js, name, prefix) = fresh_stream().await;
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    let subject = format!("{prefix}.x");
+    let mut too_large = record(&subject, "big", 1);
+    too_large.payload = format!(r#"{{"filler":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
+    let mut forged = record(&subject, "forged", 1);
+    forged
+        .headers
+        .insert("note".to_owned(), "a\r\nNats-Msg-Id: fixed".to_owned());
+    let mut command = record(&subject, "command", 1);
+    command
+        .headers
+        .insert("Nats-Rollup".to_owned(), "all".to_owned());
+    let fine = record(&subject, "fine", 1);
+    let results = publisher.publish(&[too_large, forged, command, fine]).await;
+    let kinds: Vec<Option<PublishErrorKind>> = results
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Some(PublishErrorKind::Permanent),
+            Some(PublishErrorKind::Permanent),
+            Some(PublishErrorKind::Permanent),
+            None
+        ],
+        "{results:?}"
+    );
+    let text = |i: usize| {
+        results[i]
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    };
+    assert!(text(0).contains("max_payload"), "{}", text(0));
+    assert!(
+        text(1).contains("line break") || text(1).contains("not a valid"),
+        "{}",
+        text(1)
+    );
+    assert!(text(2).contains("Nats-Rollup"), "{}", text(2));
+    // The connection survived: the next batch goes through.
+    let after = publisher.publish(&[record(&subject, "after", 1)]).await;
+    assert!(after[0].is_ok(), "{after:?}");
+    assert_eq!(
+        stored(&js, &name).await,
+        2,
+        "only the fine messages were stored"
+    );
+    js.delete_stream(&name).await.expect("delete stream");
+}
