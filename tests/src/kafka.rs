@@ -183,3 +183,36 @@ impl Drop for OwnBroker {
         self.kill();
     }
 }
+
+/// The payload of the `Job` test events: `{"n": ...}`.
+#[derive(Debug, serde::Deserialize)]
+pub struct Job {
+    /// The job's number.
+    pub n: i32,
+}
+
+/// A `Job` record for `topic`, key `jobs`, payload `{"n":n}`, a fresh id.
+pub fn job(topic: &str, n: i32) -> outbox_core::OutboxRecord {
+    outbox_core::OutboxRecord {
+        seq: i64::from(n),
+        id: uuid::Uuid::now_v7(),
+        event_type: "Job".to_owned(),
+        event_version: None,
+        destination: topic.to_owned(),
+        partition_key: Some("jobs".to_owned()),
+        payload: format!(r#"{{"n":{n}}}"#),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+    }
+}
+
+/// A publisher with the defaults for `topic` (which must exist), catalog not checked.
+pub async fn job_publisher(brokers: &str, topic: &str) -> outbox_kafka::KafkaPublisher {
+    outbox_kafka::KafkaPublisher::builder(brokers)
+        .skip_catalog_check()
+        .destination(topic)
+        .build()
+        .await
+        .expect("publisher")
+}

@@ -8,32 +8,10 @@ use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::{OutboxRecord, sqlx};
 use outbox_kafka::KafkaConsumer;
-use outbox_kafka::KafkaPublisher;
 use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use outbox_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
 use outbox_tests::{TestDb, database_url};
-use uuid::Uuid;
-
-#[derive(serde::Deserialize)]
-struct Job {
-    n: i32,
-}
-
-fn job(topic: &str, n: i32) -> OutboxRecord {
-    OutboxRecord {
-        seq: i64::from(n),
-        id: Uuid::now_v7(),
-        event_type: "Job".to_owned(),
-        event_version: None,
-        destination: topic.to_owned(),
-        partition_key: Some("jobs".to_owned()),
-        payload: format!(r#"{{"n":{n}}}"#),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
-}
 
 async fn effects(db: &TestDb, run: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM effects WHERE run = $1")
@@ -69,12 +47,7 @@ async fn a_consumer_killed_before_committing_offsets_is_not_run_twice_by_the_red
     let topic = kafka::unique("crash");
     let group = kafka::unique("crash-group");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
     let batch: Vec<OutboxRecord> = (0..20).map(|n| job(&topic, n)).collect();
     assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));
 

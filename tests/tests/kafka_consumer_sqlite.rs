@@ -3,33 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_core::Outbox;
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::sqlx::{self, Sqlite};
-use outbox_core::{Outbox, OutboxRecord};
-use outbox_kafka::{KafkaConsumer, KafkaPublisher};
-use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+use outbox_kafka::KafkaConsumer;
+use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
 use uuid::Uuid;
-
-#[derive(serde::Deserialize)]
-struct Job {
-    n: i32,
-}
-
-fn job(topic: &str, n: i32) -> OutboxRecord {
-    OutboxRecord {
-        seq: i64::from(n),
-        id: Uuid::now_v7(),
-        event_type: "Job".to_owned(),
-        event_version: None,
-        destination: topic.to_owned(),
-        partition_key: Some("jobs".to_owned()),
-        payload: format!(r#"{{"n":{n}}}"#),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kafka_consumer_deduplicates_through_a_sqlite_inbox() {
@@ -46,12 +26,7 @@ async fn a_kafka_consumer_deduplicates_through_a_sqlite_inbox() {
     let brokers = kafka::brokers();
     let topic = kafka::unique("sqlite-inbox");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
     let first = job(&topic, 1);
     let batch = [first.clone(), job(&topic, 2), first.clone()];
     assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));

@@ -10,30 +10,9 @@ use outbox_core::{OutboxRecord, sqlx};
 use outbox_kafka::rdkafka::ClientConfig;
 use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use outbox_kafka::rdkafka::message::{Headers, Message};
-use outbox_kafka::{Error, KafkaConsumer, KafkaPublisher, Policy, dead_letter_headers};
+use outbox_kafka::{Error, KafkaConsumer, Policy, dead_letter_headers};
 use outbox_tests::TestDb;
-use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
-use uuid::Uuid;
-
-#[derive(serde::Deserialize)]
-struct Job {
-    n: i32,
-}
-
-fn job(topic: &str, n: i32) -> OutboxRecord {
-    OutboxRecord {
-        seq: i64::from(n),
-        id: Uuid::now_v7(),
-        event_type: "Job".to_owned(),
-        event_version: None,
-        destination: topic.to_owned(),
-        partition_key: Some("jobs".to_owned()),
-        payload: format!(r#"{{"n":{n}}}"#),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
-}
+use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
 
 /// A message read back: key, payload, headers.
 type Read = (String, String, Vec<(String, String)>);
@@ -82,12 +61,7 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
     let (topic, dlq) = (kafka::unique("jobs"), kafka::unique("jobs-dlq"));
     kafka::create_topic(&brokers, &topic, 1).await;
     kafka::create_topic(&brokers, &dlq, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
     let batch: Vec<OutboxRecord> = (1..=3).map(|n| job(&topic, n)).collect();
     assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));
 
@@ -217,12 +191,7 @@ async fn database_failures_do_not_count_as_handler_attempts() {
         .expect("hide the processed table");
     let topic = kafka::unique("blip");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
     let record = job(&topic, 7);
     assert!(publisher.publish(std::slice::from_ref(&record)).await[0].is_ok());
 
@@ -290,12 +259,7 @@ async fn a_failed_dead_letter_write_stops_the_consumer_without_committing() {
     let outbox = db.outbox().await;
     let topic = kafka::unique("jobs");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
     assert!(publisher.publish(&[job(&topic, 1)]).await[0].is_ok());
     let group = kafka::unique("group");
     let consume = |dead_letter_topic: String, dead_letter_brokers: &str| {
