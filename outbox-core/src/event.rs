@@ -61,14 +61,99 @@ impl AsRef<str> for Destination {
 /// }
 /// assert_eq!(ORDER_EVENTS.as_str(), "orders.events");
 /// ```
+///
+/// A name no broker can take (empty, or with whitespace or a control character) is a
+/// compile error:
+///
+/// ```compile_fail
+/// outbox_core::destinations! { pub BAD = "orders events"; }
+/// ```
 #[macro_export]
 macro_rules! destinations {
     ($( $(#[$meta:meta])* $vis:vis $name:ident = $value:literal; )*) => {
         $(
             $(#[$meta])*
             $vis const $name: $crate::Destination = $crate::Destination::new($value);
+            const _: () = ::core::assert!(
+                $crate::event::destination_is_valid($value),
+                ::core::concat!(
+                    "destination ", ::core::stringify!($value),
+                    " is empty or holds whitespace or a control character, which no broker takes \
+                     in a topic, subject or routing key (a line break would even inject protocol \
+                     commands); use a name like \"orders.events\""
+                )
+            );
         )*
     };
+}
+
+/// Whether `name` can be a destination on every broker: not empty, and without
+/// whitespace or control characters (Unicode's, as `char::is_whitespace` and
+/// `char::is_control` say). Brokers that allow less check the rest when publishing.
+/// A `const fn`, so [`destinations!`](crate::destinations) checks names at compile time.
+#[doc(hidden)]
+pub const fn destination_is_valid(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() {
+        return false;
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        // Decode one UTF-8 scalar (the input is a `str`, so it is well formed).
+        let b = bytes[i] as u32;
+        let (c, len) = if b < 0x80 {
+            (b, 1)
+        } else if b < 0xE0 {
+            (((b & 0x1F) << 6) | (bytes[i + 1] as u32 & 0x3F), 2)
+        } else if b < 0xF0 {
+            (
+                ((b & 0x0F) << 12)
+                    | ((bytes[i + 1] as u32 & 0x3F) << 6)
+                    | (bytes[i + 2] as u32 & 0x3F),
+                3,
+            )
+        } else {
+            (
+                ((b & 0x07) << 18)
+                    | ((bytes[i + 1] as u32 & 0x3F) << 12)
+                    | ((bytes[i + 2] as u32 & 0x3F) << 6)
+                    | (bytes[i + 3] as u32 & 0x3F),
+                4,
+            )
+        };
+        let control = c < 0x20 || (c >= 0x7F && c <= 0x9F);
+        let whitespace = matches!(
+            c,
+            0x20 | 0x85 | 0xA0 | 0x1680 | 0x2000
+                ..=0x200A | 0x2028 | 0x2029 | 0x202F | 0x205F | 0x3000
+        );
+        if control || whitespace {
+            return false;
+        }
+        i += len;
+    }
+    true
+}
+
+/// Whether the JSON text `json` holds the escape `\u0000` (NUL, which PostgreSQL's
+/// jsonb refuses). Escapes are read in order, so `"\\u0000"` (an escaped backslash,
+/// then the letters `u0000`) is no NUL.
+fn json_has_nul_escape(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].iter().position(|&b| b == b'\\') {
+        let escape = i + at;
+        if bytes.get(escape + 1) == Some(&b'u')
+            && bytes.get(escape + 2..escape + 6) == Some(&b"0000"[..])
+        {
+            return true;
+        }
+        i = escape + 2; // past the escaped character (`\\` included)
+        if i >= bytes.len() {
+            return false;
+        }
+    }
+    false
 }
 
 /// An event that can be written to the outbox.
@@ -235,7 +320,7 @@ impl OutboxMessage {
                 .headers
                 .iter()
                 .any(|(k, v)| k.contains('\0') || v.contains('\0'));
-        if has_nul || self.payload.contains("\\u0000") {
+        if has_nul || json_has_nul_escape(&self.payload) {
             return Err(Error::InvalidMessage(
                 format!(
                     "message {} (`{}`) contains a NUL character (in its type, destination, key, headers \
@@ -264,6 +349,17 @@ impl OutboxMessage {
                 .into(),
             ));
         }
+        if !destination_is_valid(&self.destination) {
+            return Err(Error::InvalidMessage(
+                format!(
+                    "message {} (`{}`) has the destination {:?}, which holds whitespace or a control \
+                     character: no broker takes that in a topic, subject or routing key (a line break \
+                     would even inject protocol commands); use a name like \"orders.events\"",
+                    self.id, self.event_type, self.destination
+                )
+                .into(),
+            ));
+        }
         if let Some(value) = self.headers.get("") {
             return Err(Error::InvalidMessage(
                 format!(
@@ -274,5 +370,62 @@ impl OutboxMessage {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_real_nul_escape_counts_as_nul() {
+        assert!(json_has_nul_escape(r#"{"s":"a\u0000b"}"#));
+        assert!(
+            json_has_nul_escape(r#"{"s":"\\\u0000"}"#),
+            "escaped backslash, then NUL"
+        );
+        assert!(
+            !json_has_nul_escape(r#"{"s":"\\u0000"}"#),
+            "escaped backslash, then text"
+        );
+        assert!(!json_has_nul_escape(r#"{"s":"\u0001"}"#));
+        assert!(!json_has_nul_escape(r#"{"s":"\\"}"#));
+        assert!(!json_has_nul_escape(r#"{"s":"\"}"#));
+        assert!(!json_has_nul_escape("\\"));
+        assert!(!json_has_nul_escape("{}"));
+    }
+
+    #[test]
+    fn destinations_with_whitespace_or_control_characters_are_invalid() {
+        for bad in [
+            "",
+            "a b",
+            "a\r\nPUB x 1",
+            "a\tb",
+            "a\u{85}b",
+            "a\u{a0}b",
+            "a\u{3000}b",
+            "\u{7f}",
+        ] {
+            assert!(!destination_is_valid(bad), "{bad:?}");
+            assert_eq!(
+                !destination_is_valid(bad),
+                bad.is_empty() || bad.chars().any(|c| c.is_whitespace() || c.is_control()),
+                "{bad:?}: the const check agrees with std"
+            );
+        }
+        for good in ["orders.events", "é", "注文", "a-b_c/d:e", "🦀"] {
+            assert!(destination_is_valid(good), "{good:?}");
+        }
+        // The const check and std agree on every scalar value.
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            let s = c.to_string();
+            assert_eq!(
+                destination_is_valid(&s),
+                !(c.is_whitespace() || c.is_control()),
+                "U+{:04X}",
+                c as u32
+            );
+        }
     }
 }

@@ -246,6 +246,7 @@ impl NatsPublisher {
 
     /// Publishes one message and waits for JetStream's acknowledgement.
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
+        check_subject(&record.destination)?;
         let headers = nats_headers(record)?;
         // The server closes the connection on a message over its limit (dropping every
         // acknowledgement in flight), so such a message is refused before it is sent.
@@ -293,6 +294,32 @@ fn classify(e: &jetstream::context::PublishError) -> PublishError {
     PublishError::retryable(text)
 }
 
+/// Refuses a destination that is not a subject one can publish to. async-nats writes the
+/// subject into the protocol line as it is: a line break would inject protocol commands
+/// (sent with the relay's credentials), and a space makes the server drop the connection,
+/// with every acknowledgement in flight. Wildcards (`*`, `>`) and empty tokens name no
+/// single subject. All are permanent: the message can never be published as it is.
+fn check_subject(subject: &str) -> Result<(), PublishError> {
+    let problem = if subject.is_empty() {
+        Some("it is empty")
+    } else if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("it holds whitespace or a control character")
+    } else if subject.split('.').any(|t| t == "*" || t == ">") {
+        Some("it holds a wildcard token (`*` or `>`), which names no single subject")
+    } else if subject.split('.').any(str::is_empty) {
+        Some("it has an empty token (a leading, trailing or doubled `.`)")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(PublishError::permanent(format!(
+            "nats: the destination {subject:?} is not a subject one can publish to: {problem}; \
+             fix the destination where the event is emitted, then release the message"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The NATS headers of `record`. A header line break would let a value forge other
 /// headers (a `Nats-Msg-Id` making JetStream drop the message as a duplicate), and
 /// `Nats-*` headers are commands to JetStream (`Nats-Rollup` purges a stream): both
@@ -329,7 +356,13 @@ fn nats_headers(record: &OutboxRecord) -> Result<HeaderMap, PublishError> {
         {
             continue;
         }
-        if key.len() >= 5 && key[..5].eq_ignore_ascii_case("nats-") {
+        // Bytes, not a `str` slice: a name with a multi-byte character across byte 5
+        // must be refused below, not panic here.
+        if key
+            .as_bytes()
+            .get(..5)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"nats-"))
+        {
             return refuse(format!(
                 "row header {key:?} would be read by JetStream as a command (`Nats-*` headers are reserved)"
             ));
@@ -397,5 +430,79 @@ impl Publisher for NatsPublisher {
                 r.unwrap_or_else(|| Err(PublishError::retryable("nats: message not published")))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_with_header(name: &str) -> OutboxRecord {
+        OutboxRecord {
+            seq: 1,
+            id: uuid::Uuid::now_v7(),
+            event_type: "Counted".to_owned(),
+            event_version: None,
+            destination: "orders.events".to_owned(),
+            partition_key: Some("k".to_owned()),
+            payload: "{}".to_owned(),
+            headers: [(name.to_owned(), "v".to_owned())].into(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    /// A header name with a multi-byte character across byte 5 used to panic in the
+    /// `Nats-` prefix check (`key[..5]`), killing the relay; it is a permanent error.
+    /// async-nats writes the subject into the protocol line unchecked: a line break
+    /// would inject commands, a space would make the server drop the connection.
+    #[test]
+    fn subjects_that_cannot_be_published_to_are_refused() {
+        for bad in [
+            "",
+            "orders events",
+            "orders\r\nPUB other 2\r\nhi",
+            "orders\tx",
+            "orders.*",
+            "orders.>",
+            ">",
+            ".orders",
+            "orders.",
+            "orders..x",
+            "orders\u{a0}x",
+        ] {
+            let refused = check_subject(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} is refused"));
+            assert_eq!(
+                refused.kind(),
+                outbox_core::publisher::PublishErrorKind::Permanent
+            );
+            assert!(refused.message().contains("not a subject"), "{refused}");
+        }
+        for good in ["orders", "orders.events", "a-b_c.D9", "orders.é"] {
+            assert!(check_subject(good).is_ok(), "{good:?} is a subject");
+        }
+    }
+
+    #[test]
+    fn a_multi_byte_header_name_is_refused_not_a_panic() {
+        for name in ["abcdé", "natsé", "ñats-x", "é"] {
+            let refused = nats_headers(&record_with_header(name))
+                .err()
+                .unwrap_or_else(|| panic!("{name:?} is not a valid NATS header name"));
+            assert_eq!(
+                refused.kind(),
+                outbox_core::publisher::PublishErrorKind::Permanent
+            );
+            assert!(
+                refused.message().contains("not a valid NATS header"),
+                "{refused}"
+            );
+        }
+        let refused = nats_headers(&record_with_header("NATS-Expected-Stream"))
+            .expect_err("a Nats-* header is refused");
+        assert!(refused.message().contains("command"), "{refused}");
+        assert!(nats_headers(&record_with_header("trace-id")).is_ok());
     }
 }

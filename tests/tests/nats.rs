@@ -4,36 +4,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
 use outbox_core::publisher::{PublishErrorKind, Publisher};
 use outbox_core::{OutboxMessage, OutboxRecord, Relay};
 use outbox_nats::{Error, NatsPublisher, headers};
 use outbox_tests::TestDb;
+use outbox_tests::nats::{OwnNats, fresh_stream, fresh_stream_at, nats_url};
 use uuid::Uuid;
-
-fn nats_url() -> String {
-    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
-
-/// A fresh stream capturing `<prefix>.>`; returns the context, the stream name and the prefix.
-async fn fresh_stream() -> (jetstream::Context, String, String) {
-    let client = async_nats::connect(nats_url())
-        .await
-        .expect("NATS at OUTBOX_TEST_NATS_URL (default nats://127.0.0.1:4222)");
-    let js = jetstream::new(client);
-    let id = Uuid::now_v7().simple().to_string();
-    let (name, prefix) = (format!("OUTBOX_TEST_{id}"), format!("outbox-test-{id}"));
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{prefix}.>")],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .expect("create the test stream (is JetStream enabled?)");
-    (js, name, prefix)
-}
 
 async fn stored(js: &jetstream::Context, name: &str) -> u64 {
     let mut s = js.get_stream(name).await.expect("stream");
@@ -289,6 +267,83 @@ async fn bad_messages_are_refused_before_they_are_sent() {
         stored(&js, &name).await,
         2,
         "only the fine messages were stored"
+    );
+    js.delete_stream(&name).await.expect("delete stream");
+}
+
+/// CI once failed on a brand-new NATS server: its store folder did not exist yet, and
+/// test streams created and deleted in parallel raced on creating it (JetStream 10049,
+/// "error creating store for stream"). The test streams must work on such a server.
+/// (With file-backed test streams this failed here in about one run in five.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_streams_can_be_created_in_parallel_on_a_brand_new_server() {
+    for _ in 0..4 {
+        let server = OwnNats::start(None);
+        let url = server.url();
+        let made = futures_util::future::join_all((0..16).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let (js, name, _) = fresh_stream_at(&url).await;
+                    js.delete_stream(&name).await.expect("delete stream");
+                }
+            })
+        }))
+        .await;
+        for result in made {
+            if let Err(e) = result {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+}
+
+/// async-nats writes the subject into the protocol line unchecked. A CR LF in a
+/// destination injected a `PUB` of another subject (stored by the server, and the row
+/// marked sent); a space made the server drop the connection on every attempt, holding
+/// back every other key for the ack timeout. Both are now refused before anything is
+/// sent, as permanent failures, and the other messages go out at once.
+#[tokio::test]
+async fn destinations_that_are_no_subject_are_refused_before_they_are_sent() {
+    let (js, name, prefix) = fresh_stream().await;
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .ack_timeout(Duration::from_secs(30))
+        .build()
+        .await
+        .expect("publisher");
+    let injected = record(
+        &format!("{prefix}.x\r\nPUB {prefix}.injected 2\r\nhi"),
+        "a",
+        1,
+    );
+    let spaced = record(&format!("{prefix}.x y"), "b", 1);
+    let wildcard = record(&format!("{prefix}.*"), "c", 1);
+    let fine = record(&format!("{prefix}.x"), "d", 1);
+    let started = Instant::now();
+    let results = publisher.publish(&[injected, spaced, wildcard, fine]).await;
+    let kinds: Vec<Option<PublishErrorKind>> = results
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Some(PublishErrorKind::Permanent),
+            Some(PublishErrorKind::Permanent),
+            Some(PublishErrorKind::Permanent),
+            None
+        ],
+        "{results:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "no ack timeout was waited for"
+    );
+    assert_eq!(
+        stored(&js, &name).await,
+        1,
+        "only the fine message was stored"
     );
     js.delete_stream(&name).await.expect("delete stream");
 }

@@ -589,3 +589,77 @@ async fn a_relay_with_another_partition_count_stands_by_until_the_others_are_gon
     check_order(&first_out.published(), 20, 5);
     db.cleanup().await;
 }
+
+/// A publisher that panics on any batch holding a message of type `Panics`, as a buggy
+/// publisher (or one tripped by a strange row) would; otherwise the in-memory publisher.
+#[derive(Debug, Clone)]
+struct PanicsOnType(InMemoryPublisher);
+
+impl outbox_core::publisher::Publisher for PanicsOnType {
+    async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
+        if batch.iter().any(|r| r.event_type == "Panics") {
+            panic!("end byte index 5 is not a char boundary (a test's panic)");
+        }
+        self.0.publish(batch).await
+    }
+}
+
+/// A publisher that panics fails the message it panicked on, not the relay: the other
+/// keys' messages of the same batch go out, the panicking message is retried and
+/// dead-lettered like any failure, its key's later message waits behind it, and
+/// `shutdown()` returns normally. (Before the fix the relay task died on the panic,
+/// nothing was marked sent, and `shutdown()` re-raised the panic.)
+#[tokio::test]
+async fn a_panicking_publisher_fails_one_message_not_the_relay() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("Panics", "d", "{}").with_key("bad"))
+        .expect("emit");
+    tx.emit_message(message("bad", 1)).expect("emit");
+    for n in 0..35 {
+        tx.emit_message(message(&format!("k{}", n % 5), n))
+            .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), PanicsOnType(publisher.clone()))
+        .max_attempts(2)
+        .backoff(Duration::from_millis(100), Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(100))
+        .spawn();
+    // Everything but the panicking message goes out, its key's successor last (after
+    // the dead letter).
+    assert!(
+        publisher.wait_for(36, WAIT).await,
+        "the other messages flow"
+    );
+    let stats = relay.stats();
+    relay.shutdown().await; // returns: the relay did not die of the panic
+    let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+        "SELECT attempts, dead_at IS NOT NULL, last_error FROM outbox WHERE event_type = 'Panics'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("row");
+    assert_eq!((attempts, dead), (2, true), "retried, then dead-lettered");
+    assert!(error.contains("panicked"), "{error}");
+    assert_eq!(stats.dead, 1);
+    assert_eq!(sent_count(&db).await, 36);
+    let published = publisher.published();
+    let bad: Vec<&OutboxRecord> = published
+        .iter()
+        .filter(|r| r.partition_key.as_deref() == Some("bad"))
+        .collect();
+    assert_eq!(bad.len(), 1, "the key's later message went out once");
+    let waited: bool = sqlx::query_scalar(
+        "SELECT s.sent_at >= d.dead_at FROM outbox s, outbox d \
+         WHERE s.partition_key = 'bad' AND s.event_type = 'Counted' AND d.event_type = 'Panics'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("times");
+    assert!(waited, "the key's later message waited for the dead letter");
+    db.cleanup().await;
+}

@@ -689,6 +689,56 @@ async fn a_nul_character_is_refused_at_emit_and_the_transaction_goes_on() {
     db.cleanup().await;
 }
 
+/// `"\\u0000"` in JSON is an escaped backslash followed by the letters `u0000`, not NUL:
+/// it used to be refused as NUL. It is stored and read back as written.
+#[tokio::test]
+async fn an_escaped_backslash_before_u0000_is_not_taken_for_nul() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let payload = r#"{"s":"\\u0000"}"#;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("T", "d", payload))
+        .expect("no NUL in this payload");
+    tx.commit().await.expect("commit");
+    let stored: serde_json::Value = sqlx::query_scalar("SELECT payload FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+    assert_eq!(stored["s"], "\\u0000");
+    db.cleanup().await;
+}
+
+/// A destination with whitespace or a control character is refused at emit, whatever the
+/// broker: a CR LF in a NATS subject injected protocol commands (sent with the relay's
+/// credentials), a space made the server drop the connection on every attempt.
+#[tokio::test]
+async fn a_destination_no_broker_takes_is_refused_at_emit() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    for bad in [
+        "orders\r\nPUB orders.injected 2\r\nhi",
+        "orders events",
+        "orders\u{a0}x",
+        "tab\t",
+    ] {
+        let err = tx
+            .emit_message(OutboxMessage::new("T", bad, "{}"))
+            .expect_err("refused");
+        assert!(matches!(err, Error::InvalidMessage(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("whitespace or a control character"),
+            "{err}"
+        );
+    }
+    tx.emit_message(OutboxMessage::new("T", "orders.events", "{}"))
+        .expect("a good destination");
+    tx.commit().await.expect("commit");
+    assert_eq!(db.count("outbox").await, 1, "only the good message");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_transaction_opened_inside_is_a_savepoint_not_a_commit() {
     use outbox_core::sqlx::Connection;

@@ -168,31 +168,107 @@ async fn publish<P: Publisher, DB: Backend>(
     let config = &relay.config;
     RelayStats::add(&relay.stats.batches, 1);
     let started = std::time::Instant::now();
-    let results =
-        match tokio::time::timeout(config.publish_timeout, relay.publisher.publish(batch)).await {
-            Ok(results) if results.len() == batch.len() => results,
-            Ok(results) => {
-                tracing::error!(
-                    expected = batch.len(),
-                    got = results.len(),
-                    "outbox publisher returned the wrong number of results; retrying the batch"
-                );
-                vec![
-                    Err(PublishError::retryable(
-                        "publisher returned the wrong number of results"
-                    ));
-                    batch.len()
-                ]
-            }
-            Err(_) => vec![
-                Err(PublishError::retryable(format!(
-                    "publish timed out after {:?}",
-                    config.publish_timeout
-                )));
+    let results = match tokio::time::timeout(
+        config.publish_timeout,
+        guarded(&relay.publisher, batch),
+    )
+    .await
+    {
+        Ok(Ok(results)) if results.len() == batch.len() => results,
+        Ok(Err(panic)) => {
+            tracing::error!(
+                size = batch.len(),
+                panic = %panic,
+                "outbox publisher panicked; publishing the batch one message at a time to find the message"
+            );
+            isolate(relay, batch).await
+        }
+        Ok(Ok(results)) => {
+            tracing::error!(
+                expected = batch.len(),
+                got = results.len(),
+                "outbox publisher returned the wrong number of results; retrying the batch"
+            );
+            vec![
+                Err(PublishError::retryable(
+                    "publisher returned the wrong number of results"
+                ));
                 batch.len()
-            ],
-        };
+            ]
+        }
+        Err(_) => vec![
+            Err(PublishError::retryable(format!(
+                "publish timed out after {:?}",
+                config.publish_timeout
+            )));
+            batch.len()
+        ],
+    };
     metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
+    results
+}
+
+/// `publisher.publish(batch)`, with a panic caught and returned as its message: a bug in
+/// a publisher (or a message that trips one) must not end the relay, nor hold back the
+/// other keys' messages.
+async fn guarded<P: Publisher>(
+    publisher: &P,
+    batch: &[OutboxRecord],
+) -> Result<Vec<Result<(), PublishError>>, String> {
+    use futures_util::FutureExt;
+    std::panic::AssertUnwindSafe(publisher.publish(batch))
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned())
+        })
+}
+
+/// After a panic on `batch`: publishes it one message at a time, in order, so that only
+/// the message that makes the publisher panic fails (a retryable failure with the panic's
+/// message, which counts towards `max_attempts`), and the later messages of its key are
+/// not attempted. Bounded by `publish_timeout` as a whole, like the batch.
+async fn isolate<P: Publisher, DB: Backend>(
+    relay: &Relay<P, DB>,
+    batch: &[OutboxRecord],
+) -> Vec<Result<(), PublishError>> {
+    let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(batch.len());
+    let mut failed_keys: HashSet<&str> = HashSet::new();
+    let deadline = Instant::now() + relay.config.publish_timeout;
+    for record in batch {
+        let key = record.partition_key.as_deref();
+        if key.is_some_and(|k| failed_keys.contains(k)) || Instant::now() >= deadline {
+            results.push(Err(PublishError::not_attempted()));
+            continue;
+        }
+        let one = std::slice::from_ref(record);
+        let result = match tokio::time::timeout_at(deadline, guarded(&relay.publisher, one)).await {
+            Ok(Ok(mut r)) if r.len() == 1 => r.remove(0),
+            Ok(Ok(_)) => Err(PublishError::retryable(
+                "publisher returned the wrong number of results",
+            )),
+            Ok(Err(panic)) => {
+                tracing::error!(seq = record.seq, id = %record.id, panic = %panic, "outbox publisher panicked on this message");
+                Err(PublishError::retryable(format!(
+                    "the publisher panicked: {panic}"
+                )))
+            }
+            Err(_) => Err(PublishError::retryable(format!(
+                "publish timed out after {:?}",
+                relay.config.publish_timeout
+            ))),
+        };
+        if result.is_err() {
+            if let Some(key) = key {
+                failed_keys.insert(key);
+            }
+        }
+        results.push(result);
+    }
     results
 }
 

@@ -1,0 +1,134 @@
+//! NATS fixtures: the shared server (`OUTBOX_TEST_NATS_URL`, default
+//! `nats://127.0.0.1:4222`), test streams that work on a brand-new server, and servers of
+//! a test's own.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use uuid::Uuid;
+
+/// The NATS server the tests share.
+pub fn nats_url() -> String {
+    std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// A fresh stream capturing `<prefix>.>` on the server at `url`; returns the context,
+/// the stream name and the prefix.
+///
+/// The stream keeps its messages in memory: a file-backed stream needs the server's
+/// store folder, which a brand-new server creates on first use, and streams created and
+/// deleted in parallel there race on it (JetStream 10049, "error creating store for
+/// stream"). Nothing these tests check depends on where JetStream keeps the messages.
+pub async fn fresh_stream_at(url: &str) -> (jetstream::Context, String, String) {
+    let client = async_nats::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("NATS at {url} (set OUTBOX_TEST_NATS_URL): {e}"));
+    let js = jetstream::new(client);
+    let id = Uuid::now_v7().simple().to_string();
+    let (name, prefix) = (format!("OUTBOX_TEST_{id}"), format!("outbox-test-{id}"));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(120),
+        storage: stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!("create the test stream {name} on {url} (is JetStream enabled?): {e}")
+    });
+    (js, name, prefix)
+}
+
+/// [`fresh_stream_at`] on the shared server.
+pub async fn fresh_stream() -> (jetstream::Context, String, String) {
+    fresh_stream_at(&nats_url()).await
+}
+
+/// A `nats-server` of the test's own with JetStream, on a free port, with an empty
+/// store folder of its own (a brand-new server), optionally requiring a user and
+/// password. Killed when dropped.
+#[derive(Debug)]
+pub struct OwnNats {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl OwnNats {
+    /// Starts the server from `$NATS_SERVER_BIN`, `nats-server` on the `PATH` or
+    /// `/usr/sbin/nats-server`, and waits until it accepts connections.
+    pub fn start(auth: Option<(&str, &str)>) -> OwnNats {
+        let bin = std::env::var("NATS_SERVER_BIN")
+            .ok()
+            .or_else(|| {
+                [
+                    "/usr/sbin/nats-server",
+                    "/usr/bin/nats-server",
+                    "/usr/local/bin/nats-server",
+                ]
+                .into_iter()
+                .find(|p| std::path::Path::new(p).exists())
+                .map(str::to_owned)
+            })
+            .unwrap_or_else(|| "nats-server".to_owned());
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("find a free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-test-nats-{port}-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("create the server's folder");
+        let log = std::fs::File::create(dir.join("server.log")).expect("create the server log");
+        let mut command = Command::new(&bin);
+        command
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.join("store"));
+        if let Some((user, pass)) = auth {
+            command.args(["--user", user, "--pass", pass]);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {bin}: {e}; this test runs a NATS server of its own: install \
+                     nats-server (apt-get install nats-server) or set NATS_SERVER_BIN"
+                )
+            });
+        let server = OwnNats { port, child, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let sock = format!("127.0.0.1:{port}").parse().expect("address");
+        while TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on port {port} within 20 s; see {}",
+                server.dir.join("server.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
