@@ -92,9 +92,25 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
         }
         _ => Err(Failure::Message(format!(
             "the database URL must start with postgres://, mysql:// (or mariadb://) or sqlite://, \
-             not {:?}; check DATABASE_URL or --database-url",
-            url.chars().take(12).collect::<String>()
+             not {}; check DATABASE_URL or --database-url",
+            shown_scheme(&url)
         ))),
+    }
+}
+
+/// What an error may show of a URL with an unknown scheme: the scheme alone, when it is
+/// one (letters, digits, `+`, `-`, `.`); nothing else of the URL, which may hold a password.
+fn shown_scheme(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _))
+            if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            format!("{scheme}://")
+        }
+        _ => "a URL without a scheme (scheme://...)".to_owned(),
     }
 }
 

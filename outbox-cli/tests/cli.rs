@@ -952,3 +952,38 @@ async fn sqlite_and_mysql_urls() {
         unknown.stderr
     );
 }
+
+/// No part of a password reaches the error line: not with an unknown scheme (the error
+/// used to echo the URL's first 12 characters), not with a password in the user
+/// information or in `?password=`, not with a server that cannot be reached.
+#[tokio::test]
+async fn a_password_in_the_url_never_reaches_the_error_line() {
+    const PLANTED: &str = "PLANTEDs3cret";
+    for url in [
+        format!("pgsql://admin:{PLANTED}@db/app"),
+        format!("{PLANTED}@db/app"),
+        format!("adm:{PLANTED}@db:5432/app"),
+        format!("postgres://postgres:{PLANTED}@127.0.0.1:1/test"),
+        format!("postgres://postgres@127.0.0.1:1/test?password={PLANTED}"),
+        format!("mysql://root:{PLANTED}@127.0.0.1:1/test"),
+    ] {
+        let run = outbox_with_env(&["status"], Some(&url)).await;
+        let line = run.failed();
+        assert!(
+            !line.contains("PLANTED")
+                && !line.contains("s3cret")
+                && !run.stdout.contains("PLANTED"),
+            "{url}: {line}"
+        );
+    }
+    let unknown = outbox_with_env(
+        &["status"],
+        Some(&format!("pgsql://admin:{PLANTED}@db/app")),
+    )
+    .await;
+    assert!(
+        unknown.failed().contains("not pgsql://;"),
+        "{}",
+        unknown.stderr
+    );
+}

@@ -173,9 +173,25 @@ pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparseable url>".to_owned();
     };
-    let (authority, tail) = match rest.find('/') {
+    let (authority, tail) = match rest.find(['/', '?']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
+    };
+    // Query parameters can carry secrets too (`?password=...`, `?sslpassword=...`).
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) if is_secret_parameter(name) && !value.is_empty() => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
     };
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
@@ -188,6 +204,15 @@ pub(crate) fn redact_url(url: &str) -> String {
         }
         None => format!("{scheme}://{authority}{tail}"),
     }
+}
+
+/// Whether a URL query parameter named `name` holds a secret.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn is_secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth", "credential"]
+        .iter()
+        .any(|word| name.contains(word))
 }
 
 #[cfg(test)]
@@ -204,5 +229,13 @@ mod tests {
         assert_eq!(redact_url("postgres://bob@db/app"), "postgres://bob@db/app");
         assert_eq!(redact_url("postgres://db/app"), "postgres://db/app");
         assert_eq!(redact_url("not a url"), "<unparseable url>");
+        assert_eq!(
+            redact_url("postgres://bob@db/app?sslmode=require&password=s3cret&sslpassword=k3y"),
+            "postgres://bob@db/app?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(
+            redact_url("mysql://db?PASSWORD=s3cret"),
+            "mysql://db?PASSWORD=***"
+        );
     }
 }

@@ -107,9 +107,77 @@ pub enum Error {
     },
 }
 
+/// Credentials taken out of a NATS URL, to be handed to async-nats through its connect
+/// options: async-nats logs the URL it is given (at debug level), and our errors, logs
+/// and `Debug` output name the server by its URL.
+#[derive(Clone)]
+enum Credentials {
+    /// `nats://user:password@host`.
+    UserPassword(String, String),
+    /// `nats://token@host`.
+    Token(String),
+}
+
+/// Splits the credentials off `urls` (NATS URLs separated by commas): the URLs without
+/// them, and the first credentials found (percent-decoded).
+fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
+    let mut found = None;
+    let clean: Vec<String> = urls
+        .split(',')
+        .map(|url| {
+            let url = url.trim();
+            let (scheme, rest) = match url.split_once("://") {
+                Some((scheme, rest)) => (Some(scheme), rest),
+                None => (None, url),
+            };
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let (authority, tail) = rest.split_at(end);
+            let Some((userinfo, host)) = authority.rsplit_once('@') else {
+                return url.to_owned();
+            };
+            if found.is_none() {
+                found = Some(match userinfo.split_once(':') {
+                    Some((user, pass)) => {
+                        Credentials::UserPassword(percent_decoded(user), percent_decoded(pass))
+                    }
+                    None => Credentials::Token(percent_decoded(userinfo)),
+                });
+            }
+            match scheme {
+                Some(scheme) => format!("{scheme}://{host}{tail}"),
+                None => format!("{host}{tail}"),
+            }
+        })
+        .collect();
+    (clean.join(","), found)
+}
+
+/// `%XX` escapes decoded (as in a URL's user information); anything else kept.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
 pub struct NatsPublisherBuilder {
+    /// The URL(s) without credentials.
     url: String,
+    /// Credentials the URL carried.
+    credentials: Option<Credentials>,
     options: async_nats::ConnectOptions,
     destinations: Vec<String>,
     check_catalog: bool,
@@ -121,6 +189,7 @@ impl fmt::Debug for NatsPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsPublisherBuilder")
             .field("url", &self.url)
+            .field("credentials", &self.credentials.as_ref().map(|_| "***"))
             .field("destinations", &self.destinations)
             .field("check_catalog", &self.check_catalog)
             .field("ack_timeout", &self.ack_timeout)
@@ -166,8 +235,14 @@ impl NatsPublisherBuilder {
 
     /// Connects and checks that every destination is captured by a stream.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
-        let client = self
-            .options
+        let options = match self.credentials {
+            Some(Credentials::UserPassword(user, pass)) => {
+                self.options.user_and_password(user, pass)
+            }
+            Some(Credentials::Token(token)) => self.options.token(token),
+            None => self.options,
+        };
+        let client = options
             .connect(self.url.as_str())
             .await
             .map_err(|e| Error::Connect {
@@ -233,9 +308,15 @@ impl fmt::Debug for NatsPublisher {
 
 impl NatsPublisher {
     /// A publisher connecting to `url` (`nats://host:4222`, or several separated by commas).
+    ///
+    /// Credentials in the URL (`nats://user:password@host`, `nats://token@host`) are taken
+    /// out of it and passed in the connect options; errors, logs and `Debug` show the URL
+    /// without them.
     pub fn builder(url: impl Into<String>) -> NatsPublisherBuilder {
+        let (url, credentials) = split_credentials(&url.into());
         NatsPublisherBuilder {
-            url: url.into(),
+            url,
+            credentials,
             options: async_nats::ConnectOptions::new().name("outbox-nats"),
             destinations: Vec::new(),
             check_catalog: true,
@@ -483,6 +564,37 @@ mod tests {
         for good in ["orders", "orders.events", "a-b_c.D9", "orders.é"] {
             assert!(check_subject(good).is_ok(), "{good:?} is a subject");
         }
+    }
+
+    #[test]
+    fn credentials_are_taken_out_of_the_url() {
+        let (url, creds) = split_credentials("nats://app:p%40ss:w@nats1:4222,nats://nats2:4222");
+        assert_eq!(url, "nats://nats1:4222,nats://nats2:4222");
+        match creds {
+            Some(Credentials::UserPassword(user, pass)) => {
+                assert_eq!((user.as_str(), pass.as_str()), ("app", "p@ss:w"));
+            }
+            _ => panic!("user and password expected"),
+        }
+        let (url, creds) = split_credentials("tls://s3cr3t-token@nats:4443/");
+        assert_eq!(url, "tls://nats:4443/");
+        assert!(matches!(creds, Some(Credentials::Token(t)) if t == "s3cr3t-token"));
+        let (url, creds) = split_credentials("u:pw@127.0.0.1:4222");
+        assert_eq!(url, "127.0.0.1:4222");
+        assert!(creds.is_some());
+        let (url, creds) = split_credentials("nats://127.0.0.1:4222");
+        assert_eq!(url, "nats://127.0.0.1:4222");
+        assert!(creds.is_none());
+        assert_eq!(percent_decoded("a%2"), "a%2");
+        assert_eq!(percent_decoded("%zz%41"), "%zzA");
+        let shown = format!(
+            "{:?}",
+            NatsPublisher::builder("nats://app:hunter2@nats:4222")
+        );
+        assert!(
+            !shown.contains("hunter2") && shown.contains("nats://nats:4222"),
+            "{shown}"
+        );
     }
 
     #[test]
