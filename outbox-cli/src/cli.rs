@@ -93,6 +93,10 @@ pub enum Command {
         /// With --since/--until: only messages for this destination.
         #[arg(long)]
         destination: Option<String>,
+        /// With --since/--until: re-queue without asking. Without it, the command says how
+        /// many messages the window holds and asks on a terminal, or changes nothing.
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
     /// Return dead-lettered messages to pending (attempts reset).
     Release {
@@ -121,6 +125,10 @@ pub enum Command {
         /// Count what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// With --dead-before: delete without asking. Without it, the command says what it
+        /// would delete and asks on a terminal, or deletes nothing.
+        #[arg(long, short = 'y', conflicts_with = "dry_run")]
+        yes: bool,
     },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {

@@ -128,6 +128,28 @@ fn sqlite_file_exists(url: &str, command: &Command) -> Result {
     )))
 }
 
+/// Asks on the terminal whether to go on (`question`, e.g. "delete them"); without a
+/// terminal, or without a yes, fails saying that nothing was `done` (e.g. "deleted").
+fn confirm(out: &mut impl Write, question: &str, done: &str) -> Result {
+    use std::io::{BufRead, IsTerminal};
+    out.flush()?;
+    let stdin = io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::Message(format!(
+            "nothing {done}: this command changes many messages at once; \
+             rerun it with --yes to go ahead (or on a terminal, to be asked)"
+        )));
+    }
+    eprint!("{question}? [y/N] ");
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(Failure::Message(format!("nothing {done}: not confirmed")))
+    }
+}
+
 /// sqlx knows MariaDB by the `mysql` scheme: `mariadb://` becomes `mysql://`, and
 /// nothing else in the URL changes (a host or user may well be called `mariadb`).
 fn mysql_scheme(url: &str) -> String {
@@ -200,12 +222,26 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             since,
             until,
             destination,
+            yes,
         } => {
             let n = match (since, until) {
                 (Some(since), Some(until)) => {
-                    admin
-                        .replay_sent_between(since, until, destination.as_deref())
-                        .await?
+                    let destination = destination.as_deref();
+                    if !yes {
+                        let n = admin
+                            .preview_replay_sent_between(since, until, destination)
+                            .await?;
+                        writeln!(
+                            out,
+                            "would re-queue {n} message(s) sent from {since} until {until}{} in {table}",
+                            destination.map(|d| format!(" to {d}")).unwrap_or_default()
+                        )?;
+                        if n == 0 {
+                            return Ok(());
+                        }
+                        confirm(out, "re-queue them", "re-queued")?;
+                    }
+                    admin.replay_sent_between(since, until, destination).await?
                 }
                 _ => admin.replay(&ids).await?,
             };
@@ -238,7 +274,21 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             sent_before,
             dead_before,
             dry_run,
+            yes,
         } => {
+            if dead_before.is_some() && !dry_run && !yes {
+                // Dead letters are messages that never reached anyone: ask first.
+                let preview = admin.purge(sent_before, dead_before, true).await?;
+                writeln!(
+                    out,
+                    "would delete {} sent and {} dead-lettered message(s) from {table}",
+                    preview.sent, preview.dead
+                )?;
+                if preview.sent + preview.dead == 0 {
+                    return Ok(());
+                }
+                confirm(out, "delete them", "deleted")?;
+            }
             let report = admin.purge(sent_before, dead_before, dry_run).await?;
             let verb = if dry_run { "would delete" } else { "deleted" };
             writeln!(

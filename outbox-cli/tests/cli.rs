@@ -72,6 +72,38 @@ async fn outbox_with_env(args: &[&str], url: Option<&str>) -> Run {
     }
 }
 
+/// `outbox <args>` on a terminal (a pseudo-terminal from util-linux's `script`), typing
+/// `answer` and Enter; stdout and stderr both land in `stdout`.
+async fn on_terminal(args: &[&str], answer: &str) -> Run {
+    let mut line = vec![env!("CARGO_BIN_EXE_outbox").to_owned()];
+    line.extend(args.iter().map(|a| format!("'{a}'")));
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line.join(" "), "/dev/null"])
+        .env_remove("OUTBOX_TABLE")
+        .env_remove("OUTBOX_PROCESSED_TABLE")
+        .env("DATABASE_URL", database_url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let answer = format!("{answer}\n");
+    let out: Output = tokio::task::spawn_blocking(move || {
+        let mut child = cmd
+            .spawn()
+            .expect("run `script` (util-linux) for a pseudo-terminal");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), answer.as_bytes())
+            .expect("type the answer");
+        child.wait_with_output()
+    })
+    .await
+    .expect("join")
+    .expect("run the outbox binary on a terminal");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// `outbox --table <schema>.outbox <args>`.
 async fn in_db(db: &TestDb, args: &[&str]) -> Run {
     let table = format!("{}.outbox", db.schema);
@@ -471,19 +503,30 @@ async fn replay_by_sent_time_window_and_destination() {
     let other_dest = insert(&db, sent("90 minutes", "payments")).await;
     let too_new = insert(&db, sent("10 minutes", "orders")).await;
 
-    let out = in_db(
-        &db,
-        &[
-            "replay",
-            "--since",
-            "2h",
-            "--until",
-            "30m",
-            "--destination",
-            "orders",
-        ],
-    )
-    .await;
+    let window = [
+        "replay",
+        "--since",
+        "2h",
+        "--until",
+        "30m",
+        "--destination",
+        "orders",
+    ];
+    // A window acts on many messages at once: without --yes (and no terminal to ask
+    // on) it says what it would do and changes nothing.
+    let out = in_db(&db, &window).await;
+    assert!(
+        out.failed().contains("nothing re-queued") && out.stderr.contains("--yes"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("would re-queue 1 message(s)") && out.stdout.contains("to orders"),
+        "{}",
+        out.stdout
+    );
+    assert!(state(&db, in_window).await.expect("row").sent, "unchanged");
+    let out = in_db(&db, &[&window[..], &["--yes"]].concat()).await;
     assert!(
         out.ok().contains("re-queued 1 sent message"),
         "{}",
@@ -497,7 +540,7 @@ async fn replay_by_sent_time_window_and_destination() {
     // RFC 3339 bounds, every destination.
     let since = (chrono::Utc::now() - chrono::Duration::hours(4)).to_rfc3339();
     let until = chrono::Utc::now().to_rfc3339();
-    let out = in_db(&db, &["replay", "--since", &since, "--until", &until]).await;
+    let out = in_db(&db, &["replay", "--since", &since, "--until", &until, "-y"]).await;
     assert!(
         out.ok().contains("re-queued 3 sent message"),
         "{}",
@@ -651,7 +694,48 @@ async fn purge_deletes_old_history_and_dry_run_only_counts() {
         assert!(state(&db, id).await.is_some(), "{id} kept");
     }
 
+    // Dead letters never reached anyone: without --yes (and no terminal) nothing goes.
     let out = in_db(&db, &["purge", "--dead-before", "1d"]).await;
+    assert!(
+        out.failed().contains("nothing deleted") && out.stderr.contains("--yes"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .starts_with("would delete 0 sent and 1 dead-lettered"),
+        "{}",
+        out.stdout
+    );
+    assert!(state(&db, dead).await.is_some(), "nothing deleted");
+    // On a terminal it asks: "n" keeps them, "y" deletes them.
+    let table = format!("{}.outbox", db.schema);
+    let args = ["--table", table.as_str(), "purge", "--dead-before", "1d"];
+    let out = on_terminal(&args, "n").await;
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("[y/N]") && out.stdout.contains("not confirmed"),
+        "{}",
+        out.stdout
+    );
+    assert!(state(&db, dead).await.is_some(), "nothing deleted");
+    let out = on_terminal(&args, "y").await;
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("deleted 0 sent and 1 dead-lettered"),
+        "{}",
+        out.stdout
+    );
+    assert!(state(&db, dead).await.is_none());
+    insert(
+        &db,
+        Row {
+            dead_ago: Some("2 days"),
+            ..PENDING
+        },
+    )
+    .await;
+    let out = in_db(&db, &["purge", "--dead-before", "1d", "--yes"]).await;
     assert!(
         out.ok().starts_with("deleted 0 sent and 1 dead-lettered"),
         "{}",

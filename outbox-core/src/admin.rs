@@ -310,18 +310,32 @@ impl<DB: Backend> Admin<DB> {
         until: DateTime<Utc>,
         destination: Option<&str>,
     ) -> Result<u64> {
-        if since >= until {
-            return Err(Error::InvalidArgument(Cow::Owned(format!(
-                "the replay window is empty: since ({since}) is not before until ({until}); \
-                 give an earlier --since or a later --until"
-            ))));
-        }
+        check_window(since, until)?;
         let context = "re-queuing sent messages";
         let mut tx = self.begin(context).await?;
         let n = DB::requeue_sent_between(&mut tx, self.outbox.tables(), since, until, destination)
             .await
             .map_err(self.err(context))?;
         self.wake_and_commit(tx, n > 0, context).await?;
+        Ok(n)
+    }
+
+    /// How many messages [`replay_sent_between`](Self::replay_sent_between) would
+    /// re-queue now, changing nothing: it re-queues them in a transaction that it rolls
+    /// back (so the count uses the same statement, and the rows are locked meanwhile).
+    pub async fn preview_replay_sent_between(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        destination: Option<&str>,
+    ) -> Result<u64> {
+        check_window(since, until)?;
+        let context = "counting the sent messages to re-queue";
+        let mut tx = self.begin(context).await?;
+        let n = DB::requeue_sent_between(&mut tx, self.outbox.tables(), since, until, destination)
+            .await
+            .map_err(self.err(context))?;
+        tx.rollback().await.map_err(self.err(context))?;
         Ok(n)
     }
 
@@ -464,4 +478,15 @@ impl<DB: Backend> Admin<DB> {
         }
         tx.commit().await.map_err(self.err(context))
     }
+}
+
+/// A replay window must not be empty.
+fn check_window(since: DateTime<Utc>, until: DateTime<Utc>) -> Result<()> {
+    if since >= until {
+        return Err(Error::InvalidArgument(Cow::Owned(format!(
+            "the replay window is empty: since ({since}) is not before until ({until}); \
+             give an earlier --since or a later --until"
+        ))));
+    }
+    Ok(())
 }

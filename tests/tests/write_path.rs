@@ -626,15 +626,28 @@ async fn hostile_strings_round_trip_verbatim() {
         "newline\nand\ttab\r",
         "''''",
         "\\",
+        "$o$ $o $o1$ ends with $o",
+        "$o1",
+        "$o",
     ];
     let mut tx = outbox.begin().await.expect("begin");
     confirm(&mut tx, 9).await;
     let mut expected = Vec::new();
     for (i, s) in nasty.iter().enumerate() {
         let payload = serde_json::json!({ "s": s, "i": i });
-        let msg = OutboxMessage::new(format!("Type{s}"), format!("dest{s}"), payload.to_string())
-            .with_key(*s)
-            .with_header(format!("h{s}"), *s);
+        // Destinations refuse whitespace and control characters (no broker takes them);
+        // the rest of the string goes in.
+        let destination: String = s
+            .chars()
+            .filter(|c| !c.is_whitespace() && !c.is_control())
+            .collect();
+        let msg = OutboxMessage::new(
+            format!("Type{s}"),
+            format!("dest{destination}"),
+            payload.to_string(),
+        )
+        .with_key(*s)
+        .with_header(format!("h{s}"), *s);
         expected.push((
             msg.id,
             msg.event_type.clone(),
@@ -736,6 +749,78 @@ async fn a_destination_no_broker_takes_is_refused_at_emit() {
         .expect("a good destination");
     tx.commit().await.expect("commit");
     assert_eq!(db.count("outbox").await, 1, "only the good message");
+    db.cleanup().await;
+}
+
+/// The commit sends the events as literals in one simple-protocol query. A pooled
+/// connection switched to a client-only multi-byte encoding (SJIS: its second bytes
+/// include `\\`) with `backslash_quote = on` broke `E'...'` literals: `ā\\'` in a key
+/// (UTF-8 `C4 81 5C ...`) became SJIS `81 5C`, one character, eating the escaping
+/// backslash, and the rest of the key ran as SQL. Now the literals cannot be broken
+/// (dollar quoting), and a connection whose `client_encoding` is not UTF-8 is refused
+/// before anything is written, on both the commit path and the bound `flush` path.
+#[tokio::test]
+async fn a_connection_switched_to_sjis_cannot_inject_sql_through_an_event() {
+    let db = TestDb::with_max_connections(1).await;
+    let outbox = db.outbox().await;
+    sqlx::query("SET client_encoding = 'SJIS'")
+        .execute(&db.pool)
+        .await
+        .expect("switch the pooled connection to SJIS");
+    sqlx::query("SET backslash_quote = on")
+        .execute(&db.pool)
+        .await
+        .expect("backslash_quote");
+    // After the key's literal breaks out: finish the row and the statement, commit, and
+    // run a statement of the attacker's. No quote or backslash in it (they are doubled).
+    let key = "ā\\'".to_owned()
+        + ", chr(123) || chr(125), chr(123) || chr(125), 0)) AS m(id, event_type, event_version, \
+           destination, partition_key, payload, headers, ord) ORDER BY m.ord) SELECT 1; COMMIT; \
+           BEGIN; CREATE TABLE injected (); COMMIT; BEGIN; --";
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key(key.as_str()))
+        .expect("emit");
+    let err = tx
+        .commit()
+        .await
+        .expect_err("a non-UTF-8 connection is refused");
+    assert!(err.to_string().contains("client_encoding"), "{err}");
+    // The bound path (flush before commit) refuses it too.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key(key.as_str()))
+        .expect("emit");
+    let err = tx
+        .flush()
+        .await
+        .expect_err("a non-UTF-8 connection is refused");
+    assert!(err.to_string().contains("client_encoding"), "{err}");
+    drop(tx);
+    let mut other = db.connect().await;
+    let injected: Option<String> = sqlx::query_scalar("SELECT to_regclass('injected')::text")
+        .fetch_one(&mut other)
+        .await
+        .expect("look for the table");
+    assert_eq!(injected, None, "the key's text ran as SQL");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&mut other)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "nothing was written");
+    // Back on UTF-8 the same key is stored exactly as written.
+    sqlx::query("SET client_encoding = 'UTF8'")
+        .execute(&db.pool)
+        .await
+        .expect("back to UTF-8");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key(key.as_str()))
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    let stored: String = sqlx::query_scalar("SELECT partition_key FROM outbox")
+        .fetch_one(&mut other)
+        .await
+        .expect("row");
+    assert_eq!(stored, key);
+    drop(other);
     db.cleanup().await;
 }
 

@@ -56,7 +56,7 @@ impl Backend for Postgres {
 /// The notification is delivered to listeners exactly when the transaction commits.
 fn insert_sql(tables: &Tables) -> String {
     format!(
-        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked), \
+        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
              (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
@@ -69,24 +69,36 @@ fn insert_sql(tables: &Tables) -> String {
          SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '')",
         outbox = tables.outbox.quoted(),
         writers = locks::WRITERS,
+        utf8 = UTF8_GUARD,
     )
 }
+
+/// Fails the statement, before any row is written, on a connection whose
+/// `client_encoding` is not UTF-8: sqlx sends UTF-8, which the server would convert from
+/// the other encoding, garbling the events (and, in client-only encodings such as SJIS,
+/// whose second bytes include `\`, swallowing bytes next to a quote). sqlx connects with
+/// UTF-8; only a `SET client_encoding` on a pooled connection changes it. The error is an
+/// integer cast of a message naming the problem: plain SQL has no `RAISE`, and the text is
+/// not a constant, so the planner does not fold it into an error on every connection.
+const UTF8_GUARD: &str = "CASE WHEN current_setting('client_encoding') = 'UTF8' THEN 0 ELSE \
+     ('the outbox needs client_encoding UTF8 but this connection uses ' || current_setting('client_encoding') || \
+      '; nothing was written: do not change client_encoding on pooled connections')::int END";
 
 /// The flush statement with the rows spelled out as literals, to be sent with `COMMIT`
 /// as one simple-protocol query: the events cost no round trip of their own. Same
 /// semantics as [`insert_sql`] (writer lock before `seq`, emit order, notify at commit).
 ///
-/// Literals are `E'...'` strings with `\` and `'` doubled, which PostgreSQL reads back
-/// verbatim whatever `standard_conforming_strings` says; the connection's encoding is
-/// UTF-8 (sqlx sets it), in which no multi-byte character contains either byte. NUL,
-/// which PostgreSQL text cannot hold, is refused before anything is sent.
+/// Literals are dollar-quoted (see [`literal`]), so no setting changes how they are read,
+/// and a connection whose `client_encoding` is not UTF-8 is refused ([`UTF8_GUARD`]).
+/// NUL, which PostgreSQL text cannot hold, is refused before anything is sent.
 fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
     let outbox = tables.outbox.quoted();
     let payload_bytes: usize = messages.iter().map(|m| m.payload.len() + 160).sum();
     let mut sql = String::with_capacity(payload_bytes + 1024);
     sql.push_str(&format!(
         "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, \
-           pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked), \
+           pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, \
+           {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
              (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
@@ -94,6 +106,7 @@ fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
                   m.payload::jsonb, m.headers::jsonb \
            FROM x, (VALUES ",
         writers = locks::WRITERS,
+        utf8 = UTF8_GUARD,
     ));
     for (i, m) in messages.iter().enumerate() {
         if i > 0 {
@@ -130,7 +143,14 @@ fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
     Ok(sql)
 }
 
-/// Appends `value` as an `E'...'` literal.
+/// Appends `value` as a dollar-quoted literal, `$o$...$o$`, with a tag (`$o$`, `$o1$`,
+/// ...) whose text without the closing `$` does not occur in `value`, so the first
+/// occurrence of the tag after the opening one is the closing one. Nothing inside is an
+/// escape: neither `standard_conforming_strings` nor `backslash_quote` changes what it
+/// means, and no client encoding can join the closing `$` to the bytes before it (`$` is
+/// never the second byte of a multi-byte character; an incomplete one before it is an
+/// encoding error, not a shorter string). `E'...'` literals could be broken that way
+/// on a connection switched to SJIS with `backslash_quote = on`.
 fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()> {
     if value.contains('\0') {
         return Err(Error::InvalidMessage(
@@ -142,15 +162,16 @@ fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()>
             .into(),
         ));
     }
-    sql.push_str("E'");
-    for c in value.chars() {
-        match c {
-            '\'' => sql.push_str("''"),
-            '\\' => sql.push_str("\\\\"),
-            c => sql.push(c),
-        }
+    let mut tag = String::from("$o");
+    let mut n = 0u32;
+    while value.contains(tag.as_str()) {
+        n += 1;
+        tag = format!("$o{n}");
     }
-    sql.push('\'');
+    tag.push('$');
+    sql.push_str(&tag);
+    sql.push_str(value);
+    sql.push_str(&tag);
     Ok(())
 }
 
