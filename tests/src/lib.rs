@@ -119,3 +119,34 @@ pub fn init_tracing() {
 }
 
 pub mod backends;
+
+/// Waits until `check` holds, looking every 10 ms; fails the test, naming `what`, if it
+/// does not within `timeout`. Tests synchronise on what they can observe with this,
+/// never on a sleep.
+pub async fn wait_until<F, Fut>(what: &str, timeout: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the relay has sent `n` more statements to the database than it had when
+/// this was called: its loop has looked at the table again, so whatever it could claim
+/// by then it has claimed (and handed to the publisher).
+pub async fn relay_looked_again(relay: &outbox_core::RelayHandle, n: u64) {
+    let from = relay.stats().queries;
+    wait_until(
+        &format!("the relay sends {n} more statements (from {from})"),
+        std::time::Duration::from_secs(60),
+        || async { relay.stats().queries >= from + n },
+    )
+    .await;
+}

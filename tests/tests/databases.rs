@@ -13,6 +13,7 @@ use outbox_core::relay::Relay;
 use outbox_core::retention::Retention;
 use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord};
 use outbox_tests::backends::{Fixture, TestBackend, init_statement_log, logged_statements};
+use outbox_tests::{relay_looked_again, wait_until};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -131,8 +132,8 @@ async fn commit_rollback_drop_and_panic<DB: TestBackend>() {
     .await;
     assert!(panicked.is_err_and(|e| e.is_panic()));
 
-    // The next transactions (on the same pooled connections) see none of it.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The next transactions (on the same pooled connections: the pool rolls a dropped
+    // transaction back before the connection is used again) see none of it.
     for id in 2..=4 {
         assert_eq!(DB::int(&f, &confirmed(id)).await, 0, "order {id} unchanged");
     }
@@ -224,7 +225,8 @@ async fn relay_publishes_in_key_order<DB: TestBackend>() {
         "published {}",
         publisher.published_count()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await; // would-be duplicates arrive
+    // Shut down before looking: every batch in flight is finished, so a duplicate would
+    // be in the publisher by then.
     relay.shutdown().await;
     let published = publisher.published();
     check_order(&published, keys, per_key);
@@ -260,7 +262,14 @@ async fn a_late_commit_is_not_overtaken<DB: TestBackend>() {
         b.emit_message(message("other", 0)).expect("emit");
         b.commit().await.expect("commit b");
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // B commits (or, on SQLite, waits for A's write lock); then the relay looks at the
+    // table again and again.
+    let looked = relay.stats().queries;
+    wait_until("B is done or waits for A", WAIT, || async {
+        b.is_finished() || relay.stats().queries >= looked + 20
+    })
+    .await;
+    relay_looked_again(&relay, 10).await;
     assert_eq!(
         publisher.published_count(),
         0,
@@ -875,7 +884,11 @@ async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
     let first = Relay::builder(f.outbox.clone(), publisher.clone())
         .batch_size(20)
         .spawn();
-    tokio::time::sleep(Duration::from_millis(300)).await; // `first` holds the lock
+    let admin = outbox_core::admin::Admin::new(f.outbox.clone());
+    wait_until("`first` holds the lock", WAIT, || async {
+        admin.status().await.expect("status").relays == Some(1)
+    })
+    .await;
     let second = Relay::builder(f.outbox.clone(), publisher.clone())
         .batch_size(20)
         .spawn();
@@ -897,12 +910,13 @@ async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
         "published {}",
         publisher.published_count()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        first.stats().published,
-        200,
-        "the active relay published everything"
-    );
+    // Each of the 200 was published once (else the publisher would hold more than 200):
+    // once `first` counts them all, `second` published none of them.
+    wait_until("the active relay has marked everything", WAIT, || async {
+        first.stats().published == 200
+    })
+    .await;
+    assert_eq!(publisher.published_count(), 200, "nothing published twice");
     assert_eq!(second.stats().published, 0, "the standby published nothing");
 
     first.abort(); // its connection closes, and with it the lock
@@ -912,7 +926,6 @@ async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
         "the standby took over: {}",
         publisher.published_count()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
     second.shutdown().await;
     check_order(&publisher.published(), 5, 80);
     assert_eq!(count(&f, "sent_at IS NOT NULL").await, 400);
@@ -933,7 +946,11 @@ async fn mysql_relays_of_two_databases_do_not_exclude_each_other() {
     );
     let (pa, pb) = (InMemoryPublisher::new(), InMemoryPublisher::new());
     let first = Relay::builder(a.outbox.clone(), pa.clone()).spawn();
-    tokio::time::sleep(Duration::from_millis(300)).await; // `first` holds its lock
+    let admin = Admin::new(a.outbox.clone());
+    wait_until("`first` holds its lock", WAIT, || async {
+        admin.status().await.expect("status").relays == Some(1)
+    })
+    .await;
     let second = Relay::builder(b.outbox.clone(), pb.clone()).spawn();
     for f in [&a, &b] {
         let mut tx = f.outbox.begin().await.expect("begin");
@@ -946,8 +963,9 @@ async fn mysql_relays_of_two_databases_do_not_exclude_each_other() {
         pa.wait_for(10, WAIT).await,
         "the first database's relay publishes"
     );
+    // (The first runs until it is shut down below.)
     assert!(
-        pb.wait_for(10, Duration::from_secs(5)).await,
+        pb.wait_for(10, WAIT).await,
         "the second database's relay publishes while the first runs: {}",
         pb.published_count()
     );
