@@ -95,8 +95,11 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         })
     };
 
-    // Let the relay publish for a while, then kill the broker mid-stream.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the relay publish, then kill the broker mid-stream.
+    outbox_tests::wait_until("the relay publishes", Duration::from_secs(60), || async {
+        relay.stats().published >= 20
+    })
+    .await;
     let before_kill = relay.stats();
     assert!(
         before_kill.published > 0,

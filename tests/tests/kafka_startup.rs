@@ -16,11 +16,25 @@ struct AuditRecorded {
 
 const CATALOG_TOPIC: &str = "outbox-test.startup-catalog";
 
+/// Waits until the cluster's metadata no longer lists the catalog's topic.
+async fn topic_gone(brokers: &str) {
+    outbox_tests::wait_until(
+        "the deleted topic is gone",
+        Duration::from_secs(30),
+        || async {
+            !kafka::topics(brokers)
+                .iter()
+                .any(|(t, _)| t == CATALOG_TOPIC)
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_missing_catalog_topic_is_an_error_naming_it_unless_created_by_option() {
     let brokers = kafka::brokers();
     kafka::delete_topic(&brokers, CATALOG_TOPIC).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    topic_gone(&brokers).await;
     let extra = kafka::unique("startup-extra");
 
     let err = KafkaPublisher::builder(&brokers)
@@ -67,7 +81,7 @@ async fn a_missing_catalog_topic_is_an_error_naming_it_unless_created_by_option(
         .expect("every topic exists");
     // Skipping the catalog leaves only the explicit destinations.
     kafka::delete_topic(&brokers, CATALOG_TOPIC).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    topic_gone(&brokers).await;
     KafkaPublisher::builder(&brokers)
         .skip_catalog_check()
         .destination(&extra)
