@@ -163,24 +163,25 @@ struct State {
     sent: bool,
     dead: bool,
     attempts: i32,
-    next_attempt: bool,
+    /// `next_attempt_at` is set and not in the future.
+    due: bool,
     last_error: Option<String>,
 }
 
 async fn state(db: &TestDb, id: Uuid) -> Option<State> {
     sqlx::query_as::<_, (bool, bool, i32, bool, Option<String>)>(
-        "SELECT sent_at IS NOT NULL, dead_at IS NOT NULL, attempts, next_attempt_at IS NOT NULL, last_error \
+        "SELECT sent_at IS NOT NULL, dead_at IS NOT NULL, attempts, coalesce(next_attempt_at <= now(), false), last_error \
          FROM outbox WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(&db.pool)
     .await
     .expect("read a row")
-    .map(|(sent, dead, attempts, next_attempt, last_error)| State {
+    .map(|(sent, dead, attempts, due, last_error)| State {
         sent,
         dead,
         attempts,
-        next_attempt,
+        due,
         last_error,
     })
 }
@@ -190,7 +191,8 @@ fn requeued() -> Option<State> {
         sent: false,
         dead: false,
         attempts: 0,
-        next_attempt: false,
+        // Due at once, and holding back the later messages of its key until it is sent.
+        due: true,
         last_error: None,
     })
 }

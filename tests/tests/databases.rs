@@ -428,6 +428,74 @@ async fn a_retry_that_comes_due_is_not_overtaken<DB: TestBackend>() {
     DB::cleanup(f).await;
 }
 
+/// A message re-queued (replayed or released) while a relay is in the middle of a
+/// pipelined drain of its key goes out before the key's pending messages that the relay
+/// had not claimed yet. (Prefetched batches are claimed after the batch in flight, so
+/// they never see a re-queued row of a lower `seq`: before the fix, the drain published
+/// the whole backlog of the key first.)
+async fn a_requeued_message_goes_out_before_newer_pending_ones<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    let replayed = tx.emit_message(message("k", 0)).expect("emit");
+    tx.commit().await.expect("commit");
+    DB::exec(
+        &f,
+        &format!(
+            "UPDATE outbox SET sent_at = {} WHERE id = '{replayed}'",
+            DB::ago(60)
+        ),
+    )
+    .await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    for n in 1..=300 {
+        tx.emit_message(message("k", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = InMemoryPublisher::new();
+    publisher.set_delay(Duration::from_millis(20));
+    let relay = Relay::builder(f.outbox.clone(), publisher.clone())
+        .batch_size(10)
+        .rebalance_interval(Duration::from_secs(3600)) // one drain prefetches it all
+        .spawn();
+    assert!(publisher.wait_for(30, WAIT).await, "the drain is under way");
+    assert_eq!(
+        Admin::new(f.outbox.clone())
+            .replay(&[replayed])
+            .await
+            .expect("replay"),
+        1
+    );
+    // Published or claimed by now: what is with the publisher, and at most the batch
+    // claimed while it publishes.
+    let before = publisher.published_count() + 10;
+    assert!(publisher.wait_for(301, WAIT).await, "everything published");
+    relay.shutdown().await;
+    let published = publisher.published();
+    let at = published
+        .iter()
+        .position(|r| r.id == replayed)
+        .expect("the replayed message was published");
+    assert!(
+        at <= before,
+        "the replayed message went out at position {at}, after {} newer messages of its key \
+         claimed after the replay (at most {before} were claimed before it)",
+        at.saturating_sub(before)
+    );
+    let k: Vec<u64> = published
+        .iter()
+        .filter(|r| r.id != replayed)
+        .map(|r| key_and_n(r).1)
+        .collect();
+    assert_eq!(
+        k,
+        (1..=300).collect::<Vec<u64>>(),
+        "the rest in order, once"
+    );
+    DB::cleanup(f).await;
+}
+
 /// Retention deletes sent messages and processed ids older than its cutoffs, batch by
 /// batch, and nothing else: not recently sent, pending or dead-lettered messages.
 async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBackend>() {
@@ -857,6 +925,10 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_retry_that_comes_due_is_not_overtaken() {
                 super::a_retry_that_comes_due_is_not_overtaken::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_requeued_message_goes_out_before_newer_pending_ones() {
+                super::a_requeued_message_goes_out_before_newer_pending_ones::<$ty>().await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retries_backoff_and_dead_letter() {

@@ -18,7 +18,7 @@ macro_rules! lite_ops {
         use sqlx::Row;
         use uuid::Uuid;
 
-        use super::super::{Ops, SentBatch, SqlResult, Which, count, total};
+        use super::super::{Ops, SentBatch, SqlResult, Which, count, requeue_reset, total};
         use super::{IDS_PER_STATEMENT, placeholders};
         use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
         use crate::config::Tables;
@@ -180,7 +180,7 @@ macro_rules! lite_ops {
                                 MIN(CASE WHEN dead = 0 THEN created_at END) AS oldest, \
                                 {now} AS now \
                          FROM (SELECT destination, created_at, \
-                                 CASE WHEN next_attempt_at IS NULL THEN 0 ELSE 1 END AS retrying, 0 AS dead \
+                                 CASE WHEN attempts > 0 THEN 1 ELSE 0 END AS retrying, 0 AS dead \
                                FROM {t} WHERE sent_at IS NULL AND dead_at IS NULL \
                                UNION ALL \
                                SELECT destination, created_at, 0, 1 FROM {t} WHERE dead_at IS NOT NULL) live \
@@ -264,7 +264,7 @@ macro_rules! lite_ops {
                             "SELECT {id} AS id, \
                                     CASE WHEN sent_at IS NULL THEN 0 ELSE 1 END AS sent, \
                                     CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END AS dead, \
-                                    CASE WHEN next_attempt_at IS NULL THEN 0 ELSE 1 END AS retrying \
+                                    CASE WHEN attempts > 0 THEN 1 ELSE 0 END AS retrying \
                              FROM {t} WHERE id IN ({list}) ORDER BY seq{lock}",
                             id = $d::text("id"),
                             t = $d::quote(&tables.outbox),
@@ -297,9 +297,9 @@ macro_rules! lite_ops {
                     let mut n = 0;
                     for chunk in ids.chunks(IDS_PER_STATEMENT) {
                         let sql = format!(
-                            "UPDATE {t} SET {set}, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-                             WHERE id IN ({list}) AND {state}",
+                            "UPDATE {t} SET {set}, {reset} WHERE id IN ({list}) AND {state}",
                             t = $d::quote(&tables.outbox),
+                            reset = requeue_reset($d::NOW),
                             set = from.requeue_set(),
                             list = placeholders(chunk.len()),
                             state = from.condition(),
@@ -323,9 +323,9 @@ macro_rules! lite_ops {
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
                     let sql = format!(
-                        "UPDATE {} SET sent_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-                         WHERE sent_at >= ? AND sent_at < ?{}",
+                        "UPDATE {} SET sent_at = NULL, {} WHERE sent_at >= ? AND sent_at < ?{}",
                         $d::quote(&tables.outbox),
+                        requeue_reset($d::NOW),
                         if destination.is_some() { " AND destination = ?" } else { "" }
                     );
                     let mut query = sqlx::query(&sql).bind($d::ts(since)).bind($d::ts(until));
@@ -343,9 +343,9 @@ macro_rules! lite_ops {
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
                     let sql = format!(
-                        "UPDATE {} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-                         WHERE dead_at IS NOT NULL AND partition_key = ?",
-                        $d::quote(&tables.outbox)
+                        "UPDATE {} SET dead_at = NULL, {} WHERE dead_at IS NOT NULL AND partition_key = ?",
+                        $d::quote(&tables.outbox),
+                        requeue_reset($d::NOW)
                     );
                     Ok(sqlx::query(&sql).bind(key).execute(conn).await?.rows_affected())
                 })
@@ -400,17 +400,18 @@ macro_rules! lite_ops {
             let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
             let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
             let next_attempt_at: Option<DateTime<Utc>> = row.try_get("next_attempt_at")?;
+            let attempts: i32 = row.try_get("attempts")?;
             Ok(MessageInfo {
                 seq: row.try_get("seq")?,
                 id: uuid(&row.try_get::<String, _>("id")?)?,
-                state: MessageState::of(sent_at.is_some(), dead_at.is_some(), next_attempt_at.is_some()),
+                state: MessageState::of(sent_at.is_some(), dead_at.is_some(), attempts > 0),
                 event_type: row.try_get("event_type")?,
                 event_version: row.try_get("event_version")?,
                 destination: row.try_get("destination")?,
                 partition_key: row.try_get("partition_key")?,
                 created_at: row.try_get("created_at")?,
                 sent_at,
-                attempts: row.try_get("attempts")?,
+                attempts,
                 next_attempt_at,
                 last_error: row.try_get("last_error")?,
                 dead_at,

@@ -36,7 +36,7 @@ impl Which {
     pub(crate) fn condition(self) -> &'static str {
         match self {
             Which::Pending => "sent_at IS NULL AND dead_at IS NULL",
-            Which::InRetry => "sent_at IS NULL AND dead_at IS NULL AND next_attempt_at IS NOT NULL",
+            Which::InRetry => "sent_at IS NULL AND dead_at IS NULL AND attempts > 0",
             Which::Sent => "sent_at IS NOT NULL",
             Which::Dead => "dead_at IS NOT NULL",
         }
@@ -49,6 +49,16 @@ impl Which {
             _ => "sent_at = NULL",
         }
     }
+}
+
+/// What re-queuing (replay, release) sets besides the state column: attempts and error
+/// reset, and `next_attempt_at` = `now` (the database's clock expression). The message is
+/// due at once and, like a row waiting for a retry, holds back the later pending messages
+/// of its key (the relay's claim skips rows behind a pending row with a `next_attempt_at`),
+/// also in a drain already under way whose prefetched batches start after it: it goes out
+/// before them. It is not "in retry": that is a pending row with failed attempts.
+pub(crate) fn requeue_reset(now: &str) -> String {
+    format!("attempts = 0, next_attempt_at = {now}, last_error = NULL")
 }
 
 /// Per-database statements for the inbox, retention and admin operations.

@@ -122,7 +122,7 @@ impl Ops for Postgres {
             let t = tables.outbox.quoted();
             let rows = sqlx::query(&format!(
                 "WITH live AS (\
-                   SELECT destination, created_at, next_attempt_at IS NOT NULL AS retrying, false AS dead \
+                   SELECT destination, created_at, attempts > 0 AS retrying, false AS dead \
                      FROM {t} WHERE sent_at IS NULL AND dead_at IS NULL \
                    UNION ALL \
                    SELECT destination, created_at, false, true FROM {t} WHERE dead_at IS NOT NULL) \
@@ -203,7 +203,7 @@ impl Ops for Postgres {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
                 "SELECT id, sent_at IS NOT NULL AS sent, dead_at IS NOT NULL AS dead, \
-                        next_attempt_at IS NOT NULL AS retrying \
+                        attempts > 0 AS retrying \
                  FROM {} WHERE id = ANY($1) ORDER BY seq FOR UPDATE",
                 tables.outbox.quoted()
             ))
@@ -233,9 +233,9 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(
-                "UPDATE {t} SET {set}, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-                 WHERE id = ANY($1) AND {state}",
+                "UPDATE {t} SET {set}, {reset} WHERE id = ANY($1) AND {state}",
                 t = tables.outbox.quoted(),
+                reset = super::requeue_reset("now()"),
                 set = from.requeue_set(),
                 state = from.condition(),
             ))
@@ -255,9 +255,10 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(
-                "UPDATE {} SET sent_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
+                "UPDATE {} SET sent_at = NULL, {} \
                  WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)",
-                tables.outbox.quoted()
+                tables.outbox.quoted(),
+                super::requeue_reset("now()")
             ))
             .bind(since)
             .bind(until)
@@ -275,9 +276,9 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(
-                "UPDATE {} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, last_error = NULL \
-                 WHERE dead_at IS NOT NULL AND partition_key = $1",
-                tables.outbox.quoted()
+                "UPDATE {} SET dead_at = NULL, {} WHERE dead_at IS NOT NULL AND partition_key = $1",
+                tables.outbox.quoted(),
+                super::requeue_reset("now()")
             ))
             .bind(key)
             .execute(conn)
@@ -336,21 +337,18 @@ fn message(row: &PgRow) -> SqlResult<MessageInfo> {
     let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
     let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
     let next_attempt_at: Option<DateTime<Utc>> = row.try_get("next_attempt_at")?;
+    let attempts: i32 = row.try_get("attempts")?;
     Ok(MessageInfo {
         seq: row.try_get("seq")?,
         id: row.try_get("id")?,
-        state: MessageState::of(
-            sent_at.is_some(),
-            dead_at.is_some(),
-            next_attempt_at.is_some(),
-        ),
+        state: MessageState::of(sent_at.is_some(), dead_at.is_some(), attempts > 0),
         event_type: row.try_get("event_type")?,
         event_version: row.try_get("event_version")?,
         destination: row.try_get("destination")?,
         partition_key: row.try_get("partition_key")?,
         created_at: row.try_get("created_at")?,
         sent_at,
-        attempts: row.try_get("attempts")?,
+        attempts,
         next_attempt_at,
         last_error: row.try_get("last_error")?,
         dead_at,
