@@ -207,13 +207,13 @@ async fn migrate_creates_the_tables_once() {
     let out = in_db(&db, &["migrate"]).await;
     assert_eq!(
         out.ok().trim(),
-        format!("applied migrations 1, 2 to {}.outbox", db.schema)
+        format!("applied migrations 1, 2, 3 to {}.outbox", db.schema)
     );
     assert_eq!(db.count("outbox").await, 0, "the outbox table exists");
     assert_eq!(db.count("outbox_processed").await, 0);
     let out = in_db(&db, &["migrate"]).await;
     assert!(out.ok().contains("up to date"), "{}", out.stdout);
-    assert_eq!(db.count("outbox_migrations").await, 2);
+    assert_eq!(db.count("outbox_migrations").await, 3);
     db.cleanup().await;
 }
 

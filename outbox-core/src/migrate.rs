@@ -97,6 +97,11 @@ pub const POSTGRES: &[Migration] = &[
         description: "index dead-lettered messages",
         sql: include_str!("../migrations/postgres/0002_dead_letter_index.sql"),
     },
+    Migration {
+        version: 3,
+        description: "stop writing xact_id (never read)",
+        sql: include_str!("../migrations/postgres/0003_stop_writing_xact_id.sql"),
+    },
 ];
 
 /// The SQLite migrations, in order.

@@ -117,7 +117,7 @@ async fn commit_writes_exactly_the_emitted_rows() {
     let rows = sqlx::query(
         "SELECT seq, id, event_type, event_version, destination, partition_key, payload, headers, \
                 created_at, sent_at, attempts, next_attempt_at, last_error, dead_at, \
-                xact_id::text AS xact_id, now() - created_at < interval '1 minute' AS recent \
+                xact_id IS NULL AS no_xact_id, now() - created_at < interval '1 minute' AS recent \
          FROM outbox ORDER BY seq",
     )
     .fetch_all(&db.pool)
@@ -133,10 +133,16 @@ async fn commit_writes_exactly_the_emitted_rows() {
         seqs.windows(2).all(|w| w[0] < w[1]),
         "seq increases in emit order: {seqs:?}"
     );
-    let xids: Vec<String> = rows.iter().map(|r| r.get("xact_id")).collect();
+    // One writing transaction: `created_at` is its start (`now()`), the same for all.
+    let created: Vec<chrono::DateTime<chrono::Utc>> =
+        rows.iter().map(|r| r.get("created_at")).collect();
     assert!(
-        xids.iter().all(|x| x == &xids[0]),
-        "one writing transaction: {xids:?}"
+        created.iter().all(|c| c == &created[0]),
+        "one writing transaction: {created:?}"
+    );
+    assert!(
+        rows.iter().all(|r| r.get::<bool, _>("no_xact_id")),
+        "xact_id is no longer written"
     );
 
     let r = &rows[0];
@@ -416,7 +422,7 @@ async fn custom_schema_qualified_tables() {
         .table(table.clone())
         .build()
         .expect("valid names");
-    assert_eq!(outbox.migrate().await.expect("migrate"), vec![1, 2]);
+    assert_eq!(outbox.migrate().await.expect("migrate"), vec![1, 2, 3]);
     assert!(
         outbox.migrate().await.expect("migrate again").is_empty(),
         "second run is a no-op"
@@ -471,7 +477,7 @@ async fn migrate_is_idempotent_and_safe_to_race() {
             .fetch_all(&db.pool)
             .await
             .expect("versions");
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
     db.cleanup().await;
 }
 

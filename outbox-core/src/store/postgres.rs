@@ -56,11 +56,11 @@ impl Backend for Postgres {
 /// The notification is delivered to listeners exactly when the transaction commits.
 fn insert_sql(tables: &Tables) -> String {
     format!(
-        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
+        "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
-             (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
-           SELECT x.xid, m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
+             (id, event_type, event_version, destination, partition_key, payload, headers) \
+           SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
                   m.payload::jsonb, m.headers::jsonb \
            FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[]) \
                 WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
@@ -96,13 +96,13 @@ fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
     let payload_bytes: usize = messages.iter().map(|m| m.payload.len() + 160).sum();
     let mut sql = String::with_capacity(payload_bytes + 1024);
     sql.push_str(&format!(
-        "WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid, \
+        "WITH x AS MATERIALIZED (SELECT \
            pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, \
            {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
-             (xact_id, id, event_type, event_version, destination, partition_key, payload, headers) \
-           SELECT x.xid, m.id::uuid, m.event_type, m.event_version::int4, m.destination, m.partition_key, \
+             (id, event_type, event_version, destination, partition_key, payload, headers) \
+           SELECT m.id::uuid, m.event_type, m.event_version::int4, m.destination, m.partition_key, \
                   m.payload::jsonb, m.headers::jsonb \
            FROM x, (VALUES ",
         writers = locks::WRITERS,
