@@ -931,6 +931,10 @@ macro_rules! suite {
                 super::a_requeued_message_goes_out_before_newer_pending_ones::<$ty>().await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_are_bounded_by_bytes() {
+                super::batches_are_bounded_by_bytes::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retries_backoff_and_dead_letter() {
                 super::retries_backoff_and_dead_letter::<$ty>().await;
             }
@@ -1002,6 +1006,67 @@ async fn mysql_one_active_relay_and_a_standby_that_takes_over() {
     check_order(&publisher.published(), 5, 80);
     assert_eq!(count(&f, "sent_at IS NOT NULL").await, 400);
     <MySql as TestBackend>::cleanup(f).await;
+}
+
+/// MySQL/MariaDB only: a commit whose events together exceed the server's
+/// `max_allowed_packet` (16 MiB on MariaDB) is written in several statements, not refused.
+/// (The events went in one statement of up to 9,000 rows: "Got a packet bigger than
+/// 'max_allowed_packet' bytes".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_commit_larger_than_max_allowed_packet_is_written() {
+    use outbox_core::sqlx::MySql;
+    init_statement_log();
+    let f = <MySql as TestBackend>::fixture().await;
+    let packet = <MySql as TestBackend>::int(&f, "SELECT @@max_allowed_packet").await;
+    let payload = format!(r#"{{"filler":"{}"}}"#, "x".repeat(1024 * 1024));
+    let n = usize::try_from(packet).expect("a size") / payload.len() + 4;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    for _ in 0..n {
+        tx.emit_message(OutboxMessage::new("Big", "d", payload.as_str()))
+            .expect("emit");
+    }
+    tx.commit().await.expect("a large commit is written");
+    assert_eq!(count(&f, "event_type = 'Big'").await, n as i64);
+    <MySql as TestBackend>::cleanup(f).await;
+}
+
+/// The relay's batches hold at most `max_batch_bytes` of payloads (a larger message goes
+/// alone), so its memory is bounded by bytes, not only by rows.
+async fn batches_are_bounded_by_bytes<DB: TestBackend>() {
+    init_statement_log();
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    let filler = "x".repeat(4000);
+    for n in 0..30 {
+        tx.emit_message(
+            OutboxMessage::new(
+                "Counted",
+                "counts",
+                format!(r#"{{"key":"k","n":{n},"filler":"{filler}"}}"#),
+            )
+            .with_key("k"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(f.outbox.clone(), publisher.clone())
+        .max_batch_bytes(10_000) // two payloads, and the one that crosses the budget
+        .spawn();
+    assert!(publisher.wait_for(30, WAIT).await, "everything published");
+    relay.shutdown().await;
+    assert!(
+        publisher.batches() >= 10,
+        "batches of at most 3 messages of 4 KB: {} batches for 30",
+        publisher.batches()
+    );
+    let n: Vec<u64> = publisher
+        .published()
+        .iter()
+        .map(|r| key_and_n(r).1)
+        .collect();
+    assert_eq!(n, (0..30).collect::<Vec<u64>>());
+    DB::cleanup(f).await;
 }
 
 /// MySQL/MariaDB only: the relay's named lock is per database and table, so relays of

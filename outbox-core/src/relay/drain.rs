@@ -331,6 +331,39 @@ impl Outcome {
     }
 }
 
+/// Decodes claimed rows one at a time until the batch holds `max_bytes` of payloads and
+/// headers (always at least one row, so a message larger than the budget still goes, in
+/// a batch of its own). The relay's memory is then bounded by bytes as well as rows; the
+/// driver reads and drops the rest of the result, and those rows, still pending, are
+/// claimed by the next statement.
+pub(crate) async fn take_within<R, E>(
+    rows: impl futures_util::Stream<Item = Result<R, E>>,
+    max_bytes: usize,
+    decode: impl Fn(&R) -> SqlResult<OutboxRecord>,
+) -> SqlResult<Vec<OutboxRecord>>
+where
+    sqlx::Error: From<E>,
+{
+    use futures_util::TryStreamExt;
+    let mut rows = std::pin::pin!(rows);
+    let mut batch = Vec::new();
+    let mut bytes = 0_usize;
+    while let Some(row) = rows.try_next().await? {
+        let record = decode(&row)?;
+        bytes += record.payload.len()
+            + record
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        batch.push(record);
+        if bytes >= max_bytes {
+            break;
+        }
+    }
+    Ok(batch)
+}
+
 /// Headers written by hand may hold non-string values: they are passed on as JSON text
 /// rather than blocking the relay on one row.
 pub(crate) fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {

@@ -81,6 +81,10 @@ pub enum OnSent {
 pub struct RelayConfig {
     /// Rows claimed and published per cycle. Default 1000.
     pub batch_size: usize,
+    /// The most payload and header bytes one batch holds (a larger message goes alone).
+    /// With `batch_size`, it bounds the relay's memory: two batches are in memory at once
+    /// (one with the publisher, the next one claimed). Default 16 MiB.
+    pub max_batch_bytes: usize,
     /// PostgreSQL: the safety poll while no notification arrives, default 5 s.
     /// MySQL/MariaDB and SQLite (no notifications): how often an idle relay looks for
     /// new rows, default 100 ms.
@@ -110,6 +114,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             batch_size: 1000,
+            max_batch_bytes: 16 * 1024 * 1024,
             poll_interval: Duration::from_secs(5),
             max_attempts: 10,
             backoff_base: Duration::from_secs(1),
@@ -191,6 +196,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     /// Rows per batch (at least 1).
     pub fn batch_size(mut self, n: usize) -> Self {
         self.config.batch_size = n.max(1);
+        self
+    }
+    /// The most payload and header bytes per batch (at least 1; a message larger than
+    /// this goes in a batch of its own). See [`RelayConfig::max_batch_bytes`].
+    pub fn max_batch_bytes(mut self, n: usize) -> Self {
+        self.config.max_batch_bytes = n.max(1);
         self
     }
     /// Safety poll interval.

@@ -85,7 +85,7 @@ macro_rules! lite_session {
         use tokio::sync::watch;
         use uuid::Uuid;
 
-        use super::drain::{Claims, Outcome, SqlResult, headers, retry_plan};
+        use super::drain::{Claims, Outcome, SqlResult, headers, retry_plan, take_within};
         use super::poll::{self, Polled};
         use super::{Relay, RelayStats};
         use crate::publisher::{OutboxRecord, Publisher};
@@ -154,9 +154,8 @@ macro_rules! lite_session {
                 let rows = sqlx::query(&self.claim)
                     .bind(after.unwrap_or(0))
                     .bind(limit)
-                    .fetch_all(&mut self.conn)
-                    .await?;
-                rows.iter().map(record).collect()
+                    .fetch(&mut self.conn);
+                take_within(rows, self.relay.config.max_batch_bytes, record).await
             }
 
             async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::drain::{Claims, Outcome, SqlResult, drain, headers};
+use super::drain::{Claims, Outcome, SqlResult, drain, headers, take_within};
 use super::horizon::{Horizon, Sample};
 use super::{OnSent, Relay, RelayStats, stopped};
 use crate::config::locks;
@@ -441,9 +441,8 @@ impl<'r, P: Publisher> Session<'r, P> {
             .bind(filter)
             .bind(i32::from(config.partitions))
             .bind(after.unwrap_or(0))
-            .fetch_all(&mut self.conn)
-            .await?;
-        rows.iter().map(record).collect()
+            .fetch(&mut self.conn);
+        take_within(rows, config.max_batch_bytes, record).await
     }
 }
 

@@ -17,7 +17,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySql, MySqlConnection};
 use tokio::sync::watch;
 
-use super::sqlite_like::insert_sql;
+use super::sqlite_like::{chunks, insert_sql};
 use super::{Backend, Sealed};
 use crate::config::{TableName, Tables};
 use crate::migrate::{self, MYSQL as MIGRATIONS};
@@ -27,6 +27,11 @@ use crate::{Error, Outbox, OutboxMessage, Result};
 
 /// Rows per `INSERT` statement: 7 placeholders each stays under MySQL's 65,535.
 const ROWS_PER_INSERT: usize = 9000;
+
+/// Bytes of values per `INSERT` statement: far below the smallest default
+/// `max_allowed_packet` (4 MiB on MySQL 5.7, 16 MiB on MariaDB, 64 MiB on MySQL 8), so a
+/// large commit takes a few more statements instead of being refused.
+const BYTES_PER_INSERT: usize = 2 * 1024 * 1024;
 
 impl Sealed for MySql {}
 
@@ -70,7 +75,7 @@ async fn insert_messages(
         .await
         .map_err(|e| Error::db("taking the outbox writer lock", &table, e))?;
     let outbox = tables.outbox.backticked();
-    for chunk in messages.chunks(ROWS_PER_INSERT) {
+    for chunk in chunks(messages, ROWS_PER_INSERT, BYTES_PER_INSERT) {
         let sql = insert_sql(&outbox, chunk.len());
         let mut query = sqlx::query(&sql);
         for m in chunk {
