@@ -35,8 +35,17 @@ struct Inner {
     settings: Settings,
     producer: Mutex<Current>,
     rebuilds: AtomicU64,
+    /// How long to wait for room in librdkafka's local queue, from the start of a batch:
+    /// a quarter of `message_timeout`, so that a batch takes at most 1.25 times it (the
+    /// last message enqueued then has `message.timeout.ms` for its delivery report).
     enqueue_timeout: Duration,
+    message_timeout: Duration,
 }
+
+/// What a batch can take beyond `1.25 × message.timeout.ms` by our own timers:
+/// librdkafka checks message timeouts about once a second, and a stuck producer is
+/// replaced before `publish` returns (dropping the old one flushes for up to 500 ms).
+const PUBLISH_SLACK: Duration = Duration::from_millis(2000);
 
 struct Current {
     generation: u64,
@@ -66,8 +75,8 @@ impl KafkaPublisher {
     /// A publisher for the cluster at `bootstrap_servers` (`host:port[,host:port...]`).
     ///
     /// Defaults: `enable.idempotence=true`, `acks=all`, `linger.ms=1`,
-    /// `message.timeout.ms=20000` (keep it below the relay's `publish_timeout`, 30 s by
-    /// default), `compression.type=none`.
+    /// `message.timeout.ms=20000` (see [`message_timeout`](KafkaPublisherBuilder::message_timeout)
+    /// for how it relates to the relay's `publish_timeout`), `compression.type=none`.
     pub fn builder(bootstrap_servers: impl Into<String>) -> KafkaPublisherBuilder {
         let mut settings = Settings::default();
         settings.set("bootstrap.servers", bootstrap_servers);
@@ -111,7 +120,10 @@ impl KafkaPublisherBuilder {
     }
 
     /// How long a message may take to be acknowledged, retries included
-    /// (`message.timeout.ms`). Keep it below the relay's `publish_timeout`.
+    /// (`message.timeout.ms`). A batch may take `1.25 ×` this plus 2 s by the publisher's
+    /// own timers ([`Publisher::max_publish_time`]), and longer when librdkafka waits
+    /// for a request in flight: keep the relay's `publish_timeout` well above it (the
+    /// default 20 s gives 27 s, below the default 30 s; see `docs/kafka.md`).
     pub fn message_timeout(self, timeout: Duration) -> Self {
         self.set("message.timeout.ms", timeout.as_millis().to_string())
     }
@@ -193,7 +205,8 @@ impl KafkaPublisherBuilder {
                     producer,
                 }),
                 rebuilds: AtomicU64::new(0),
-                enqueue_timeout: message_timeout,
+                enqueue_timeout: message_timeout / 4,
+                message_timeout,
             }),
         })
     }
@@ -369,6 +382,16 @@ impl KafkaPublisher {
 }
 
 impl Publisher for KafkaPublisher {
+    /// `1.25 × message.timeout.ms` plus 2 s: waiting for room in the local queue (a
+    /// quarter of it), the last message's delivery report, and replacing a stuck producer.
+    /// librdkafka can report later than `message.timeout.ms` for a message whose request
+    /// was in flight when the broker went away (measured: 8.7 s with a 4 s timeout, see
+    /// `docs/kafka.md`), so this is the least a `publish_timeout` must allow, not a
+    /// guarantee.
+    fn max_publish_time(&self) -> Option<Duration> {
+        Some(self.inner.enqueue_timeout + self.inner.message_timeout + PUBLISH_SLACK)
+    }
+
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         let (generation, producer) = self.current();
         let deadline = Instant::now() + self.inner.enqueue_timeout;
@@ -398,7 +421,6 @@ impl Publisher for KafkaPublisher {
                 }
             }
         }
-
         // 2. Every delivery report.
         let (indexes, deliveries): (Vec<usize>, Vec<DeliveryFuture>) =
             in_flight.into_iter().unzip();
@@ -418,7 +440,6 @@ impl Publisher for KafkaPublisher {
                 ),
             });
         }
-
         // 3. The ordering contract: after a failure of key K, no later K is a success.
         let mut failed_keys: HashSet<&str> = HashSet::new();
         let mut stuck: Option<RDKafkaErrorCode> = None;

@@ -224,10 +224,12 @@ impl NatsPublisherBuilder {
         self
     }
 
-    /// The most one batch may take (default 20 s, below the relay's 30 s
-    /// `publish_timeout`): a key's chain that is still going when it runs out reports
-    /// its remaining messages as not attempted, so a long chain of one hot key makes
-    /// progress batch after batch instead of timing out as a whole.
+    /// How long a batch may start new messages (default 15 s): a key's chain that is
+    /// still going when it runs out reports its remaining messages as not attempted, so
+    /// a long chain of one hot key makes progress batch after batch instead of timing out
+    /// as a whole. A message started just before may wait `ack_timeout` more, so a batch
+    /// takes at most `batch_budget + ack_timeout` (25 s with the defaults, below the
+    /// relay's 30 s `publish_timeout`; [`Publisher::max_publish_time`]).
     pub fn batch_budget(mut self, budget: Duration) -> Self {
         self.batch_budget = budget;
         self
@@ -321,7 +323,7 @@ impl NatsPublisher {
             destinations: Vec::new(),
             check_catalog: true,
             ack_timeout: Duration::from_secs(10),
-            batch_budget: Duration::from_secs(20),
+            batch_budget: Duration::from_secs(15),
         }
     }
 
@@ -471,6 +473,12 @@ fn headers_len(headers: &HeaderMap) -> usize {
 }
 
 impl Publisher for NatsPublisher {
+    /// `batch_budget + ack_timeout`: no message starts after the budget, and each waits
+    /// at most `ack_timeout` for its acknowledgement.
+    fn max_publish_time(&self) -> Option<Duration> {
+        Some(self.batch_budget + self.ack_timeout)
+    }
+
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         // One chain per key, in batch order; messages without a key are chains of one.
         let mut chains: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();

@@ -6,6 +6,7 @@
 //! A missing server fails the test with a message saying how to start it; it never skips.
 
 pub mod kafka;
+pub mod logs;
 pub mod nats;
 
 use std::str::FromStr;

@@ -149,3 +149,29 @@ async fn a_refused_setting_does_not_leak_its_value_in_the_error() {
     );
     assert!(!text.contains("key-pass-secret"), "{text}");
 }
+
+/// What a batch may take by the publisher's own timers: a quarter of
+/// `message.timeout.ms` waiting for room in librdkafka's queue, then the timeout itself,
+/// plus 2 s. With the defaults that is 27 s, below the relay's default 30 s.
+#[tokio::test]
+async fn the_publishers_time_bound_follows_the_message_timeout() {
+    use outbox_core::publisher::Publisher;
+    let brokers = kafka::brokers();
+    let topic = kafka::unique("bound");
+    kafka::create_topic(&brokers, &topic, 1).await;
+    for (timeout, bound) in [(None, 27), (Some(4), 7), (Some(40), 52)] {
+        let mut builder = KafkaPublisher::builder(&brokers)
+            .skip_catalog_check()
+            .destination(&topic);
+        if let Some(secs) = timeout {
+            builder = builder.message_timeout(Duration::from_secs(secs));
+        }
+        let publisher = builder.build().await.expect("publisher");
+        assert_eq!(
+            publisher.max_publish_time(),
+            Some(Duration::from_secs(bound)),
+            "message.timeout.ms {timeout:?} s"
+        );
+    }
+    kafka::delete_topic(&brokers, &topic).await;
+}

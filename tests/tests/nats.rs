@@ -347,3 +347,24 @@ async fn destinations_that_are_no_subject_are_refused_before_they_are_sent() {
     );
     js.delete_stream(&name).await.expect("delete stream");
 }
+
+/// No message starts after `batch_budget`, and each waits at most `ack_timeout`: a
+/// batch takes at most their sum (25 s with the defaults, below the relay's 30 s).
+#[tokio::test]
+async fn the_publishers_time_bound_is_its_budget_plus_one_ack_timeout() {
+    use outbox_core::publisher::Publisher;
+    let defaults = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    assert_eq!(defaults.max_publish_time(), Some(Duration::from_secs(25)));
+    let custom = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .batch_budget(Duration::from_secs(3))
+        .ack_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("publisher");
+    assert_eq!(custom.max_publish_time(), Some(Duration::from_secs(5)));
+}

@@ -6,35 +6,13 @@
 //! Not at trace level: async-nats traces the CONNECT message it writes, password and
 //! token included, whatever way they are given (`docs/nats.md` says so).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use outbox_core::Outbox;
 use outbox_nats::NatsPublisher;
+use outbox_tests::logs::Captured;
 use outbox_tests::nats::OwnNats;
 use outbox_tests::{backends::mysql_url, database_url};
 
 const PLANTED: &str = "PLANTEDs3cret";
-
-/// Every log line written, at every level, by every crate.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
-    }
-}
 
 /// `text` (what `what` printed) must not hold the planted password.
 fn clean(what: &str, text: &str) {
@@ -57,13 +35,7 @@ fn with_password(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_appears_in_logs_errors_or_debug_output() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .init();
+    let logs = Captured::install(tracing::Level::DEBUG);
 
     // NATS, a server that requires this user and password: the credentials work when
     // given in the URL (they travel in the connect options, not the URL).

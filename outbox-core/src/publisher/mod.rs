@@ -118,4 +118,12 @@ pub trait Publisher: Send + Sync + 'static {
         &self,
         batch: &[OutboxRecord],
     ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+
+    /// How long one [`publish`](Self::publish) call may take by the publisher's own
+    /// timeouts, if it knows. The relay logs an error when it is built with a shorter
+    /// `publish_timeout`: it would give up on batches that the broker may still store
+    /// afterwards. Default `None` (not known).
+    fn max_publish_time(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

@@ -261,7 +261,21 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     }
 
     /// The relay, to run in a task of your own with [`Relay::run`].
+    ///
+    /// Logs an error if `publish_timeout` is shorter than what the publisher says one
+    /// batch can take ([`Publisher::max_publish_time`]).
     pub fn build(self) -> Relay<P, DB> {
+        if let Some(bound) = self.publisher.max_publish_time() {
+            if bound > self.config.publish_timeout {
+                tracing::error!(
+                    publish_timeout = ?self.config.publish_timeout,
+                    publisher_bound = ?bound,
+                    "outbox relay: publish_timeout is shorter than one batch can take with this \
+                     publisher's timeouts; the relay may give up on a batch the broker stores later. \
+                     Raise publish_timeout or lower the publisher's timeouts"
+                );
+            }
+        }
         Relay {
             outbox: self.outbox,
             publisher: self.publisher,
