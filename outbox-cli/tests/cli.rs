@@ -15,6 +15,14 @@ struct Run {
 }
 
 impl Run {
+    fn of(out: &Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     fn ok(&self) -> &str {
         assert_eq!(
             self.code, 0,
@@ -65,11 +73,7 @@ async fn outbox_with_env(args: &[&str], url: Option<&str>) -> Run {
         .await
         .expect("join")
         .expect("run the outbox binary");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(&out)
 }
 
 /// `outbox <args>` on a terminal (a pseudo-terminal from util-linux's `script`), typing
@@ -97,11 +101,7 @@ async fn on_terminal(args: &[&str], answer: &str) -> Run {
     .await
     .expect("join")
     .expect("run the outbox binary on a terminal");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(&out)
 }
 
 /// `outbox --table <schema>.outbox <args>`.

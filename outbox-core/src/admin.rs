@@ -321,8 +321,7 @@ impl<DB: Backend> Admin<DB> {
     }
 
     /// How many messages [`replay_sent_between`](Self::replay_sent_between) would
-    /// re-queue now, changing nothing: it re-queues them in a transaction that it rolls
-    /// back (so the count uses the same statement, and the rows are locked meanwhile).
+    /// re-queue now (a count; nothing is written or locked).
     pub async fn preview_replay_sent_between(
         &self,
         since: DateTime<Utc>,
@@ -330,13 +329,15 @@ impl<DB: Backend> Admin<DB> {
         destination: Option<&str>,
     ) -> Result<u64> {
         check_window(since, until)?;
-        let context = "counting the sent messages to re-queue";
-        let mut tx = self.begin(context).await?;
-        let n = DB::requeue_sent_between(&mut tx, self.outbox.tables(), since, until, destination)
-            .await
-            .map_err(self.err(context))?;
-        tx.rollback().await.map_err(self.err(context))?;
-        Ok(n)
+        DB::count_sent_between(
+            self.outbox.pool(),
+            self.outbox.tables(),
+            since,
+            until,
+            destination,
+        )
+        .await
+        .map_err(self.err("counting the sent messages to re-queue"))
     }
 
     /// Returns the **dead-lettered** messages `ids` to pending, with attempts and errors

@@ -173,7 +173,14 @@ pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparseable url>".to_owned();
     };
-    let (authority, tail) = match rest.find(['/', '?']) {
+    // The user information ends at the last `@`: a password may hold `/`, `?` or `@`
+    // unencoded, a host never holds `@`. (An `@` in the query makes the host look like
+    // user information: shown redacted rather than risk showing a password.)
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let (host, tail) = match rest.find(['/', '?']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
@@ -193,8 +200,8 @@ pub(crate) fn redact_url(url: &str) -> String {
         }
         None => tail.to_owned(),
     };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
+    match userinfo {
+        Some(userinfo) => {
             let user = userinfo.split(':').next().unwrap_or_default();
             if userinfo.contains(':') {
                 format!("{scheme}://{user}:***@{host}{tail}")
@@ -202,7 +209,7 @@ pub(crate) fn redact_url(url: &str) -> String {
                 format!("{scheme}://{user}@{host}{tail}")
             }
         }
-        None => format!("{scheme}://{authority}{tail}"),
+        None => format!("{scheme}://{host}{tail}"),
     }
 }
 
@@ -237,5 +244,18 @@ mod tests {
             redact_url("mysql://db?PASSWORD=s3cret"),
             "mysql://db?PASSWORD=***"
         );
+        // Passwords with unencoded `?`, `/` or `@` (not valid URLs, so the driver's own
+        // error would come with the URL as given).
+        for (url, shown) in [
+            ("postgres://bob:pa?ss@db/app", "postgres://bob:***@db/app"),
+            (
+                "postgres://bob:pa/ss@db:5432/app",
+                "postgres://bob:***@db:5432/app",
+            ),
+            ("postgres://bob:p@ss@db/app", "postgres://bob:***@db/app"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+            assert!(!redact_url(url).contains("ss@"), "{url}");
+        }
     }
 }

@@ -58,6 +58,7 @@ impl AsRef<str> for Destination {
 ///     /// Everything the order service announces.
 ///     pub ORDER_EVENTS = "orders.events";
 ///     pub(crate) AUDIT = "audit";
+///     TEMPLATED = "orders.{region}"; // braces are fine
 /// }
 /// assert_eq!(ORDER_EVENTS.as_str(), "orders.events");
 /// ```
@@ -74,15 +75,17 @@ macro_rules! destinations {
         $(
             $(#[$meta])*
             $vis const $name: $crate::Destination = $crate::Destination::new($value);
-            const _: () = ::core::assert!(
-                $crate::event::destination_is_valid($value),
-                ::core::concat!(
-                    "destination ", ::core::stringify!($value),
-                    " is empty or holds whitespace or a control character, which no broker takes \
-                     in a topic, subject or routing key (a line break would even inject protocol \
-                     commands); use a name like \"orders.events\""
-                )
-            );
+            const _: () = if !$crate::event::destination_is_valid($value) {
+                ::core::panic!(
+                    "{}",
+                    ::core::concat!(
+                        "destination ", ::core::stringify!($value),
+                        " is empty or holds whitespace or a control character, which no broker \
+                         takes in a topic, subject or routing key (a line break would even inject \
+                         protocol commands); use a name like \"orders.events\""
+                    )
+                );
+            };
         )*
     };
 }

@@ -172,7 +172,11 @@ impl KafkaPublisherBuilder {
         // The relay hands over whole batches, so a long linger adds latency without
         // making batches fuller.
         self.settings.set_default("linger.ms", "1");
-        self.settings.set_default("message.timeout.ms", "20000");
+        // `delivery.timeout.ms` is the same setting: a default under the other name would
+        // override the user's (librdkafka applies them in key order).
+        if self.settings.get("delivery.timeout.ms").is_none() {
+            self.settings.set_default("message.timeout.ms", "20000");
+        }
         self.settings.set_default("compression.type", "none");
         let producer = Arc::new(create_producer(&self.settings)?);
         let mut wanted = self.destinations;
@@ -191,10 +195,11 @@ impl KafkaPublisherBuilder {
             self.startup_timeout,
         )
         .await?;
-        let message_timeout = self
-            .settings
-            .get("message.timeout.ms")
-            .and_then(|v| v.parse::<u64>().ok())
+        // `delivery.timeout.ms` is librdkafka's other name for it; 0 means no timeout.
+        let message_timeout = ["message.timeout.ms", "delivery.timeout.ms"]
+            .iter()
+            .find_map(|k| self.settings.get(k))
+            .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::from_secs(20), Duration::from_millis);
         tracing::info!(settings = ?self.settings, "outbox-kafka publisher ready");
         Ok(KafkaPublisher {
@@ -389,6 +394,9 @@ impl Publisher for KafkaPublisher {
     /// `docs/kafka.md`), so this is the least a `publish_timeout` must allow, not a
     /// guarantee.
     fn max_publish_time(&self) -> Option<Duration> {
+        if self.inner.message_timeout.is_zero() {
+            return None; // `message.timeout.ms=0`: librdkafka never times a message out
+        }
         Some(self.inner.enqueue_timeout + self.inner.message_timeout + PUBLISH_SLACK)
     }
 

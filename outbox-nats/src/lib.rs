@@ -130,9 +130,9 @@ fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
                 Some((scheme, rest)) => (Some(scheme), rest),
                 None => (None, url),
             };
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let (authority, tail) = rest.split_at(end);
-            let Some((userinfo, host)) = authority.rsplit_once('@') else {
+            // The user information ends at the last `@` (a password may hold `/`, `?`
+            // or `@` unencoded; a host never holds `@`).
+            let Some((userinfo, host)) = rest.rsplit_once('@') else {
                 return url.to_owned();
             };
             if found.is_none() {
@@ -144,8 +144,8 @@ fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
                 });
             }
             match scheme {
-                Some(scheme) => format!("{scheme}://{host}{tail}"),
-                None => format!("{host}{tail}"),
+                Some(scheme) => format!("{scheme}://{host}"),
+                None => host.to_owned(),
             }
         })
         .collect();
@@ -587,6 +587,9 @@ mod tests {
         let (url, creds) = split_credentials("tls://s3cr3t-token@nats:4443/");
         assert_eq!(url, "tls://nats:4443/");
         assert!(matches!(creds, Some(Credentials::Token(t)) if t == "s3cr3t-token"));
+        let (url, creds) = split_credentials("nats://app:pa?s/s@nats:4222");
+        assert_eq!(url, "nats://nats:4222");
+        assert!(matches!(creds, Some(Credentials::UserPassword(_, p)) if p == "pa?s/s"));
         let (url, creds) = split_credentials("u:pw@127.0.0.1:4222");
         assert_eq!(url, "127.0.0.1:4222");
         assert!(creds.is_some());

@@ -173,5 +173,19 @@ async fn the_publishers_time_bound_follows_the_message_timeout() {
             "message.timeout.ms {timeout:?} s"
         );
     }
+    // librdkafka's other name for the setting counts; 0 (never time out) has no bound.
+    for (key, value, bound) in [
+        ("delivery.timeout.ms", "8000", Some(Duration::from_secs(12))),
+        ("message.timeout.ms", "0", None),
+    ] {
+        let publisher = KafkaPublisher::builder(&brokers)
+            .skip_catalog_check()
+            .destination(&topic)
+            .set(key, value)
+            .build()
+            .await
+            .expect("publisher");
+        assert_eq!(publisher.max_publish_time(), bound, "{key}={value}");
+    }
     kafka::delete_topic(&brokers, &topic).await;
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
-use outbox_core::publisher::{PublishErrorKind, Publisher};
+use outbox_core::publisher::{PublishError, PublishErrorKind, Publisher};
 use outbox_core::{OutboxMessage, OutboxRecord, Relay};
 use outbox_nats::{Error, NatsPublisher, headers};
 use outbox_tests::TestDb;
@@ -16,6 +16,14 @@ use uuid::Uuid;
 async fn stored(js: &jetstream::Context, name: &str) -> u64 {
     let mut s = js.get_stream(name).await.expect("stream");
     s.info().await.expect("stream info").state.messages
+}
+
+/// What kind of failure each result is (`None`: published).
+fn kinds(results: &[Result<(), PublishError>]) -> Vec<Option<PublishErrorKind>> {
+    results
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.kind()))
+        .collect()
 }
 
 fn record(subject: &str, key: &str, n: i32) -> OutboxRecord {
@@ -162,10 +170,7 @@ async fn a_failure_holds_back_the_rest_of_its_key_only() {
         record(&good, "k2", 1),
     ];
     let results = publisher.publish(&batch).await;
-    let kinds: Vec<Option<PublishErrorKind>> = results
-        .iter()
-        .map(|r| r.as_ref().err().map(|e| e.kind()))
-        .collect();
+    let kinds = kinds(&results);
     assert_eq!(
         kinds,
         vec![
@@ -232,10 +237,7 @@ async fn bad_messages_are_refused_before_they_are_sent() {
         .insert("Nats-Rollup".to_owned(), "all".to_owned());
     let fine = record(&subject, "fine", 1);
     let results = publisher.publish(&[too_large, forged, command, fine]).await;
-    let kinds: Vec<Option<PublishErrorKind>> = results
-        .iter()
-        .map(|r| r.as_ref().err().map(|e| e.kind()))
-        .collect();
+    let kinds = kinds(&results);
     assert_eq!(
         kinds,
         vec![
@@ -322,10 +324,7 @@ async fn destinations_that_are_no_subject_are_refused_before_they_are_sent() {
     let fine = record(&format!("{prefix}.x"), "d", 1);
     let started = Instant::now();
     let results = publisher.publish(&[injected, spaced, wildcard, fine]).await;
-    let kinds: Vec<Option<PublishErrorKind>> = results
-        .iter()
-        .map(|r| r.as_ref().err().map(|e| e.kind()))
-        .collect();
+    let kinds = kinds(&results);
     assert_eq!(
         kinds,
         vec![
@@ -352,7 +351,6 @@ async fn destinations_that_are_no_subject_are_refused_before_they_are_sent() {
 /// batch takes at most their sum (25 s with the defaults, below the relay's 30 s).
 #[tokio::test]
 async fn the_publishers_time_bound_is_its_budget_plus_one_ack_timeout() {
-    use outbox_core::publisher::Publisher;
     let defaults = NatsPublisher::builder(nats_url())
         .skip_catalog_check()
         .build()

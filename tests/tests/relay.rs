@@ -650,6 +650,25 @@ impl outbox_core::publisher::Publisher for PanicsOnType {
     }
 }
 
+/// Like [`PanicsOnType`], but `publish` is a plain `fn` that panics before it returns a
+/// future.
+#[derive(Debug, Clone)]
+struct PanicsBeforeTheFuture(InMemoryPublisher);
+
+impl outbox_core::publisher::Publisher for PanicsBeforeTheFuture {
+    #[allow(clippy::manual_async_fn)]
+    fn publish(
+        &self,
+        batch: &[OutboxRecord],
+    ) -> impl std::future::Future<Output = Vec<Result<(), PublishError>>> + Send {
+        if batch.iter().any(|r| r.event_type == "Panics") {
+            panic!("a panic before the future exists (a test's panic)");
+        }
+        let (inner, batch) = (self.0.clone(), batch.to_vec());
+        async move { inner.publish(&batch).await }
+    }
+}
+
 /// A publisher that panics fails the message it panicked on, not the relay: the other
 /// keys' messages of the same batch go out, the panicking message is retried and
 /// dead-lettered like any failure, its key's later message waits behind it, and
@@ -657,6 +676,21 @@ impl outbox_core::publisher::Publisher for PanicsOnType {
 /// nothing was marked sent, and `shutdown()` re-raised the panic.)
 #[tokio::test]
 async fn a_panicking_publisher_fails_one_message_not_the_relay() {
+    let publisher = InMemoryPublisher::new();
+    panicking_publisher(PanicsOnType(publisher.clone()), publisher).await;
+}
+
+/// The same when the panic comes from `publish` itself, before a future exists.
+#[tokio::test]
+async fn a_publisher_panicking_before_its_future_fails_one_message_not_the_relay() {
+    let publisher = InMemoryPublisher::new();
+    panicking_publisher(PanicsBeforeTheFuture(publisher.clone()), publisher).await;
+}
+
+async fn panicking_publisher(
+    panics: impl outbox_core::publisher::Publisher,
+    publisher: InMemoryPublisher,
+) {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     let mut tx = outbox.begin().await.expect("begin");
@@ -669,8 +703,7 @@ async fn a_panicking_publisher_fails_one_message_not_the_relay() {
     }
     tx.commit().await.expect("commit");
 
-    let publisher = InMemoryPublisher::new();
-    let relay = Relay::builder(outbox.clone(), PanicsOnType(publisher.clone()))
+    let relay = Relay::builder(outbox.clone(), panics)
         .max_attempts(2)
         .backoff(Duration::from_millis(100), Duration::from_millis(200))
         .poll_interval(Duration::from_millis(100))

@@ -812,8 +812,9 @@ async fn a_connection_switched_to_sjis_cannot_inject_sql_through_an_event() {
         .await
         .expect("count");
     assert_eq!(rows, 0, "nothing was written");
-    // Back on UTF-8 the same key is stored exactly as written.
-    sqlx::query("SET client_encoding = 'UTF8'")
+    // Back on UTF-8 (by its alias UNICODE, which `current_setting` would report as is)
+    // the same key is stored exactly as written.
+    sqlx::query("SET client_encoding = 'UNICODE'")
         .execute(&db.pool)
         .await
         .expect("back to UTF-8");

@@ -336,6 +336,29 @@ macro_rules! lite_ops {
                 })
             }
 
+            fn count_sent_between<'c>(
+                pool: &'c Pool,
+                tables: &'c Tables,
+                since: DateTime<Utc>,
+                until: DateTime<Utc>,
+                destination: Option<&'c str>,
+            ) -> BoxFuture<'c, SqlResult<u64>> {
+                Box::pin(async move {
+                    let sql = format!(
+                        "SELECT count(*) FROM {} WHERE sent_at >= ? AND sent_at < ?{}",
+                        $d::quote(&tables.outbox),
+                        if destination.is_some() { " AND destination = ?" } else { "" }
+                    );
+                    let mut query = sqlx::query_scalar::<_, i64>(&sql)
+                        .bind($d::ts(since))
+                        .bind($d::ts(until));
+                    if let Some(d) = destination {
+                        query = query.bind(d);
+                    }
+                    Ok(count(query.fetch_one(pool).await?))
+                })
+            }
+
             fn release_key<'c>(
                 conn: &'c mut Conn,
                 tables: &'c Tables,

@@ -154,6 +154,17 @@ pub trait Ops: sqlx::Database {
         destination: Option<&'c str>,
     ) -> BoxFuture<'c, SqlResult<u64>>;
 
+    /// How many messages were sent in `[since, until)`, optionally only for
+    /// `destination`: what [`requeue_sent_between`](Self::requeue_sent_between) would
+    /// re-queue now.
+    fn count_sent_between<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        destination: Option<&'c str>,
+    ) -> BoxFuture<'c, SqlResult<u64>>;
+
     /// Returns every dead-lettered message with partition key `key` to pending.
     fn release_key<'c>(
         conn: &'c mut Self::Connection,

@@ -269,6 +269,28 @@ impl Ops for Postgres {
         })
     }
 
+    fn count_sent_between<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        destination: Option<&'c str>,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {} \
+                 WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)",
+                tables.outbox.quoted()
+            ))
+            .bind(since)
+            .bind(until)
+            .bind(destination)
+            .fetch_one(pool)
+            .await?;
+            Ok(super::count(n))
+        })
+    }
+
     fn release_key<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,

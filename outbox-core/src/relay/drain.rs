@@ -216,7 +216,9 @@ async fn guarded<P: Publisher>(
     batch: &[OutboxRecord],
 ) -> Result<Vec<Result<(), PublishError>>, String> {
     use futures_util::FutureExt;
-    std::panic::AssertUnwindSafe(publisher.publish(batch))
+    // `publish` is called inside the guarded future: a publisher whose `publish` is a
+    // plain `fn` returning a future may panic before the future exists.
+    std::panic::AssertUnwindSafe(async move { publisher.publish(batch).await })
         .catch_unwind()
         .await
         .map_err(|panic| {
@@ -329,6 +331,25 @@ impl Outcome {
         }
         outcome
     }
+}
+
+/// `claim` (a `SELECT` of claimable rows with `payload` and `headers` as text, in `seq`
+/// order, with its `LIMIT`) cut where its rows' payloads and headers reach `budget` bytes
+/// (a placeholder): the rows before the one that crosses it, and that one, so a batch
+/// always has a row and the server sends no more than the budget (plus one row).
+/// `length` is the database's byte length of the text `%`.
+pub(crate) fn budgeted(claim: &str, length: &str, budget: &str) -> String {
+    let bytes = format!(
+        "({} + {})",
+        length.replace('%', "c.payload"),
+        length.replace('%', "c.headers")
+    );
+    format!(
+        "SELECT * FROM (\
+           SELECT c.*, SUM({bytes}) OVER (ORDER BY c.seq) - {bytes} AS bytes_before \
+           FROM ({claim}) c) w \
+         WHERE w.bytes_before < {budget} ORDER BY w.seq"
+    )
 }
 
 /// Decodes claimed rows one at a time until the batch holds `max_bytes` of payloads and

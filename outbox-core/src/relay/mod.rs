@@ -65,6 +65,20 @@ use crate::Outbox;
 use crate::publisher::Publisher;
 use crate::store::{Backend, DefaultBackend};
 
+/// The claim's blocker condition on an earlier pending row `r` of the same key: the
+/// later row may not go while `r` waits for a retry (`attempts > 0`: a message that
+/// failed goes alone, so that its successors never overtake it if it fails again), or is
+/// not due yet, or lies at or below `after` (the claim starts after a batch in flight and
+/// would not take `r`: a re-queued row below it). A due re-queued row above `after` is
+/// taken by the same claim, before its successors, so a replayed run of one key goes out
+/// in whole batches. `now` is the database's clock, `after` the claim's placeholder.
+pub(crate) fn blocker(now: &str, after: &str) -> String {
+    format!(
+        "r.next_attempt_at IS NOT NULL \
+         AND (r.attempts > 0 OR r.next_attempt_at > {now} OR r.seq <= {after})"
+    )
+}
+
 /// What the relay does with a row once the broker acknowledged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnSent {

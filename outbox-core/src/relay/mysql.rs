@@ -26,6 +26,7 @@ mod dialect {
 
     use crate::config::TableName;
     use crate::relay::OnSent;
+    use crate::relay::drain::budgeted;
 
     pub(super) const NAME: &str = "MySQL/MariaDB";
 
@@ -33,21 +34,27 @@ mod dialect {
         table.backticked()
     }
 
+    /// Binds: after, after (again), limit, byte budget.
     pub(super) fn claim(outbox: &str) -> String {
-        format!(
-            // CASTs: the columns' binary collation would make sqlx see bytes, not text.
-            "SELECT o.seq, CAST(o.id AS CHAR) AS id, CAST(o.event_type AS CHAR) AS event_type, \
-                    o.event_version, CAST(o.destination AS CHAR) AS destination, \
-                    CAST(o.partition_key AS CHAR) AS partition_key, \
-                    CAST(o.payload AS CHAR) AS payload, CAST(o.headers AS CHAR) AS headers, \
-                    o.created_at, o.attempts \
-             FROM {outbox} o \
-             WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq > ? \
-               AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)) \
-               AND NOT EXISTS (SELECT 1 FROM {outbox} r \
-                    WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                      AND r.sent_at IS NULL AND r.dead_at IS NULL AND r.next_attempt_at IS NOT NULL) \
-             ORDER BY o.seq LIMIT ?"
+        budgeted(
+            &format!(
+                // CASTs: the columns' binary collation would make sqlx see bytes, not text.
+                "SELECT o.seq, CAST(o.id AS CHAR) AS id, CAST(o.event_type AS CHAR) AS event_type, \
+                        o.event_version, CAST(o.destination AS CHAR) AS destination, \
+                        CAST(o.partition_key AS CHAR) AS partition_key, \
+                        CAST(o.payload AS CHAR) AS payload, CAST(o.headers AS CHAR) AS headers, \
+                        o.created_at, o.attempts \
+                 FROM {outbox} o \
+                 WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq > ? \
+                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)) \
+                   AND NOT EXISTS (SELECT 1 FROM {outbox} r \
+                        WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
+                          AND r.sent_at IS NULL AND r.dead_at IS NULL AND {blocker}) \
+                 ORDER BY o.seq LIMIT ?",
+                blocker = crate::relay::blocker("UTC_TIMESTAMP(6)", "?"),
+            ),
+            "LENGTH(%)",
+            "?",
         )
     }
 

@@ -151,9 +151,12 @@ macro_rules! lite_session {
             async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
                 self.count_queries(1);
                 let limit = i64::try_from(self.relay.config.batch_size).unwrap_or(i64::MAX);
+                let budget = i64::try_from(self.relay.config.max_batch_bytes).unwrap_or(i64::MAX);
                 let rows = sqlx::query(&self.claim)
                     .bind(after.unwrap_or(0))
+                    .bind(after.unwrap_or(0))
                     .bind(limit)
+                    .bind(budget)
                     .fetch(&mut self.conn);
                 take_within(rows, self.relay.config.max_batch_bytes, record).await
             }

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::drain::{Claims, Outcome, SqlResult, drain, headers, take_within};
+use super::drain::{Claims, Outcome, SqlResult, budgeted, drain, headers, take_within};
 use super::horizon::{Horizon, Sample};
 use super::{OnSent, Relay, RelayStats, stopped};
 use crate::config::locks;
@@ -42,19 +42,24 @@ impl Sql {
                  SELECT coalesce(string_agg(virtualtransaction, ','), '') FROM pg_locks \
                  WHERE {advisory} AND objid = {writers}"
             ),
-            claim: format!(
-                "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
-                        o.payload::text AS payload, o.headers::text AS headers, o.created_at, o.attempts \
-                 FROM {outbox} o \
-                 WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq <= $1 AND o.seq > $5 \
-                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
-                   AND ($3::int4[] IS NULL OR \
-                        ((hashtextextended(coalesce(o.partition_key, o.id::text), 0) & 9223372036854775807) % $4)::int4 \
-                          = ANY($3)) \
-                   AND NOT EXISTS (SELECT 1 FROM {outbox} r \
-                        WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                          AND r.sent_at IS NULL AND r.dead_at IS NULL AND r.next_attempt_at IS NOT NULL) \
-                 ORDER BY o.seq LIMIT $2"
+            claim: budgeted(
+                &format!(
+                    "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
+                            o.payload::text AS payload, o.headers::text AS headers, o.created_at, o.attempts \
+                     FROM {outbox} o \
+                     WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq <= $1 AND o.seq > $5 \
+                       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
+                       AND ($3::int4[] IS NULL OR \
+                            ((hashtextextended(coalesce(o.partition_key, o.id::text), 0) & 9223372036854775807) % $4)::int4 \
+                              = ANY($3)) \
+                       AND NOT EXISTS (SELECT 1 FROM {outbox} r \
+                            WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
+                              AND r.sent_at IS NULL AND r.dead_at IS NULL AND {blocker}) \
+                     ORDER BY o.seq LIMIT $2",
+                    blocker = crate::relay::blocker("now()", "$5"),
+                ),
+                "octet_length(%)",
+                "$6",
             ),
             mark: match on_sent {
                 OnSent::Mark => format!("UPDATE {outbox} SET sent_at = now() WHERE seq = ANY($1)"),
@@ -441,6 +446,7 @@ impl<'r, P: Publisher> Session<'r, P> {
             .bind(filter)
             .bind(i32::from(config.partitions))
             .bind(after.unwrap_or(0))
+            .bind(i64::try_from(config.max_batch_bytes).unwrap_or(i64::MAX))
             .fetch(&mut self.conn);
         take_within(rows, config.max_batch_bytes, record).await
     }

@@ -17,6 +17,7 @@ mod dialect {
 
     use crate::config::TableName;
     use crate::relay::OnSent;
+    use crate::relay::drain::budgeted;
 
     pub(super) const NAME: &str = "SQLite";
 
@@ -27,17 +28,23 @@ mod dialect {
         table.quoted()
     }
 
+    /// Binds: after, after (again), limit, byte budget.
     pub(super) fn claim(outbox: &str) -> String {
-        format!(
-            "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
-                    o.payload, o.headers, o.created_at, o.attempts \
-             FROM {outbox} o \
-             WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq > ?1 \
-               AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {NOW}) \
-               AND NOT EXISTS (SELECT 1 FROM {outbox} r \
-                    WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                      AND r.sent_at IS NULL AND r.dead_at IS NULL AND r.next_attempt_at IS NOT NULL) \
-             ORDER BY o.seq LIMIT ?2"
+        budgeted(
+            &format!(
+                "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
+                        o.payload, o.headers, o.created_at, o.attempts \
+                 FROM {outbox} o \
+                 WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq > ?1 \
+                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {NOW}) \
+                   AND NOT EXISTS (SELECT 1 FROM {outbox} r \
+                        WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
+                          AND r.sent_at IS NULL AND r.dead_at IS NULL AND {blocker}) \
+                 ORDER BY o.seq LIMIT ?3",
+                blocker = crate::relay::blocker(NOW, "?2"),
+            ),
+            "length(CAST(% AS BLOB))",
+            "?4",
         )
     }
 

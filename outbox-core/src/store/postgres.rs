@@ -79,9 +79,11 @@ fn insert_sql(tables: &Tables) -> String {
 /// whose second bytes include `\`, swallowing bytes next to a quote). sqlx connects with
 /// UTF-8; only a `SET client_encoding` on a pooled connection changes it. The error is an
 /// integer cast of a message naming the problem: plain SQL has no `RAISE`, and the text is
-/// not a constant, so the planner does not fold it into an error on every connection.
-const UTF8_GUARD: &str = "CASE WHEN current_setting('client_encoding') = 'UTF8' THEN 0 ELSE \
-     ('the outbox needs client_encoding UTF8 but this connection uses ' || current_setting('client_encoding') || \
+/// not a constant (`pg_client_encoding()` is stable), so the planner does not fold it
+/// into an error on every connection. `pg_client_encoding()` gives the canonical name
+/// (`SET client_encoding = 'UNICODE'` is UTF-8, and `current_setting` would say UNICODE).
+const UTF8_GUARD: &str = "CASE WHEN pg_client_encoding() = 'UTF8' THEN 0 ELSE \
+     ('the outbox needs client_encoding UTF8 but this connection uses ' || pg_client_encoding() || \
       '; nothing was written: do not change client_encoding on pooled connections')::int END";
 
 /// The flush statement with the rows spelled out as literals, to be sent with `COMMIT`
@@ -162,17 +164,33 @@ fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()>
             .into(),
         ));
     }
-    let mut tag = String::from("$o");
-    let mut n = 0u32;
-    while value.contains(tag.as_str()) {
-        n += 1;
-        tag = format!("$o{n}");
-    }
-    tag.push('$');
+    let tag = dollar_tag(value);
     sql.push_str(&tag);
     sql.push_str(value);
     sql.push_str(&tag);
     Ok(())
+}
+
+/// A dollar-quote tag for `value`, found in one pass: `$o$` if `value` holds no `$o`,
+/// else `$o` + one more `1` than the longest run of digits after any `$o` in it + `$`.
+/// Its text without the closing `$` then occurs nowhere in `value`, so the first
+/// occurrence of the tag after the opening one is the closing one.
+fn dollar_tag(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut longest: Option<usize> = None;
+    let mut i = 0;
+    while let Some(at) = value[i..].find("$o") {
+        let digits = bytes[i + at + 2..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        longest = Some(longest.map_or(digits, |l| l.max(digits)));
+        i += at + 2;
+    }
+    match longest {
+        None => "$o$".to_owned(),
+        Some(digits) => format!("$o{}$", "1".repeat(digits + 1)),
+    }
 }
 
 async fn write_commit_and_begin(
@@ -318,4 +336,32 @@ async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
         .await
         .map_err(|e| Error::db("committing the migrations", &table, e))?;
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dollar_tag;
+
+    #[test]
+    fn the_dollar_tag_never_occurs_in_the_value() {
+        for (value, tag) in [
+            ("plain", "$o$"),
+            ("$$ $tag$ $", "$o$"),
+            ("$o", "$o1$"),
+            ("x$o$", "$o1$"),
+            ("$o1", "$o11$"),
+            ("$o1$ and $o22 and $o", "$o111$"),
+            ("ends with $o12", "$o111$"),
+        ] {
+            assert_eq!(dollar_tag(value), tag, "{value:?}");
+            let open = &tag[..tag.len() - 1];
+            assert!(!value.contains(open), "{value:?} holds {open:?}");
+            // The closing tag is first found where it was put.
+            let quoted = format!("{value}{tag}");
+            assert_eq!(quoted.find(tag), Some(value.len()), "{value:?}");
+        }
+        // One pass: a value made of many `$oN` does not take quadratic time to quote.
+        let many: String = (0..20_000).map(|n| format!("$o{n}")).collect();
+        assert_eq!(dollar_tag(&many), "$o111111$");
+    }
 }
