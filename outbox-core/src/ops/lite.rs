@@ -11,6 +11,14 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// Messages sent in `[?, ?)`, and for `destination` (one more `?`) if there is one.
+fn sent_window(destination: Option<&str>) -> &'static str {
+    match destination {
+        Some(_) => "sent_at >= ? AND sent_at < ? AND destination = ?",
+        None => "sent_at >= ? AND sent_at < ?",
+    }
+}
+
 macro_rules! lite_ops {
     ($db:ty, $row:ty, $d:ident) => {
         use chrono::{DateTime, Utc};
@@ -19,7 +27,7 @@ macro_rules! lite_ops {
         use uuid::Uuid;
 
         use super::super::{Ops, SentBatch, SqlResult, Which, count, requeue_reset, total};
-        use super::{IDS_PER_STATEMENT, placeholders};
+        use super::{IDS_PER_STATEMENT, placeholders, sent_window};
         use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
         use crate::config::Tables;
 
@@ -323,10 +331,10 @@ macro_rules! lite_ops {
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
                     let sql = format!(
-                        "UPDATE {} SET sent_at = NULL, {} WHERE sent_at >= ? AND sent_at < ?{}",
+                        "UPDATE {} SET sent_at = NULL, {} WHERE {}",
                         $d::quote(&tables.outbox),
                         requeue_reset($d::NOW),
-                        if destination.is_some() { " AND destination = ?" } else { "" }
+                        sent_window(destination),
                     );
                     let mut query = sqlx::query(&sql).bind($d::ts(since)).bind($d::ts(until));
                     if let Some(d) = destination {
@@ -345,9 +353,9 @@ macro_rules! lite_ops {
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
                     let sql = format!(
-                        "SELECT count(*) FROM {} WHERE sent_at >= ? AND sent_at < ?{}",
+                        "SELECT count(*) FROM {} WHERE {}",
                         $d::quote(&tables.outbox),
-                        if destination.is_some() { " AND destination = ?" } else { "" }
+                        sent_window(destination),
                     );
                     let mut query = sqlx::query_scalar::<_, i64>(&sql)
                         .bind($d::ts(since))

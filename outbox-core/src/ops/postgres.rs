@@ -255,8 +255,7 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(
-                "UPDATE {} SET sent_at = NULL, {} \
-                 WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)",
+                "UPDATE {} SET sent_at = NULL, {} WHERE {SENT_WINDOW}",
                 tables.outbox.quoted(),
                 super::requeue_reset("now()")
             ))
@@ -278,8 +277,7 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let n: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {} \
-                 WHERE sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)",
+                "SELECT count(*) FROM {} WHERE {SENT_WINDOW}",
                 tables.outbox.quoted()
             ))
             .bind(since)
@@ -354,6 +352,10 @@ impl Ops for Postgres {
         })
     }
 }
+
+/// Messages sent in `[$1, $2)`, for destination `$3` unless it is NULL.
+const SENT_WINDOW: &str =
+    "sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)";
 
 fn message(row: &PgRow) -> SqlResult<MessageInfo> {
     let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;

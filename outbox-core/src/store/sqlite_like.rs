@@ -1,6 +1,7 @@
 //! What the MySQL/MariaDB and SQLite stores share: the multi-row `INSERT` with `?`
 //! placeholders, and how a commit's messages are split into such statements.
 
+#[cfg(feature = "mysql")]
 use crate::OutboxMessage;
 
 /// `INSERT INTO t (...) VALUES (?, ...), (?, ...)`: rows draw `seq` in emit order.
@@ -20,7 +21,9 @@ pub(crate) fn insert_sql(outbox: &str, rows: usize) -> String {
 /// Splits `messages`, in order, into runs of at most `max_rows` messages and at most
 /// about `max_bytes` of values (a message larger than that goes alone): one `INSERT`
 /// each. The byte bound keeps a statement under the server's packet limit (MySQL's
-/// `max_allowed_packet`), which 9,000 large rows would exceed.
+/// `max_allowed_packet`), which 9,000 large rows would exceed. (SQLite has no such
+/// limit on bound values; its store splits by rows only.)
+#[cfg(feature = "mysql")]
 pub(crate) fn chunks(
     messages: &[OutboxMessage],
     max_rows: usize,
@@ -47,7 +50,7 @@ pub(crate) fn chunks(
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "mysql"))]
 mod tests {
     use super::*;
 
