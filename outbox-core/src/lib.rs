@@ -125,6 +125,7 @@ pub mod publisher;
 pub mod relay;
 pub mod retention;
 pub mod store;
+pub mod task;
 mod transactional;
 mod tx;
 

@@ -53,11 +53,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::relay::stopped;
 use crate::store::{Backend, DefaultBackend};
+use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
 
 /// Retention settings. Every field has a documented default.
@@ -194,11 +193,8 @@ impl<DB: Backend> RetentionBuilder<DB> {
     pub fn spawn(self) -> RetentionHandle {
         let retention = self.build();
         let last = Arc::clone(&retention.last);
-        let (tx, rx) = watch::channel(false);
-        let task = tokio::spawn(retention.run(rx));
         RetentionHandle {
-            shutdown: tx,
-            task,
+            task: TaskHandle::spawn(|shutdown| retention.run(shutdown)),
             last,
         }
     }
@@ -412,20 +408,14 @@ impl<DB: Backend> Retention<DB> {
 /// Controls a spawned retention task.
 #[derive(Debug)]
 pub struct RetentionHandle {
-    shutdown: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: TaskHandle,
     last: Arc<Mutex<Option<RetentionReport>>>,
 }
 
 impl RetentionHandle {
     /// Asks the task to stop after its current batch and waits until it has.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        self.task.shutdown().await;
     }
 
     /// Stops the task at once. A batch in flight is rolled back by the database.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use outbox_core::inbox::{Inbox, InboxError, Processed};
+use outbox_core::task::{TaskHandle, stopped};
 use outbox_core::{Backend, DefaultBackend, OutboxEvent, OutboxTx};
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -18,7 +19,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::settings::Settings;
@@ -538,8 +538,7 @@ fn short_reason(error: &Error) -> String {
 /// Controls a spawned consumer.
 #[derive(Debug)]
 pub struct ConsumerHandle {
-    shutdown: watch::Sender<bool>,
-    task: JoinHandle<Result<()>>,
+    task: TaskHandle<Result<()>>,
     stats: Arc<ConsumerStats>,
 }
 
@@ -547,17 +546,12 @@ impl ConsumerHandle {
     /// Asks the consumer to stop after the message in hand, commits the stored offsets,
     /// leaves the group, and returns how the consumer ended.
     pub async fn shutdown(self) -> Result<()> {
-        let _ = self.shutdown.send(true);
-        self.join().await
+        self.task.shutdown().await.unwrap_or(Ok(()))
     }
 
     /// Waits for the consumer to end by itself (a [`Policy::Stop`] or a fatal error).
     pub async fn join(self) -> Result<()> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Ok(()),
-        }
+        self.task.join().await.unwrap_or(Ok(()))
     }
 
     /// Whether the consumer has ended.
@@ -576,21 +570,12 @@ enum Step {
     Stop,
 }
 
-/// Resolves when shutdown is requested (never, if the sender is gone without asking).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    if shutdown.wait_for(|stop| *stop).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 impl<DB: Backend> KafkaConsumer<DB> {
     /// Starts the consumer on the current tokio runtime.
     pub fn spawn(self) -> ConsumerHandle {
-        let (tx, rx) = watch::channel(false);
         let stats = Arc::clone(&self.stats);
         ConsumerHandle {
-            shutdown: tx,
-            task: tokio::spawn(self.run(rx)),
+            task: TaskHandle::spawn(|shutdown| self.run(shutdown)),
             stats,
         }
     }

@@ -59,11 +59,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::Outbox;
 use crate::publisher::Publisher;
 use crate::store::{Backend, DefaultBackend};
+use crate::task::TaskHandle;
+pub(crate) use crate::task::stopped;
 
 /// The claim's blocker condition on an earlier pending row `r` of the same key: the
 /// later row may not go while `r` waits for a retry (`attempts > 0`: a message that
@@ -302,11 +303,8 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     pub fn spawn(self) -> RelayHandle {
         let relay = self.build();
         let stats = Arc::clone(&relay.stats);
-        let (tx, rx) = watch::channel(false);
-        let task = tokio::spawn(relay.run(rx));
         RelayHandle {
-            shutdown: tx,
-            task,
+            task: TaskHandle::spawn(|shutdown| relay.run(shutdown)),
             stats,
         }
     }
@@ -385,31 +383,17 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     }
 }
 
-/// Resolves when shutdown is requested. If the sender is dropped without asking (a
-/// detached relay), it never resolves: the relay runs as long as the runtime.
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    if shutdown.wait_for(|stop| *stop).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// Controls a spawned relay.
 #[derive(Debug)]
 pub struct RelayHandle {
-    shutdown: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: TaskHandle,
     stats: Arc<RelayStats>,
 }
 
 impl RelayHandle {
     /// Asks the relay to stop after its current batch and waits until it has.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        self.task.shutdown().await;
     }
 
     /// Stops the relay at once, wherever it is (as a crash would): a batch in flight
