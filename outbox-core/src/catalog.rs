@@ -83,6 +83,22 @@ pub fn entries() -> Vec<&'static EventInfo> {
     all
 }
 
+/// The destinations a publisher checks at start-up: `extra` and, with
+/// `include_catalog`, every destination of the catalog; sorted, each once. Every broker
+/// crate's start-up check starts from this list.
+pub fn destinations_to_check(
+    extra: impl IntoIterator<Item = String>,
+    include_catalog: bool,
+) -> Vec<String> {
+    let mut wanted: Vec<String> = extra.into_iter().collect();
+    if include_catalog {
+        wanted.extend(entries().iter().map(|e| e.destination.as_str().to_owned()));
+    }
+    wanted.sort();
+    wanted.dedup();
+    wanted
+}
+
 /// Checks the catalog: two different Rust types (or enum variants) must not claim the
 /// same event type name on the same destination, since consumers could not tell their
 /// payloads apart. Call it once at start-up.

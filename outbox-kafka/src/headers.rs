@@ -1,4 +1,5 @@
-//! The Kafka headers the publisher writes and the consumer reads.
+//! The Kafka headers the publisher writes and the consumer reads: the broker-neutral
+//! names of [`outbox_core::publisher::headers`] (the partition key is the Kafka key).
 //!
 //! | header | value |
 //! | --- | --- |
@@ -11,18 +12,9 @@
 //! A row header with one of the reserved names above is not copied (the publisher's
 //! value wins).
 
-/// The message id header.
-pub const MESSAGE_ID: &str = "message-id";
-/// The event type header.
-pub const EVENT_TYPE: &str = "event-type";
-/// The schema version header (absent for unversioned events).
-pub const EVENT_VERSION: &str = "event-version";
-/// The content type header.
-pub const CONTENT_TYPE: &str = "content-type";
-/// The content type of every payload: outbox payloads are JSON.
-pub const JSON: &str = "application/json";
-/// The W3C trace context header, copied from the row's headers when present.
-pub const TRACEPARENT: &str = "traceparent";
+pub use outbox_core::publisher::headers::{
+    CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, TRACEPARENT,
+};
 
 /// Headers the publisher sets itself; row headers with these names are not copied.
 pub const RESERVED: [&str; 4] = [MESSAGE_ID, EVENT_TYPE, EVENT_VERSION, CONTENT_TYPE];

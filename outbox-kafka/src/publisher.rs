@@ -179,14 +179,10 @@ impl KafkaPublisherBuilder {
         }
         self.settings.set_default("compression.type", "none");
         let producer = Arc::new(create_producer(&self.settings)?);
-        let mut wanted = self.destinations;
-        if self.check_catalog {
-            wanted.extend(
-                outbox_core::catalog()
-                    .iter()
-                    .map(|e| e.destination.as_str().to_owned()),
-            );
-        }
+        let wanted: BTreeSet<String> =
+            outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog)
+                .into_iter()
+                .collect();
         topics::ensure(
             &producer,
             &self.settings,

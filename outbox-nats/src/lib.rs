@@ -31,10 +31,10 @@
 //! Subject = the outbox destination; payload = the JSON payload; headers: `Nats-Msg-Id`,
 //! `message-id`, `event-type`, `event-version` (if any), `content-type:
 //! application/json`, `partition-key` (if any), and every header stored with the row
-//! (`traceparent`, ...). The header names other than `Nats-Msg-Id` and `partition-key`
-//! are the ones `outbox-kafka` writes, so consumers can share their decoding.
+//! (`traceparent`, ...). Apart from `Nats-Msg-Id`, the names are the broker-neutral ones
+//! of `outbox_core::publisher::headers`, which `outbox-kafka` writes too, so consumers
+//! can share their decoding.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -43,22 +43,16 @@ use tokio::time::Instant;
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
-use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
+use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, key_chains};
 
 /// The headers this publisher writes.
 pub mod headers {
+    pub use outbox_core::publisher::headers::{
+        CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, PARTITION_KEY,
+    };
+
     /// JetStream's deduplication header: the outbox message id.
     pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
-    /// The message id (the consumer's deduplication key).
-    pub const MESSAGE_ID: &str = "message-id";
-    /// The event type name.
-    pub const EVENT_TYPE: &str = "event-type";
-    /// The schema version, when the event has one.
-    pub const EVENT_VERSION: &str = "event-version";
-    /// `application/json`.
-    pub const CONTENT_TYPE: &str = "content-type";
-    /// The outbox partition key, when the message has one.
-    pub const PARTITION_KEY: &str = "partition-key";
     /// Headers the publisher sets itself; row headers with these names are not copied.
     pub const RESERVED: [&str; 6] = [
         NATS_MSG_ID,
@@ -254,16 +248,8 @@ impl NatsPublisherBuilder {
         let max_payload = client.server_info().max_payload;
         let mut js = jetstream::new(client);
         js.set_timeout(self.ack_timeout);
-        let mut wanted = self.destinations;
-        if self.check_catalog {
-            wanted.extend(
-                outbox_core::catalog()
-                    .iter()
-                    .map(|e| e.destination.as_str().to_owned()),
-            );
-        }
-        wanted.sort();
-        wanted.dedup();
+        let wanted =
+            outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog);
         let mut missing = Vec::new();
         for subject in wanted {
             match js.stream_by_subject(subject.as_str()).await {
@@ -422,7 +408,7 @@ fn nats_headers(record: &OutboxRecord) -> Result<HeaderMap, PublishError> {
         return refuse("the event type contains a line break".to_owned());
     }
     h.insert(headers::EVENT_TYPE, record.event_type.as_str());
-    h.insert(headers::CONTENT_TYPE, "application/json");
+    h.insert(headers::CONTENT_TYPE, headers::JSON);
     if let Some(version) = record.event_version {
         h.insert(headers::EVENT_VERSION, version.to_string().as_str());
     }
@@ -481,17 +467,8 @@ impl Publisher for NatsPublisher {
 
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         // One chain per key, in batch order; messages without a key are chains of one.
-        let mut chains: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();
-        let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();
-        for (i, record) in batch.iter().enumerate() {
-            let chain = match record.partition_key.as_deref() {
-                Some(key) => (true, *by_key.entry(key).or_insert(i)),
-                None => (false, i),
-            };
-            chains.entry(chain).or_default().push(i);
-        }
         let deadline = Instant::now() + self.batch_budget;
-        let runs = chains.into_values().map(|chain| async move {
+        let runs = key_chains(batch).into_iter().map(|chain| async move {
             let mut results = Vec::with_capacity(chain.len());
             let mut failed = false;
             for i in chain {

@@ -1,5 +1,6 @@
 //! Publishers: where the relay sends outbox messages (Kafka, an in-memory channel, ...).
 
+pub mod headers;
 mod memory;
 
 use std::collections::BTreeMap;
@@ -100,6 +101,28 @@ impl fmt::Display for PublishError {
 
 impl std::error::Error for PublishError {}
 
+/// The messages of `batch` as chains of indexes, one chain per partition key in batch
+/// order (a message without a key is a chain of its own), the chains in the order of
+/// their first message. A publisher whose broker does not keep the order of messages in
+/// flight sends each chain one message after the other, and the chains side by side.
+pub fn key_chains(batch: &[OutboxRecord]) -> Vec<Vec<usize>> {
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut by_key: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, record) in batch.iter().enumerate() {
+        match record.partition_key.as_deref() {
+            Some(key) => match by_key.get(key) {
+                Some(&chain) => chains[chain].push(i),
+                None => {
+                    by_key.insert(key, chains.len());
+                    chains.push(vec![i]);
+                }
+            },
+            None => chains.push(vec![i]),
+        }
+    }
+    chains
+}
+
 /// Sends batches of outbox messages to a broker.
 ///
 /// The relay hands over a whole batch in `seq` order; an implementation should have all
@@ -125,5 +148,40 @@ pub trait Publisher: Send + Sync + 'static {
     /// afterwards. Default `None` (not known).
     fn max_publish_time(&self) -> Option<std::time::Duration> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_chains_keep_batch_order_per_key() {
+        let record = |seq: i64, key: Option<&str>| OutboxRecord {
+            seq,
+            id: Uuid::now_v7(),
+            event_type: "T".to_owned(),
+            event_version: None,
+            destination: "d".to_owned(),
+            partition_key: key.map(str::to_owned),
+            payload: "{}".to_owned(),
+            headers: BTreeMap::new(),
+            created_at: Utc::now(),
+            attempts: 0,
+        };
+        let batch = [
+            record(1, Some("a")),
+            record(2, None),
+            record(3, Some("b")),
+            record(4, Some("a")),
+            record(5, None),
+            record(6, Some("b")),
+            record(7, Some("a")),
+        ];
+        assert_eq!(
+            key_chains(&batch),
+            vec![vec![0, 3, 6], vec![1], vec![2, 5], vec![4]]
+        );
+        assert!(key_chains(&[]).is_empty());
     }
 }
