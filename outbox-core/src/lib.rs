@@ -113,6 +113,8 @@
 pub mod admin;
 pub mod catalog;
 pub mod config;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod connect;
 mod error;
 pub mod event;
 pub mod inbox;

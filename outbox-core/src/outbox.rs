@@ -166,32 +166,7 @@ impl Outbox<sqlx::Postgres> {
     ///
     /// The error names the server (without the password) and says what to check.
     pub async fn connect(url: &str) -> Result<Self> {
-        use sqlx::Connection as _;
-        let target = format!(" at {}", crate::error::redact_url(url));
-        let classify = |source: sqlx::Error| match source {
-            sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
-                context: "connecting to the database",
-                source,
-            },
-            source => Error::Unavailable {
-                target: target.clone(),
-                source,
-            },
-        };
-        let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(classify)?;
-        // One direct attempt first: a pool retries until its acquire timeout (30 s), while
-        // a server that is down should be reported at once.
-        sqlx::PgConnection::connect_with(&options)
-            .await
-            .map_err(classify)?
-            .close()
-            .await
-            .map_err(classify)?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_with(options)
-            .await
-            .map_err(classify)?;
-        Ok(Outbox::new(pool))
+        Ok(Outbox::new(crate::connect::pool(url).await?))
     }
 }
 

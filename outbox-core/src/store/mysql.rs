@@ -13,8 +13,7 @@
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{Connection, Executor, MySql, MySqlConnection};
+use sqlx::{Executor, MySql, MySqlConnection};
 use tokio::sync::watch;
 
 use super::sqlite_like::{chunks, insert_sql};
@@ -201,28 +200,6 @@ impl Outbox<MySql> {
     /// (Not called `connect` so that `Outbox::connect` keeps naming the PostgreSQL
     /// constructor when several database features are on.)
     pub async fn connect_mysql(url: &str) -> Result<Self> {
-        let target = format!(" at {}", crate::error::redact_url(url));
-        let classify = |source: sqlx::Error| match source {
-            sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
-                context: "connecting to the database",
-                source,
-            },
-            source => Error::Unavailable {
-                target: target.clone(),
-                source,
-            },
-        };
-        let options: MySqlConnectOptions = url.parse().map_err(classify)?;
-        MySqlConnection::connect_with(&options)
-            .await
-            .map_err(classify)?
-            .close()
-            .await
-            .map_err(classify)?;
-        let pool = MySqlPoolOptions::new()
-            .connect_with(options)
-            .await
-            .map_err(classify)?;
-        Ok(Outbox::new(pool))
+        Ok(Outbox::new(crate::connect::pool(url).await?))
     }
 }
