@@ -7,6 +7,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use outbox_core::admin::{Admin, ListFilter, MessageInfo, Status};
+use outbox_core::config::percent_decoded;
 use outbox_core::retention::Retention;
 use outbox_core::sqlx::{MySql, Postgres, Sqlite};
 use outbox_core::{Backend, Outbox, TableName};
@@ -157,30 +158,6 @@ fn mysql_scheme(url: &str) -> String {
         Some(rest) => format!("mysql:{rest}"),
         None => url.to_owned(),
     }
-}
-
-/// `%XX` escapes decoded, as sqlx decodes the path of a `sqlite://` URL.
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write) -> Result {

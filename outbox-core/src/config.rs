@@ -169,6 +169,29 @@ impl Default for Tables {
     }
 }
 
+/// `%XX` escapes of a URL part decoded (a `%` not followed by two hex digits is kept), as
+/// sqlx decodes a `sqlite://` path and as NATS URLs carry credentials. Shared by the
+/// `outbox` CLI and `outbox-nats`; not part of the API.
+#[doc(hidden)]
+pub fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

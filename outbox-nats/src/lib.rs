@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
+use outbox_core::config::percent_decoded;
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, key_chains};
 
 /// The headers this publisher writes.
@@ -144,26 +145,6 @@ fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
         })
         .collect();
     (clean.join(","), found)
-}
-
-/// `%XX` escapes decoded (as in a URL's user information); anything else kept.
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
@@ -369,10 +350,8 @@ fn classify(e: &jetstream::context::PublishError) -> PublishError {
 /// with every acknowledgement in flight. Wildcards (`*`, `>`) and empty tokens name no
 /// single subject. All are permanent: the message can never be published as it is.
 fn check_subject(subject: &str) -> Result<(), PublishError> {
-    let problem = if subject.is_empty() {
-        Some("it is empty")
-    } else if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("it holds whitespace or a control character")
+    let problem = if !outbox_core::event::destination_is_valid(subject) {
+        Some("it is empty or holds whitespace or a control character")
     } else if subject.split('.').any(|t| t == "*" || t == ">") {
         Some("it holds a wildcard token (`*` or `>`), which names no single subject")
     } else if subject.split('.').any(str::is_empty) {

@@ -189,20 +189,9 @@ async fn publish<P: Publisher, DB: Backend>(
                 got = results.len(),
                 "outbox publisher returned the wrong number of results; retrying the batch"
             );
-            vec![
-                Err(PublishError::retryable(
-                    "publisher returned the wrong number of results"
-                ));
-                batch.len()
-            ]
+            vec![Err(wrong_count()); batch.len()]
         }
-        Err(_) => vec![
-            Err(PublishError::retryable(format!(
-                "publish timed out after {:?}",
-                config.publish_timeout
-            )));
-            batch.len()
-        ],
+        Err(_) => vec![Err(timed_out(config.publish_timeout)); batch.len()],
     };
     metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
     results
@@ -250,19 +239,14 @@ async fn isolate<P: Publisher, DB: Backend>(
         let one = std::slice::from_ref(record);
         let result = match tokio::time::timeout_at(deadline, guarded(&relay.publisher, one)).await {
             Ok(Ok(mut r)) if r.len() == 1 => r.remove(0),
-            Ok(Ok(_)) => Err(PublishError::retryable(
-                "publisher returned the wrong number of results",
-            )),
+            Ok(Ok(_)) => Err(wrong_count()),
             Ok(Err(panic)) => {
                 tracing::error!(seq = record.seq, id = %record.id, panic = %panic, "outbox publisher panicked on this message");
                 Err(PublishError::retryable(format!(
                     "the publisher panicked: {panic}"
                 )))
             }
-            Err(_) => Err(PublishError::retryable(format!(
-                "publish timed out after {:?}",
-                relay.config.publish_timeout
-            ))),
+            Err(_) => Err(timed_out(relay.config.publish_timeout)),
         };
         if result.is_err() {
             if let Some(key) = key {
@@ -272,6 +256,14 @@ async fn isolate<P: Publisher, DB: Backend>(
         results.push(result);
     }
     results
+}
+
+fn wrong_count() -> PublishError {
+    PublishError::retryable("publisher returned the wrong number of results")
+}
+
+fn timed_out(after: std::time::Duration) -> PublishError {
+    PublishError::retryable(format!("publish timed out after {after:?}"))
 }
 
 /// What happened to one batch, ready to be written back.
@@ -352,14 +344,10 @@ pub(crate) fn budgeted(claim: &str, length: &str, budget: &str) -> String {
     )
 }
 
-/// Decodes claimed rows one at a time until the batch holds `max_bytes` of payloads and
-/// headers (always at least one row, so a message larger than the budget still goes, in
-/// a batch of its own). The relay's memory is then bounded by bytes as well as rows; the
-/// driver reads and drops the rest of the result, and those rows, still pending, are
-/// claimed by the next statement.
-pub(crate) async fn take_within<R, E>(
+/// Decodes claimed rows as they arrive, so that a batch is never held twice (as rows
+/// and as records). Its size is bounded by the claim statement ([`budgeted`]).
+pub(crate) async fn decode_each<R, E>(
     rows: impl futures_util::Stream<Item = Result<R, E>>,
-    max_bytes: usize,
     decode: impl Fn(&R) -> SqlResult<OutboxRecord>,
 ) -> SqlResult<Vec<OutboxRecord>>
 where
@@ -368,19 +356,8 @@ where
     use futures_util::TryStreamExt;
     let mut rows = std::pin::pin!(rows);
     let mut batch = Vec::new();
-    let mut bytes = 0_usize;
     while let Some(row) = rows.try_next().await? {
-        let record = decode(&row)?;
-        bytes += record.payload.len()
-            + record
-                .headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
-        batch.push(record);
-        if bytes >= max_bytes {
-            break;
-        }
+        batch.push(decode(&row)?);
     }
     Ok(batch)
 }

@@ -85,7 +85,7 @@ macro_rules! lite_session {
         use tokio::sync::watch;
         use uuid::Uuid;
 
-        use super::drain::{Claims, Outcome, SqlResult, headers, retry_plan, take_within};
+        use super::drain::{Claims, Outcome, SqlResult, headers, retry_plan, decode_each};
         use super::poll::{self, Polled};
         use super::{Relay, RelayStats};
         use crate::publisher::{OutboxRecord, Publisher};
@@ -158,7 +158,7 @@ macro_rules! lite_session {
                     .bind(limit)
                     .bind(budget)
                     .fetch(&mut self.conn);
-                take_within(rows, self.relay.config.max_batch_bytes, record).await
+                decode_each(rows, record).await
             }
 
             async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {

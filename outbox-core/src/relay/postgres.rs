@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::drain::{Claims, Outcome, SqlResult, budgeted, drain, headers, take_within};
+use super::drain::{Claims, Outcome, SqlResult, budgeted, decode_each, drain, headers};
 use super::horizon::{Horizon, Sample};
 use super::{OnSent, Relay, RelayStats, stopped};
 use crate::config::locks;
@@ -448,7 +448,7 @@ impl<'r, P: Publisher> Session<'r, P> {
             .bind(after.unwrap_or(0))
             .bind(i64::try_from(config.max_batch_bytes).unwrap_or(i64::MAX))
             .fetch(&mut self.conn);
-        take_within(rows, config.max_batch_bytes, record).await
+        decode_each(rows, record).await
     }
 }
 
