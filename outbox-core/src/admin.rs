@@ -33,180 +33,15 @@ use std::collections::HashMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::Transaction;
 use uuid::Uuid;
 
-use crate::ops::Which;
+use crate::model::Which;
+pub use crate::model::{
+    DestinationStatus, ListFilter, MessageInfo, MessageState, PurgeReport, Status,
+};
 use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
-
-/// Where a message is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageState {
-    /// Waiting for the relay.
-    Pending,
-    /// Pending, after a failed attempt: waits for `next_attempt_at`, and holds back the
-    /// later messages of its partition key until then.
-    InRetry,
-    /// Acknowledged by the broker.
-    Sent,
-    /// Dead-lettered: no more attempts until released.
-    Dead,
-}
-
-impl MessageState {
-    /// How the state is written in messages: `pending`, `in retry`, `sent`, `dead-lettered`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageState::Pending => "pending",
-            MessageState::InRetry => "in retry",
-            MessageState::Sent => "sent",
-            MessageState::Dead => "dead-lettered",
-        }
-    }
-
-    pub(crate) fn of(sent: bool, dead: bool, retrying: bool) -> MessageState {
-        match (sent, dead, retrying) {
-            (true, _, _) => MessageState::Sent,
-            (_, true, _) => MessageState::Dead,
-            (_, _, true) => MessageState::InRetry,
-            _ => MessageState::Pending,
-        }
-    }
-}
-
-impl fmt::Display for MessageState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One stored message, as listed by [`Admin::pending`] and [`Admin::dead`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct MessageInfo {
-    /// Relay order.
-    pub seq: i64,
-    /// The message id.
-    pub id: Uuid,
-    /// Where it is in its life.
-    pub state: MessageState,
-    /// The event type name.
-    pub event_type: String,
-    /// The payload's schema version.
-    pub event_version: Option<i32>,
-    /// Topic, exchange or subject.
-    pub destination: String,
-    /// The partition key.
-    pub partition_key: Option<String>,
-    /// When the writing transaction started.
-    pub created_at: DateTime<Utc>,
-    /// When the broker acknowledged it.
-    pub sent_at: Option<DateTime<Utc>>,
-    /// Failed publish attempts.
-    pub attempts: i32,
-    /// Retry not before.
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    /// The last publish error.
-    pub last_error: Option<String>,
-    /// When it was dead-lettered.
-    pub dead_at: Option<DateTime<Utc>>,
-    /// The payload.
-    pub payload: serde_json::Value,
-    /// The stored headers.
-    pub headers: serde_json::Value,
-}
-
-/// Which messages [`Admin::pending`] and [`Admin::dead`] list. `Default` lists the first
-/// 100 in `seq` order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListFilter {
-    /// Only this destination.
-    pub destination: Option<String>,
-    /// Only this event type.
-    pub event_type: Option<String>,
-    /// Only this partition key.
-    pub key: Option<String>,
-    /// Only messages created at or after this time.
-    pub since: Option<DateTime<Utc>>,
-    /// Only messages created before this time.
-    pub until: Option<DateTime<Utc>>,
-    /// Pending listing only: just the messages in retry.
-    pub in_retry_only: bool,
-    /// At most this many (the oldest first).
-    pub limit: u32,
-}
-
-impl Default for ListFilter {
-    fn default() -> Self {
-        ListFilter {
-            destination: None,
-            event_type: None,
-            key: None,
-            since: None,
-            until: None,
-            in_retry_only: false,
-            limit: 100,
-        }
-    }
-}
-
-/// Counts per destination; see [`Status`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct DestinationStatus {
-    /// The destination.
-    pub destination: String,
-    /// Messages waiting for the relay, including those in retry.
-    pub pending: i64,
-    /// Pending messages waiting for a retry after a failure.
-    pub in_retry: i64,
-    /// Dead-lettered messages.
-    pub dead: i64,
-    /// Age of the oldest pending message, from its `created_at`.
-    pub oldest_pending_age_seconds: Option<f64>,
-}
-
-/// What [`Admin::status`] reports: the state of the queue.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct Status {
-    /// The outbox table.
-    pub table: String,
-    /// Messages waiting for the relay, including those in retry.
-    pub pending: i64,
-    /// Pending messages waiting for a retry after a failure.
-    pub in_retry: i64,
-    /// Dead-lettered messages.
-    pub dead: i64,
-    /// Age of the oldest pending message (the relay's `outbox_oldest_pending_age_seconds`).
-    pub oldest_pending_age_seconds: Option<f64>,
-    /// Relays connected to this outbox now (PostgreSQL: relays holding a session; MySQL:
-    /// 1 if the active relay holds its lock, standbys not counted). `None` on SQLite,
-    /// where relays leave no trace to count.
-    pub relays: Option<i64>,
-    /// All rows of the table, sent ones included, estimated so as not to scan the
-    /// history: PostgreSQL's `reltuples` (updated by `ANALYZE`/autovacuum), InnoDB's
-    /// `TABLE_ROWS`, SQLite's `seq` span (gaps left by deleted rows included); -1 if
-    /// the database has no estimate yet.
-    pub rows_estimate: i64,
-    /// The same counts per destination, for destinations with pending or dead messages.
-    pub destinations: Vec<DestinationStatus>,
-}
-
-/// What [`Admin::purge`] deleted, or would delete.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct PurgeReport {
-    /// Sent messages.
-    pub sent: u64,
-    /// Dead-lettered messages.
-    pub dead: u64,
-    /// Nothing was deleted: these are the counts a real run would delete now.
-    pub dry_run: bool,
-}
 
 /// Operations on the stored messages of one outbox. See the [module](self).
 pub struct Admin<DB: Backend = DefaultBackend> {
@@ -369,7 +204,7 @@ impl<DB: Backend> Admin<DB> {
     /// Deletes sent messages sent before `sent_before` and dead-lettered messages
     /// dead-lettered before `dead_before`, in one transaction. With `dry_run`, deletes
     /// nothing and counts what would be deleted. For routine clean-up of large
-    /// histories prefer [`Retention`](crate::retention::Retention), which deletes in
+    /// histories prefer [`Retention`](crate::Retention), which deletes in
     /// small batches.
     pub async fn purge(
         &self,

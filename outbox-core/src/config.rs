@@ -1,6 +1,7 @@
 //! Table names and other settings, validated once at configuration time.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::{Error, Result};
 
@@ -140,32 +141,76 @@ impl Tables {
     }
 }
 
-#[cfg(feature = "postgres")]
-/// Advisory locks of one outbox table use the two-key form `(table oid as int4, id)`,
-/// so outboxes in different schemas or with different names never share a lock.
-pub(crate) mod locks {
-    /// Held shared by every transaction writing outbox rows, from before its rows draw
-    /// `seq` values until it ends.
-    pub(crate) const WRITERS: i32 = 0;
-    /// `PARTITIONS + p`: held by the relay publishing partition `p`.
-    pub(crate) const PARTITIONS: i32 = 1_000_000;
-    /// `RELAYS + slot`: held by each running relay (one slot each), to count them.
-    pub(crate) const RELAYS: i32 = 2_000_000;
-    /// Relay slots per outbox.
-    pub(crate) const MAX_RELAYS: i32 = 4096;
-    /// `PARTITION_COUNT + n`: held shared by every running relay configured with `n`
-    /// partitions, so that a relay configured differently can see it and stand by.
-    pub(crate) const PARTITION_COUNT: i32 = 3_000_000;
-    /// Held for a moment while a relay checks and registers its partition count.
-    pub(crate) const PARTITION_COUNT_CHECK: i32 = 2_999_999;
-}
-
 impl Default for Tables {
     fn default() -> Self {
         Tables::new(TableName {
             schema: None,
             name: "outbox".to_owned(),
         })
+    }
+}
+
+/// What the relay does with a row once the broker acknowledged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnSent {
+    /// Set `sent_at` and keep the row (for audits and replays) until retention removes it.
+    #[default]
+    Mark,
+    /// Delete the row.
+    Delete,
+}
+
+/// The relay's settings. Every field has a documented default.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// Rows claimed and published per cycle. Default 1000.
+    pub batch_size: usize,
+    /// The most payload and header bytes one batch holds (a larger message goes alone).
+    /// With `batch_size`, it bounds the relay's memory: two batches are in memory at once
+    /// (one with the publisher, the next one claimed). Default 16 MiB.
+    pub max_batch_bytes: usize,
+    /// PostgreSQL: the safety poll while no notification arrives, default 5 s.
+    /// MySQL/MariaDB and SQLite (no notifications): how often an idle relay looks for
+    /// new rows, default 100 ms.
+    pub poll_interval: Duration,
+    /// Failed attempts before a message is dead-lettered. Default 10.
+    pub max_attempts: i32,
+    /// First retry delay; doubles per attempt, with ±25% jitter. Default 1 s.
+    pub backoff_base: Duration,
+    /// Longest retry delay. Default 5 min.
+    pub backoff_cap: Duration,
+    /// Partitions rows are spread over by key; the unit of work shared between relays.
+    /// Every relay of one outbox must use the same number. Default 16.
+    pub partitions: u16,
+    /// A publish call that takes longer fails the whole batch (retryable). Default 30 s.
+    pub publish_timeout: Duration,
+    /// Mark or delete acknowledged rows. Default [`OnSent::Mark`].
+    pub on_sent: OnSent,
+    /// Longest wait between reconnection attempts after a database error. Default 5 s.
+    pub reconnect_delay: Duration,
+    /// How often a busy relay re-checks how partitions are shared. Default 1 s.
+    pub rebalance_interval: Duration,
+    /// `application_name` of the relay's database sessions. Default `outbox-relay`.
+    pub application_name: String,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 1000,
+            max_batch_bytes: 16 * 1024 * 1024,
+            poll_interval: Duration::from_secs(5),
+            max_attempts: 10,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(300),
+            partitions: 16,
+            publish_timeout: Duration::from_secs(30),
+            on_sent: OnSent::Mark,
+            reconnect_delay: Duration::from_secs(5),
+            rebalance_interval: Duration::from_secs(1),
+            application_name: "outbox-relay".to_owned(),
+        }
     }
 }
 

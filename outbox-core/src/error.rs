@@ -157,6 +157,19 @@ impl Error {
     }
 }
 
+/// `.context(doing, table)` on a driver result: [`Error::db`] with the table named only
+/// when there is an error.
+pub(crate) trait DbContext<T> {
+    /// The driver's error as an [`Error`], saying what the library was `doing` on `table`.
+    fn context(self, doing: &'static str, table: &dyn std::fmt::Display) -> Result<T>;
+}
+
+impl<T> DbContext<T> for std::result::Result<T, sqlx::Error> {
+    fn context(self, doing: &'static str, table: &dyn std::fmt::Display) -> Result<T> {
+        self.map_err(|e| Error::db(doing, &table.to_string(), e))
+    }
+}
+
 fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
@@ -165,97 +178,4 @@ fn is_connection_error(e: &sqlx::Error) -> bool {
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_)
     )
-}
-
-/// Removes the password from a database URL so it can be shown in an error or a log line.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparseable url>".to_owned();
-    };
-    // The user information ends at the last `@`: a password may hold `/`, `?` or `@`
-    // unencoded, a host never holds `@`. (An `@` in the query makes the host look like
-    // user information: shown redacted rather than risk showing a password.)
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let (host, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    // Query parameters can carry secrets too (`?password=...`, `?sslpassword=...`).
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, value)) if is_secret_parameter(name) && !value.is_empty() => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    match userinfo {
-        Some(userinfo) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{tail}")
-            } else {
-                format!("{scheme}://{user}@{host}{tail}")
-            }
-        }
-        None => format!("{scheme}://{host}{tail}"),
-    }
-}
-
-/// Whether a URL query parameter named `name` holds a secret.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn is_secret_parameter(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    ["pass", "pwd", "secret", "token", "auth", "credential"]
-        .iter()
-        .any(|word| name.contains(word))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    fn redacts_password() {
-        assert_eq!(
-            redact_url("postgres://bob:s3cret@db:5432/app?sslmode=require"),
-            "postgres://bob:***@db:5432/app?sslmode=require"
-        );
-        assert_eq!(redact_url("postgres://bob@db/app"), "postgres://bob@db/app");
-        assert_eq!(redact_url("postgres://db/app"), "postgres://db/app");
-        assert_eq!(redact_url("not a url"), "<unparseable url>");
-        assert_eq!(
-            redact_url("postgres://bob@db/app?sslmode=require&password=s3cret&sslpassword=k3y"),
-            "postgres://bob@db/app?sslmode=require&password=***&sslpassword=***"
-        );
-        assert_eq!(
-            redact_url("mysql://db?PASSWORD=s3cret"),
-            "mysql://db?PASSWORD=***"
-        );
-        // Passwords with unencoded `?`, `/` or `@` (not valid URLs, so the driver's own
-        // error would come with the URL as given).
-        for (url, shown) in [
-            ("postgres://bob:pa?ss@db/app", "postgres://bob:***@db/app"),
-            (
-                "postgres://bob:pa/ss@db:5432/app",
-                "postgres://bob:***@db:5432/app",
-            ),
-            ("postgres://bob:p@ss@db/app", "postgres://bob:***@db/app"),
-        ] {
-            assert_eq!(redact_url(url), shown);
-            assert!(!redact_url(url).contains("ss@"), "{url}");
-        }
-    }
 }

@@ -51,6 +51,7 @@ use std::fmt;
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
+use crate::error::DbContext;
 use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, OutboxTx, Result};
 
@@ -146,13 +147,8 @@ impl<DB: Backend> Inbox<DB> {
         let mut tx = self.outbox.begin().await.map_err(InboxError::Database)?;
         let inserted = DB::record_processed(&mut tx, tables, &self.consumer, message_id)
             .await
-            .map_err(|e| {
-                InboxError::Database(Error::db(
-                    "recording a processed message id",
-                    &tables.processed.to_string(),
-                    e,
-                ))
-            })?;
+            .context("recording a processed message id", &tables.processed)
+            .map_err(InboxError::Database)?;
         if !inserted {
             tracing::debug!(consumer = %self.consumer, %message_id, "duplicate message skipped");
             tx.rollback().await.map_err(InboxError::Database)?;
@@ -183,12 +179,9 @@ impl<DB: Backend> Inbox<DB> {
             message_id,
         )
         .await
-        .map_err(|e| {
-            Error::db(
-                "looking up a processed message id",
-                &self.outbox.tables().processed.to_string(),
-                e,
-            )
-        })
+        .context(
+            "looking up a processed message id",
+            &self.outbox.tables().processed,
+        )
     }
 }

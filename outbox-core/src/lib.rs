@@ -113,15 +113,13 @@
 pub mod admin;
 pub mod catalog;
 pub mod config;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-mod connect;
+mod db;
 mod error;
 pub mod event;
 pub mod inbox;
 mod key;
 pub mod migrate;
-#[doc(hidden)]
-pub mod ops;
+mod model;
 mod outbox;
 pub mod publisher;
 pub mod relay;
@@ -189,11 +187,19 @@ pub mod __private {
     pub use ::core::result::Result;
     pub use ::inventory;
     pub use ::serde;
-    pub use ::serde_json;
-    pub use ::sqlx;
-    #[cfg(feature = "postgres")]
-    pub use ::sqlx::Postgres;
     pub use ::std::string::String;
+
+    /// Asserted by `#[derive(OutboxEvent)]` on the type, so that a payload that is not
+    /// `Serialize` is reported there, saying what to add.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be an outbox event: it does not implement `serde::Serialize`",
+        label = "the payload of an outbox event is serialized to JSON",
+        note = "add `#[derive(serde::Serialize)]` to `{Self}`"
+    )]
+    pub trait SerializableEvent {}
+    impl<T: ?Sized + ::serde::Serialize> SerializableEvent for T {}
+    /// Compiles only for a `Serialize` type.
+    pub const fn assert_serialize<T: ?Sized + SerializableEvent>() {}
 
     pub use crate::catalog::EventInfo;
     pub use crate::store::DefaultBackend;

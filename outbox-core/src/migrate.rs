@@ -105,7 +105,6 @@ pub const POSTGRES: &[Migration] = &[
 ];
 
 /// The SQLite migrations, in order.
-#[cfg(feature = "sqlite")]
 pub const SQLITE: &[Migration] = &[Migration {
     version: 1,
     description: "create the outbox and processed-messages tables",
@@ -113,7 +112,6 @@ pub const SQLITE: &[Migration] = &[Migration {
 }];
 
 /// The MySQL/MariaDB migrations, in order.
-#[cfg(feature = "mysql")]
 pub const MYSQL: &[Migration] = &[Migration {
     version: 1,
     description: "create the outbox, writer-lock and processed-messages tables",
@@ -157,7 +155,6 @@ pub(crate) fn pending<'m>(
 
 /// The statements of a migration file (split at `;` ending a line; the shipped files
 /// have no `;` inside literals), without comments-only chunks.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn statements(sql: &str) -> Vec<String> {
     sql.split(";\n")
         .map(|chunk| {

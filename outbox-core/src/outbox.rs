@@ -8,8 +8,10 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::config::{TableName, Tables};
-use crate::store::Backend;
-use crate::{Error, OutboxEvent, OutboxMessage, OutboxTx, Result};
+use crate::error::DbContext;
+use crate::store::schema::Schema;
+use crate::store::{Backend, Write};
+use crate::{OutboxEvent, OutboxMessage, OutboxTx, Result};
 
 /// The entry point: a database pool and where the outbox lives in it.
 ///
@@ -84,21 +86,20 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// Returns the versions applied by this call (empty when already up to date).
     pub async fn migrate(&self) -> Result<Vec<i64>> {
-        DB::migrate(&self.inner.pool, &self.inner.tables).await
+        <DB as Schema>::migrate(&self.inner.pool, &self.inner.tables).await
     }
 
     /// Starts a transaction. Do your business writes through it, [`emit`](OutboxTx::emit)
     /// events, then [`commit`](OutboxTx::commit): the events are written atomically with
     /// your changes, or not at all.
     pub async fn begin(&self) -> Result<OutboxTx<'static, DB>> {
-        let table = self.inner.tables.outbox.to_string();
         // sqlx tracks the transaction (a `begin` inside it makes a savepoint) and rolls it
         // back if this future or the transaction is dropped.
-        let tx = match DB::BEGIN {
+        let tx = match <DB as Write>::BEGIN {
             Some(statement) => self.inner.pool.begin_with(statement).await,
             None => self.inner.pool.begin().await,
         }
-        .map_err(|e| Error::db("starting a transaction", &table, e))?;
+        .context("starting a transaction", &self.inner.tables.outbox)?;
         Ok(OutboxTx::begun(tx, self.clone()))
     }
 
@@ -137,36 +138,9 @@ impl<DB: Backend> Outbox<DB> {
         messages: &[OutboxMessage],
     ) -> Result<()> {
         let span = tracing::debug_span!("outbox.write", count = messages.len());
-        DB::insert_messages(conn, &self.inner.tables, messages)
+        <DB as Write>::insert_messages(conn, &self.inner.tables, messages)
             .instrument(span)
             .await
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Outbox<sqlx::Postgres> {
-    /// The `LISTEN`/`NOTIFY` channel notified at every commit that wrote events:
-    /// `outbox_<oid of the outbox table>`, so outboxes in different schemas never wake
-    /// each other's relays.
-    pub async fn notify_channel(&self) -> Result<String> {
-        sqlx::query_scalar("SELECT 'outbox_' || $1::text::regclass::oid::text")
-            .bind(self.inner.tables.outbox.quoted())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| {
-                Error::db(
-                    "resolving the notification channel",
-                    &self.inner.tables.outbox.to_string(),
-                    e,
-                )
-            })
-    }
-
-    /// Connects to PostgreSQL at `url` with a default pool and the default table names.
-    ///
-    /// The error names the server (without the password) and says what to check.
-    pub async fn connect(url: &str) -> Result<Self> {
-        Ok(Outbox::new(crate::connect::pool(url).await?))
     }
 }
 

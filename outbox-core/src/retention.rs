@@ -32,7 +32,7 @@
 //!   than a broker can redeliver a message (its retention), or a late duplicate is
 //!   processed twice.
 //! - Never pending or dead-lettered messages: dead letters stay until they are released
-//!   or purged explicitly ([`Admin`](crate::admin::Admin), `outbox release`, `outbox purge`).
+//!   or purged explicitly (`admin::Admin`, `outbox release`, `outbox purge`).
 //!
 //! The age cutoffs are taken once per run from the database clock (the clock that set
 //! `sent_at`), so one run removes exactly the rows older than the cutoff at its start.
@@ -55,6 +55,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::error::DbContext;
 use crate::store::{Backend, DefaultBackend};
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
@@ -348,13 +349,7 @@ impl<DB: Backend> Retention<DB> {
         DB::clock_minus(self.outbox.pool(), age.as_secs_f64())
             .await
             .map(Some)
-            .map_err(|e| {
-                Error::db(
-                    "reading the database clock",
-                    &self.outbox.tables().outbox.to_string(),
-                    e,
-                )
-            })
+            .context("reading the database clock", &self.outbox.tables().outbox)
     }
 
     /// One `DELETE`; returns the rows deleted and (for sent rows) the largest `seq`.
@@ -375,20 +370,12 @@ impl<DB: Backend> Retention<DB> {
                 .instrument(span)
                 .await
                 .map(|b| (b.deleted, b.found, b.last))
-                .map_err(|e| {
-                    Error::db("deleting old sent messages", &tables.outbox.to_string(), e)
-                })?,
+                .context("deleting old sent messages", &tables.outbox)?,
             Kind::Processed => DB::delete_processed(pool, tables, cutoff, limit)
                 .instrument(span)
                 .await
                 .map(|n| (n, n, None))
-                .map_err(|e| {
-                    Error::db(
-                        "deleting old processed-message ids",
-                        &tables.processed.to_string(),
-                        e,
-                    )
-                })?,
+                .context("deleting old processed-message ids", &tables.processed)?,
         };
         let elapsed = started.elapsed();
         report.batches += 1;

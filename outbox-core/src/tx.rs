@@ -7,8 +7,9 @@ use sqlx::Transaction;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::error::DbContext;
 use crate::store::Backend;
-use crate::{Error, Outbox, OutboxEvent, OutboxMessage, Result};
+use crate::{Outbox, OutboxEvent, OutboxMessage, Result};
 
 /// A database transaction plus the events emitted in it.
 ///
@@ -129,7 +130,6 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         let count = self.pending.len();
         let span = tracing::debug_span!("outbox.commit", events = count);
         let tables = self.outbox.tables().clone();
-        let table = tables.outbox.to_string();
         if self.own {
             let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending)
                 .instrument(span.clone())
@@ -145,18 +145,18 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         self.tx
             .commit()
             .await
-            .map_err(|e| Error::db("committing the transaction", &table, e))?;
+            .context("committing the transaction", &tables.outbox)?;
         tracing::debug!(events = count, "outbox transaction committed");
         Ok(())
     }
 
     /// Rolls back: your changes are undone and no event is written.
     pub async fn rollback(self) -> Result<()> {
-        let table = self.outbox.tables().outbox.to_string();
+        let outbox = self.outbox.clone();
         self.tx
             .rollback()
             .await
-            .map_err(|e| Error::db("rolling back the transaction", &table, e))
+            .context("rolling back the transaction", &outbox.tables().outbox)
     }
 }
 

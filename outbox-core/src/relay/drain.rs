@@ -1,11 +1,9 @@
-//! What every database's relay shares: the pipelined drain, publishing with a timeout,
-//! turning publisher results into an outcome, recording it, and the stats.
-//!
-//! The database-specific part is a [`Claims`] implementation: claim the next batch,
-//! mark rows sent, reschedule or dead-letter failed rows.
+//! The pipelined drain, the same for every session: publishing with a timeout, turning
+//! publisher results into an [`Outcome`], recording it, and the stats. The database's
+//! part is a [`Session`]: claim the next batch, acknowledge rows, reschedule or
+//! dead-letter failed rows.
 
-use std::collections::{BTreeMap, HashSet};
-use std::future::Future;
+use std::collections::HashSet;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -14,26 +12,7 @@ use tracing::Instrument;
 use super::{Relay, RelayStats};
 use crate::publisher::{OutboxRecord, PublishError, PublishErrorKind, Publisher};
 use crate::store::Backend;
-
-pub(crate) type SqlResult<T> = Result<T, sqlx::Error>;
-
-/// The database side of a relay session.
-pub(crate) trait Claims: Send {
-    /// The keys with a pending row waiting for a retry.
-    fn retrying_keys(&mut self) -> impl Future<Output = SqlResult<Vec<String>>> + Send;
-
-    /// The oldest claimable rows (after `after`, when a batch before them is in flight).
-    fn claim(
-        &mut self,
-        after: Option<i64>,
-    ) -> impl Future<Output = SqlResult<Vec<OutboxRecord>>> + Send;
-
-    /// Marks acknowledged rows sent (or deletes them, per `on_sent`).
-    fn mark(&mut self, seqs: &[i64]) -> impl Future<Output = SqlResult<()>> + Send;
-
-    /// Reschedules failed rows with backoff or dead-letters them; returns how many died.
-    fn fail(&mut self, outcome: &Outcome) -> impl Future<Output = SqlResult<u64>> + Send;
-}
+use crate::store::session::{Outcome, Session, SessionResult};
 
 /// Publishes until nothing is claimable, pipelined: while batch N is with the
 /// publisher, the results of batch N-1 are recorded and batch N+1 is claimed. Batch
@@ -50,11 +29,11 @@ pub(crate) trait Claims: Send {
 /// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
 /// empties (everything in flight is published and recorded) and this returns.
 /// Returns how many rows were claimed.
-pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
+pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     relay: &Relay<P, DB>,
     store: &mut S,
     shutdown: &watch::Receiver<bool>,
-) -> SqlResult<usize> {
+) -> SessionResult<usize> {
     let prefetch_until = Instant::now() + relay.config.rebalance_interval;
     let mut current = store.claim(None).await?;
     if current.is_empty() {
@@ -92,7 +71,7 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
                 record(relay, store, outcome).await?;
             }
             if !prefetch {
-                return SqlResult::<Claimed>::Ok((Vec::new(), None));
+                return SessionResult::<Claimed>::Ok((Vec::new(), None));
             }
             let retrying = if blocked_loaded {
                 None
@@ -112,7 +91,7 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
         }
         claimed += next.len();
         if let Some(results) = results {
-            let outcome = Outcome::new(&current, results);
+            let outcome = outcome(&current, results);
             blocked.extend(outcome.failed_keys.iter().cloned());
             unrecorded = Some(outcome);
         }
@@ -131,14 +110,14 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Claims>(
 
 /// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
 /// rescheduled or dead-lettered.
-async fn record<P: Publisher, DB: Backend, S: Claims>(
+async fn record<P: Publisher, DB: Backend, S: Session>(
     relay: &Relay<P, DB>,
     store: &mut S,
     outcome: Outcome,
-) -> SqlResult<()> {
+) -> SessionResult<()> {
     let stats = &relay.stats;
     if !outcome.sent.is_empty() {
-        store.mark(&outcome.sent).await?;
+        store.acknowledge(&outcome).await?;
         let n = outcome.sent.len() as u64;
         RelayStats::add(&stats.published, n);
         metrics::counter!("outbox_published_total").increment(n);
@@ -266,146 +245,110 @@ fn timed_out(after: std::time::Duration) -> PublishError {
     PublishError::retryable(format!("publish timed out after {after:?}"))
 }
 
-/// What happened to one batch, ready to be written back.
-pub(crate) struct Outcome {
-    pub(crate) sent: Vec<i64>,
-    pub(crate) failed_seq: Vec<i64>,
-    /// `attempts` of each failed row when it was claimed.
-    pub(crate) failed_attempts: Vec<i32>,
-    pub(crate) failed_error: Vec<String>,
-    pub(crate) failed_permanent: Vec<bool>,
-    pub(crate) failed_keys: HashSet<String>,
-}
-
-impl Outcome {
-    fn new(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
-        let mut outcome = Outcome {
-            sent: Vec::with_capacity(batch.len()),
-            failed_seq: Vec::new(),
-            failed_attempts: Vec::new(),
-            failed_error: Vec::new(),
-            failed_permanent: Vec::new(),
-            failed_keys: HashSet::new(),
-        };
-        for (record, result) in batch.iter().zip(results) {
-            let key = record.partition_key.as_deref();
-            match result {
-                Ok(()) => {
-                    if let Some(key) = key.filter(|k| outcome.failed_keys.contains(*k)) {
-                        tracing::warn!(
-                            seq = record.seq,
-                            key,
-                            "publisher acknowledged a message after failing an earlier one of the same key: \
+/// What the publisher's `results` for `batch` come to.
+fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
+    let mut outcome = Outcome {
+        sent: Vec::with_capacity(batch.len()),
+        ..Outcome::default()
+    };
+    let mut settled = true;
+    for (record, result) in batch.iter().zip(results) {
+        let key = record.partition_key.as_deref();
+        match result {
+            Ok(()) => {
+                if let Some(key) = key.filter(|k| outcome.failed_keys.contains(*k)) {
+                    tracing::warn!(
+                        seq = record.seq,
+                        key,
+                        "publisher acknowledged a message after failing an earlier one of the same key: \
                              the broker has them out of order"
-                        );
-                    }
-                    outcome.sent.push(record.seq);
+                    );
                 }
-                Err(e) if e.kind() == PublishErrorKind::NotAttempted => {
-                    // Left pending behind an earlier failure of its key.
-                    if let Some(key) = key {
-                        outcome.failed_keys.insert(key.to_owned());
-                    }
-                }
-                Err(e) => {
-                    if let Some(key) = key {
-                        outcome.failed_keys.insert(key.to_owned());
-                    }
-                    tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
-                    outcome.failed_seq.push(record.seq);
-                    outcome.failed_attempts.push(record.attempts);
-                    outcome
-                        .failed_permanent
-                        .push(e.kind() == PublishErrorKind::Permanent);
-                    outcome.failed_error.push(e.message().to_owned());
+                outcome.sent.push(record.seq);
+            }
+            Err(e) if e.kind() == PublishErrorKind::NotAttempted => {
+                settled = false;
+                // Left pending behind an earlier failure of its key.
+                if let Some(key) = key {
+                    outcome.failed_keys.insert(key.to_owned());
                 }
             }
+            Err(e) => {
+                if let Some(key) = key {
+                    outcome.failed_keys.insert(key.to_owned());
+                }
+                tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
+                outcome.failed_seq.push(record.seq);
+                outcome.failed_attempts.push(record.attempts);
+                outcome
+                    .failed_permanent
+                    .push(e.kind() == PublishErrorKind::Permanent);
+                outcome.failed_error.push(e.message().to_owned());
+            }
         }
-        outcome
-    }
-}
-
-/// `claim` (a `SELECT` of claimable rows with `payload` and `headers` as text, in `seq`
-/// order, with its `LIMIT`) cut where its rows' payloads and headers reach `budget` bytes
-/// (a placeholder): the rows before the one that crosses it, and that one, so a batch
-/// always has a row and the server sends no more than the budget (plus one row).
-/// `length` is the database's byte length of the text `%`.
-pub(crate) fn budgeted(claim: &str, length: &str, budget: &str) -> String {
-    let bytes = format!(
-        "({} + {})",
-        length.replace('%', "c.payload"),
-        length.replace('%', "c.headers")
-    );
-    format!(
-        "SELECT * FROM (\
-           SELECT c.*, SUM({bytes}) OVER (ORDER BY c.seq) - {bytes} AS bytes_before \
-           FROM ({claim}) c) w \
-         WHERE w.bytes_before < {budget} ORDER BY w.seq"
-    )
-}
-
-/// Decodes claimed rows as they arrive, so that a batch is never held twice (as rows
-/// and as records). Its size is bounded by the claim statement ([`budgeted`]).
-pub(crate) async fn decode_each<R, E>(
-    rows: impl futures_util::Stream<Item = Result<R, E>>,
-    decode: impl Fn(&R) -> SqlResult<OutboxRecord>,
-) -> SqlResult<Vec<OutboxRecord>>
-where
-    sqlx::Error: From<E>,
-{
-    use futures_util::TryStreamExt;
-    let mut rows = std::pin::pin!(rows);
-    let mut batch = Vec::new();
-    while let Some(row) = rows.try_next().await? {
-        batch.push(decode(&row)?);
-    }
-    Ok(batch)
-}
-
-/// Headers written by hand may hold non-string values: they are passed on as JSON text
-/// rather than blocking the relay on one row.
-pub(crate) fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
-    if text == "{}" {
-        return BTreeMap::new();
-    }
-    match serde_json::from_str::<BTreeMap<String, serde_json::Value>>(text) {
-        Ok(map) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        Err(e) => {
-            tracing::warn!(seq, error = %e, "outbox row's headers are not a JSON object; publishing without them");
-            BTreeMap::new()
+        if settled {
+            outcome.settled_through = Some(record.seq);
         }
     }
+    outcome
 }
 
-/// For databases that compute the retry schedule in Rust (MySQL/MariaDB, SQLite): whether
-/// the `i`-th failure of `outcome` dead-letters its row, and otherwise the delay before
-/// the next attempt: `backoff_base * 2^attempts`, capped, with ±25% jitter. The same rule
-/// as the PostgreSQL statement.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) fn retry_plan<P, DB: Backend>(
-    relay: &Relay<P, DB>,
-    outcome: &Outcome,
-    i: usize,
-) -> (bool, f64) {
-    let config = &relay.config;
-    let attempts = outcome.failed_attempts[i];
-    let dead = outcome.failed_permanent[i] || attempts.saturating_add(1) >= config.max_attempts;
-    let exp = 2f64.powi(attempts.clamp(0, 62));
-    let delay = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
-    (dead, delay * (0.75 + jitter() * 0.5))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// A number in `[0, 1)`, different each call (std's randomly keyed hasher; no RNG crate).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    fn record(seq: i64, key: &str) -> OutboxRecord {
+        OutboxRecord {
+            seq,
+            id: uuid::Uuid::now_v7(),
+            event_type: "T".into(),
+            event_version: None,
+            destination: "d".into(),
+            partition_key: Some(key.into()),
+            payload: "{}".into(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn an_outcome_is_settled_up_to_the_first_unattempted_message() {
+        let batch = [
+            record(1, "a"),
+            record(2, "b"),
+            record(3, "b"),
+            record(4, "a"),
+        ];
+        let all_done = outcome(
+            &batch,
+            vec![Ok(()), Err(PublishError::retryable("x")), Ok(()), Ok(())],
+        );
+        assert_eq!(all_done.sent, vec![1, 3, 4]);
+        assert_eq!(all_done.failed_seq, vec![2]);
+        assert_eq!(
+            all_done.settled_through,
+            Some(4),
+            "a failure is settled too"
+        );
+
+        let left = outcome(
+            &batch,
+            vec![
+                Ok(()),
+                Err(PublishError::retryable("x")),
+                Err(PublishError::not_attempted()),
+                Ok(()),
+            ],
+        );
+        assert_eq!(
+            left.settled_through,
+            Some(2),
+            "3 was left behind its key's failure"
+        );
+        assert!(left.failed_keys.contains("b"));
+
+        let none = outcome(&batch[..1], vec![Err(PublishError::not_attempted())]);
+        assert_eq!(none.settled_through, None);
+    }
 }

@@ -14,8 +14,9 @@
 //! ```
 //!
 //! # How it works
-//! The drain below is shared by every database; what differs (claiming, recording, waking
-//! up, who may publish) is described per database in `docs/databases.md`. On PostgreSQL:
+//! One loop (`run.rs`) and one drain (`drain.rs`) serve every database; what differs
+//! (claiming, recording, waking up, who may publish) is the database's session (see
+//! `store::session`), described per database in `docs/databases.md`. On PostgreSQL:
 //!
 //! Each cycle the relay claims up to `batch_size` pending rows in `seq` order, hands the
 //! whole batch to the publisher (which has it all in flight at once), and marks the
@@ -24,7 +25,7 @@
 //! - **Wake-up**: `LISTEN` on the outbox channel (writers notify at commit), plus a
 //!   safety poll every `poll_interval` that costs one query while idle.
 //! - **Order**: rows with the same partition key are published in `seq` order. Rows are
-//!   only claimed below the *publish horizon* (see `horizon.rs`), so a transaction that
+//!   only claimed below the *publish horizon* (see `db/postgres/horizon.rs`), so a transaction that
 //!   drew a smaller `seq` but commits later is never overtaken.
 //! - **Several relays**: rows are spread over `partitions` by key; each relay holds the
 //!   partitions it publishes through PostgreSQL advisory locks on its own connection, and
@@ -41,108 +42,19 @@
 //!   publishes that batch again.
 
 mod drain;
-#[cfg(feature = "postgres")]
-mod horizon;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-#[macro_use]
-mod poll;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql;
-#[cfg(feature = "postgres")]
-pub(crate) mod postgres;
-#[cfg(feature = "sqlite")]
-pub(crate) mod sqlite;
+mod run;
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use crate::Outbox;
+pub use crate::config::{OnSent, RelayConfig};
 use crate::publisher::Publisher;
+use crate::store::session::Source;
 use crate::store::{Backend, DefaultBackend};
 use crate::task::TaskHandle;
-pub(crate) use crate::task::stopped;
-
-/// The claim's blocker condition on an earlier pending row `r` of the same key: the
-/// later row may not go while `r` waits for a retry (`attempts > 0`: a message that
-/// failed goes alone, so that its successors never overtake it if it fails again), or is
-/// not due yet, or lies at or below `after` (the claim starts after a batch in flight and
-/// would not take `r`: a re-queued row below it). A due re-queued row above `after` is
-/// taken by the same claim, before its successors, so a replayed run of one key goes out
-/// in whole batches. `now` is the database's clock, `after` the claim's placeholder.
-pub(crate) fn blocker(now: &str, after: &str) -> String {
-    format!(
-        "r.next_attempt_at IS NOT NULL \
-         AND (r.attempts > 0 OR r.next_attempt_at > {now} OR r.seq <= {after})"
-    )
-}
-
-/// What the relay does with a row once the broker acknowledged it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnSent {
-    /// Set `sent_at` and keep the row (for audits and replays) until retention removes it.
-    #[default]
-    Mark,
-    /// Delete the row.
-    Delete,
-}
-
-/// The relay's settings. Every field has a documented default.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct RelayConfig {
-    /// Rows claimed and published per cycle. Default 1000.
-    pub batch_size: usize,
-    /// The most payload and header bytes one batch holds (a larger message goes alone).
-    /// With `batch_size`, it bounds the relay's memory: two batches are in memory at once
-    /// (one with the publisher, the next one claimed). Default 16 MiB.
-    pub max_batch_bytes: usize,
-    /// PostgreSQL: the safety poll while no notification arrives, default 5 s.
-    /// MySQL/MariaDB and SQLite (no notifications): how often an idle relay looks for
-    /// new rows, default 100 ms.
-    pub poll_interval: Duration,
-    /// Failed attempts before a message is dead-lettered. Default 10.
-    pub max_attempts: i32,
-    /// First retry delay; doubles per attempt, with ±25% jitter. Default 1 s.
-    pub backoff_base: Duration,
-    /// Longest retry delay. Default 5 min.
-    pub backoff_cap: Duration,
-    /// Partitions rows are spread over by key; the unit of work shared between relays.
-    /// Every relay of one outbox must use the same number. Default 16.
-    pub partitions: u16,
-    /// A publish call that takes longer fails the whole batch (retryable). Default 30 s.
-    pub publish_timeout: Duration,
-    /// Mark or delete acknowledged rows. Default [`OnSent::Mark`].
-    pub on_sent: OnSent,
-    /// Longest wait between reconnection attempts after a database error. Default 5 s.
-    pub reconnect_delay: Duration,
-    /// How often a busy relay re-checks how partitions are shared. Default 1 s.
-    pub rebalance_interval: Duration,
-    /// `application_name` of the relay's database sessions. Default `outbox-relay`.
-    pub application_name: String,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        RelayConfig {
-            batch_size: 1000,
-            max_batch_bytes: 16 * 1024 * 1024,
-            poll_interval: Duration::from_secs(5),
-            max_attempts: 10,
-            backoff_base: Duration::from_secs(1),
-            backoff_cap: Duration::from_secs(300),
-            partitions: 16,
-            publish_timeout: Duration::from_secs(30),
-            on_sent: OnSent::Mark,
-            reconnect_delay: Duration::from_secs(5),
-            rebalance_interval: Duration::from_secs(1),
-            application_name: "outbox-relay".to_owned(),
-        }
-    }
-}
 
 /// Counters of what a relay did, readable while it runs ([`RelayHandle::stats`]).
 #[derive(Debug, Default)]
@@ -338,7 +250,7 @@ impl Relay<()> {
             outbox,
             publisher,
             config: RelayConfig {
-                poll_interval: DB::RELAY_POLL_INTERVAL,
+                poll_interval: <DB as Source>::POLL_INTERVAL,
                 ..RelayConfig::default()
             },
         }
@@ -349,37 +261,6 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// The relay's counters.
     pub fn stats(&self) -> Arc<RelayStats> {
         Arc::clone(&self.stats)
-    }
-
-    /// Runs until `shutdown` turns `true` (forever if its sender is dropped). A batch in flight
-    /// is finished (published and marked) first; nothing is marked that was not acked.
-    ///
-    /// Database errors never end the relay: it logs them, reconnects with backoff and
-    /// carries on where the database says it left off.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        const FIRST_DELAY: Duration = Duration::from_millis(50);
-        let mut delay = FIRST_DELAY;
-        loop {
-            let started = std::time::Instant::now();
-            let result = DB::relay_session(&self, &mut shutdown).await;
-            // A session that worked for a while before failing starts the backoff afresh.
-            if started.elapsed() > Duration::from_secs(30) {
-                delay = FIRST_DELAY;
-            }
-            match result {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
-                    metrics::counter!("outbox_relay_reconnects_total").increment(1);
-                    RelayStats::add(&self.stats.reconnects, 1);
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = stopped(&mut shutdown) => return,
-            }
-            delay = (delay * 2).min(self.config.reconnect_delay);
-        }
     }
 }
 

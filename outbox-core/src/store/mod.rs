@@ -1,23 +1,27 @@
-//! Database back ends. Each implements [`Backend`] for one `sqlx` database.
+//! What a database provides, as narrow traits that the services and the relay drive:
+//!
+//! - [`Write`]: the write path (insert a commit's events, begin, the commit shortcut);
+//! - [`Schema`](schema::Schema): the migration dialect the one runner uses;
+//! - [`Ops`](ops::Ops): the SQL behind the inbox, retention and admin;
+//! - [`Source`](session::Source): a relay session (open, claim, acknowledge, fail, wait
+//!   for work, ownership), run by the one relay loop.
+//!
+//! [`Backend`] is all four; the implementations live in one folder per database under
+//! `src/db/` (see `docs/architecture.md`). None of this names a database module.
 
-#[cfg(feature = "mysql")]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod sqlite_like;
-
-use std::time::Duration;
+#[doc(hidden)]
+pub mod ops;
+#[doc(hidden)]
+pub mod schema;
+#[doc(hidden)]
+pub mod session;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::watch;
 
 use crate::config::Tables;
-use crate::publisher::Publisher;
-use crate::relay::Relay;
 use crate::{OutboxMessage, Result};
+use ops::Ops;
+use schema::Schema;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("outbox-core needs at least one database feature: `postgres`, `mysql` or `sqlite`");
@@ -40,13 +44,19 @@ mod sealed {
 }
 pub(crate) use sealed::Sealed;
 
-/// A database the outbox can live in. Implemented by this crate for each supported
-/// `sqlx` database (PostgreSQL, MySQL/MariaDB, SQLite, each behind its cargo feature);
-/// not meant to be implemented outside it.
-pub trait Backend: sqlx::Database + Sealed + crate::ops::Ops {
+/// A database the outbox can live in: the write path, the migrations, the stored-message
+/// operations and a relay session. Implemented by this crate for each supported `sqlx`
+/// database (PostgreSQL, MySQL/MariaDB, SQLite, each behind its cargo feature); not
+/// meant to be implemented outside it.
+pub trait Backend: Write + Schema + Ops + session::Source + Sealed {}
+
+impl<DB: Write + Schema + Ops + session::Source + Sealed> Backend for DB {}
+
+/// The write path: how a transaction begins and how its events are written.
+#[doc(hidden)]
+pub trait Write: sqlx::Database {
     /// Writes `messages` in one statement on `conn` (inside the caller's transaction) and
     /// wakes listening relays at commit.
-    #[doc(hidden)]
     fn insert_messages<'c>(
         conn: &'c mut Self::Connection,
         tables: &'c Tables,
@@ -55,7 +65,6 @@ pub trait Backend: sqlx::Database + Sealed + crate::ops::Ops {
 
     /// The statement [`Outbox::begin`](crate::Outbox::begin) opens its transaction with
     /// (`None`: the driver's default `BEGIN`).
-    #[doc(hidden)]
     const BEGIN: Option<&'static str> = None;
 
     /// For a top-level transaction opened by [`Outbox::begin`](crate::Outbox::begin):
@@ -64,7 +73,6 @@ pub trait Backend: sqlx::Database + Sealed + crate::ops::Ops {
     /// (dropping it rolls the empty one back when the connection returns to the pool).
     /// Fails if the transaction was aborted by an earlier error. Returns `false` where the
     /// database has no such shortcut; the caller then writes and commits the usual way.
-    #[doc(hidden)]
     fn write_commit_and_begin<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
@@ -72,22 +80,4 @@ pub trait Backend: sqlx::Database + Sealed + crate::ops::Ops {
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async { Ok(false) })
     }
-
-    /// Applies the pending migrations; returns the versions applied now.
-    #[doc(hidden)]
-    fn migrate<'c>(
-        pool: &'c sqlx::Pool<Self>,
-        tables: &'c Tables,
-    ) -> BoxFuture<'c, Result<Vec<i64>>>;
-
-    /// The relay's default poll interval on this database.
-    #[doc(hidden)]
-    const RELAY_POLL_INTERVAL: Duration;
-
-    /// One database session of `relay`: runs until shutdown (`Ok`) or a database error.
-    #[doc(hidden)]
-    fn relay_session<'r, P: Publisher>(
-        relay: &'r Relay<P, Self>,
-        shutdown: &'r mut watch::Receiver<bool>,
-    ) -> BoxFuture<'r, Result<(), sqlx::Error>>;
 }

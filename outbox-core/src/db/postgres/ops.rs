@@ -1,17 +1,19 @@
-//! The operations on PostgreSQL.
+//! The stored-message SQL (inbox, retention, admin) on PostgreSQL.
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::{Ops, SentBatch, SqlResult, Which, count, total};
-use crate::admin::{DestinationStatus, ListFilter, MessageInfo, MessageState, Status};
-use crate::config::{Tables, locks};
-
-const COLUMNS: &str = "seq, id, event_type, event_version, destination, partition_key, payload, headers, \
-                       created_at, sent_at, attempts, next_attempt_at, last_error, dead_at";
+use super::locks;
+use crate::config::Tables;
+use crate::db::rows::{message, message_columns};
+use crate::model::state::PENDING;
+use crate::model::{
+    DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which, count,
+    requeue_reset, total,
+};
+use crate::store::ops::{Ops, SqlResult};
 
 impl Ops for Postgres {
     fn record_processed<'c>(
@@ -123,7 +125,7 @@ impl Ops for Postgres {
             let rows = sqlx::query(&format!(
                 "WITH live AS (\
                    SELECT destination, created_at, attempts > 0 AS retrying, false AS dead \
-                     FROM {t} WHERE sent_at IS NULL AND dead_at IS NULL \
+                     FROM {t} WHERE {PENDING} \
                    UNION ALL \
                    SELECT destination, created_at, false, true FROM {t} WHERE dead_at IS NOT NULL) \
                  SELECT destination, \
@@ -173,13 +175,14 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<Vec<MessageInfo>>> {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
-                "SELECT {COLUMNS} FROM {t} WHERE {state} \
+                "SELECT {columns} FROM {t} WHERE {state} \
                    AND ($1::text IS NULL OR destination = $1) \
                    AND ($2::text IS NULL OR event_type = $2) \
                    AND ($3::text IS NULL OR partition_key = $3) \
                    AND ($4::timestamptz IS NULL OR created_at >= $4) \
                    AND ($5::timestamptz IS NULL OR created_at < $5) \
                  ORDER BY seq LIMIT $6",
+                columns = message_columns(|c| format!("{c}::text")),
                 t = tables.outbox.quoted(),
                 state = which.condition(),
             ))
@@ -235,7 +238,7 @@ impl Ops for Postgres {
             let done = sqlx::query(&format!(
                 "UPDATE {t} SET {set}, {reset} WHERE id = ANY($1) AND {state}",
                 t = tables.outbox.quoted(),
-                reset = super::requeue_reset("now()"),
+                reset = requeue_reset("now()"),
                 set = from.requeue_set(),
                 state = from.condition(),
             ))
@@ -257,7 +260,7 @@ impl Ops for Postgres {
             let done = sqlx::query(&format!(
                 "UPDATE {} SET sent_at = NULL, {} WHERE {SENT_WINDOW}",
                 tables.outbox.quoted(),
-                super::requeue_reset("now()")
+                requeue_reset("now()")
             ))
             .bind(since)
             .bind(until)
@@ -285,7 +288,7 @@ impl Ops for Postgres {
             .bind(destination)
             .fetch_one(pool)
             .await?;
-            Ok(super::count(n))
+            Ok(count(n))
         })
     }
 
@@ -298,7 +301,7 @@ impl Ops for Postgres {
             let done = sqlx::query(&format!(
                 "UPDATE {} SET dead_at = NULL, {} WHERE dead_at IS NOT NULL AND partition_key = $1",
                 tables.outbox.quoted(),
-                super::requeue_reset("now()")
+                requeue_reset("now()")
             ))
             .bind(key)
             .execute(conn)
@@ -356,27 +359,3 @@ impl Ops for Postgres {
 /// Messages sent in `[$1, $2)`, for destination `$3` unless it is NULL.
 const SENT_WINDOW: &str =
     "sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)";
-
-fn message(row: &PgRow) -> SqlResult<MessageInfo> {
-    let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
-    let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
-    let next_attempt_at: Option<DateTime<Utc>> = row.try_get("next_attempt_at")?;
-    let attempts: i32 = row.try_get("attempts")?;
-    Ok(MessageInfo {
-        seq: row.try_get("seq")?,
-        id: row.try_get("id")?,
-        state: MessageState::of(sent_at.is_some(), dead_at.is_some(), attempts > 0),
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        created_at: row.try_get("created_at")?,
-        sent_at,
-        attempts,
-        next_attempt_at,
-        last_error: row.try_get("last_error")?,
-        dead_at,
-        payload: row.try_get("payload")?,
-        headers: row.try_get("headers")?,
-    })
-}

@@ -1,21 +1,35 @@
-//! One database session of the relay on PostgreSQL: a dedicated connection that holds
-//! the relay's advisory locks and runs every claim and mark, plus a `LISTEN` connection.
+//! One relay session on PostgreSQL: a dedicated connection that holds the relay's
+//! advisory locks and runs every claim and mark, plus a `LISTEN` connection.
+//!
+//! - **Wake-up**: `LISTEN` on the outbox channel (writers notify at commit), plus a
+//!   safety probe every `poll_interval` that costs one query while idle.
+//! - **Order**: rows are only claimed below the *publish horizon* (`horizon.rs`), so a
+//!   transaction that drew a smaller `seq` but commits later is never overtaken.
+//! - **Several relays**: rows are spread over `partitions` by key; each relay holds the
+//!   partitions it publishes through advisory locks on its own connection, and relays
+//!   share partitions evenly. A relay that dies loses its connection and with it its
+//!   partitions; it cannot mark anything after that, because claims and marks go through
+//!   that same connection.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgListener, PgRow};
+use sqlx::postgres::PgListener;
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use uuid::Uuid;
 
-use super::drain::{Claims, Outcome, SqlResult, budgeted, decode_each, drain, headers};
 use super::horizon::{Horizon, Sample};
-use super::{OnSent, Relay, RelayStats, stopped};
-use crate::config::locks;
-use crate::publisher::{OutboxRecord, Publisher};
+use super::locks;
+use crate::config::OnSent;
+use crate::db::rows::{budgeted, claim_columns, decode_each, record};
+use crate::model::state::{self, PENDING};
+use crate::publisher::OutboxRecord;
+use crate::store::session::{
+    Context, Outcome, Probe, Session, SessionError, SessionResult, Source,
+};
+use crate::task::stopped;
 
 /// The statements of one relay, rendered once per session.
 struct Sql {
@@ -44,19 +58,21 @@ impl Sql {
             ),
             claim: budgeted(
                 &format!(
-                    "SELECT o.seq, o.id, o.event_type, o.event_version, o.destination, o.partition_key, \
-                            o.payload::text AS payload, o.headers::text AS headers, o.created_at, o.attempts \
+                    "SELECT {columns} \
                      FROM {outbox} o \
-                     WHERE o.sent_at IS NULL AND o.dead_at IS NULL AND o.seq <= $1 AND o.seq > $5 \
+                     WHERE {pending_o} AND o.seq <= $1 AND o.seq > $5 \
                        AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
                        AND ($3::int4[] IS NULL OR \
                             ((hashtextextended(coalesce(o.partition_key, o.id::text), 0) & 9223372036854775807) % $4)::int4 \
                               = ANY($3)) \
                        AND NOT EXISTS (SELECT 1 FROM {outbox} r \
                             WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                              AND r.sent_at IS NULL AND r.dead_at IS NULL AND {blocker}) \
+                              AND {pending_r} AND {blocker}) \
                      ORDER BY o.seq LIMIT $2",
-                    blocker = crate::relay::blocker("now()", "$5"),
+                    columns = claim_columns(|c| format!("{c}::text")),
+                    pending_o = state::pending("o"),
+                    pending_r = state::pending("r"),
+                    blocker = state::blocker("now()", "$5"),
                 ),
                 "octet_length(%)",
                 "$6",
@@ -79,10 +95,7 @@ impl Sql {
             count_relays: format!(
                 "SELECT count(*) FROM pg_locks WHERE {advisory} AND objid >= {relays} AND objid < {relays} + {max_relays}"
             ),
-            retrying: format!(
-                "SELECT DISTINCT partition_key FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL \
-             AND next_attempt_at IS NOT NULL AND partition_key IS NOT NULL"
-            ),
+            retrying: state::retrying("partition_key", outbox),
             probe: format!(
                 "SELECT count(*) AS pending, \
                         count(*) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= now()) AS due, \
@@ -92,7 +105,7 @@ impl Sql {
                         (SELECT count(*) FROM pg_locks WHERE {advisory} \
                           AND objid >= {relays} AND objid < {relays} + {max_relays}) \
                           AS relays \
-                 FROM {outbox} WHERE sent_at IS NULL AND dead_at IS NULL"
+                 FROM {outbox} WHERE {PENDING}"
             ),
         }
     }
@@ -105,12 +118,12 @@ impl Sql {
 /// different counts cannot both pass. A refused relay reports the error and retries like
 /// after any failed session: it takes over once the others are gone (a rolling change of
 /// `partitions` therefore switches over without overlap).
-async fn register_partition_count<P>(
+async fn register_partition_count(
     conn: &mut PgConnection,
     table_key: i32,
-    relay: &Relay<P, Postgres>,
-) -> SqlResult<()> {
-    let mine = i32::from(relay.config.partitions);
+    cx: Context<'_, Postgres>,
+) -> SessionResult<()> {
+    let mine = i32::from(cx.config.partitions);
     sqlx::query("SELECT pg_advisory_lock($1, $2)")
         .bind(table_key)
         .bind(locks::PARTITION_COUNT_CHECK)
@@ -142,24 +155,17 @@ async fn register_partition_count<P>(
         .await?;
     match others {
         None => Ok(()),
-        Some(theirs) => Err(sqlx::Error::Protocol(format!(
+        Some(theirs) => Err(SessionError::Refused(format!(
             "other relays of outbox {} run with {theirs} partitions, this one is configured with \
              {mine}; every relay of one outbox must use the same `partitions` (RelayBuilder::partitions). \
              This relay stands by and takes over when those relays are gone",
-            relay.outbox.tables().outbox
+            cx.tables.outbox
         ))),
     }
 }
 
-/// What the safety-poll probe found.
-struct Probe {
-    due: i64,
-    next_due_in: Option<Duration>,
-    relays: i64,
-}
-
-pub(crate) struct Session<'r, P> {
-    relay: &'r Relay<P, Postgres>,
+pub struct PgSession<'a> {
+    cx: Context<'a, Postgres>,
     conn: PgConnection,
     listener: PgListener,
     sql: Sql,
@@ -167,29 +173,40 @@ pub(crate) struct Session<'r, P> {
     slot: i32,
     owned: BTreeSet<i32>,
     relays: i64,
+    /// `relays` was just counted by a probe: the next ownership check rebalances with it.
+    relays_probed: bool,
+    next_rebalance: Instant,
     horizon: Horizon,
 }
 
-impl<'r, P: Publisher> Session<'r, P> {
-    /// Connects, registers, and publishes until shutdown (`Ok`) or a database error.
-    pub(crate) async fn run(
-        relay: &'r Relay<P, Postgres>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> SqlResult<()> {
-        let mut session = Session::connect(relay).await?;
-        let result = session.work(shutdown).await;
-        if result.is_ok() {
-            // Hand the partitions over at once instead of when the connection closes.
-            let _ = session.conn.close().await;
-        }
-        result
+impl std::fmt::Debug for PgSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSession")
+            .field("outbox", &self.cx.tables.outbox)
+            .field("slot", &self.slot)
+            .field("owned", &self.owned)
+            .finish_non_exhaustive()
     }
+}
 
-    async fn connect(relay: &'r Relay<P, Postgres>) -> SqlResult<Session<'r, P>> {
-        let tables = relay.outbox.tables();
-        let options = (*relay.outbox.pool().connect_options())
+impl Source for Postgres {
+    const POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+    type Session<'a> = PgSession<'a>;
+
+    fn open<'a>(
+        cx: Context<'a, Self>,
+    ) -> impl Future<Output = SessionResult<PgSession<'a>>> + Send + 'a {
+        PgSession::connect(cx)
+    }
+}
+
+impl<'a> PgSession<'a> {
+    async fn connect(cx: Context<'a, Postgres>) -> SessionResult<PgSession<'a>> {
+        let tables = cx.tables;
+        let options = (*cx.pool.connect_options())
             .clone()
-            .application_name(&relay.config.application_name);
+            .application_name(&cx.config.application_name);
         let mut conn = PgConnection::connect_with(&options).await?;
         // Notice a vanished relay host in ~25 s instead of the OS default of 2 hours, so its
         // partitions are taken over (the server drops the session and its locks).
@@ -201,7 +218,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 .fetch_one(&mut conn)
                 .await?;
         let seq_name = seq_name.ok_or_else(|| {
-            sqlx::Error::Protocol(format!(
+            SessionError::Refused(format!(
                 "the outbox table {} has no `seq` identity column; run the outbox migrations",
                 tables.outbox
             ))
@@ -213,7 +230,7 @@ impl<'r, P: Publisher> Session<'r, P> {
                 .fetch_one(&mut conn)
                 .await?;
         // Before taking a relay slot: a refused relay must not count as a relay.
-        register_partition_count(&mut conn, table_key, relay).await?;
+        register_partition_count(&mut conn, table_key, cx).await?;
         let slot: Option<i32> = sqlx::query_scalar(
             "SELECT s FROM generate_series(0, $3 - 1) AS s WHERE pg_try_advisory_lock($1, $2 + s) LIMIT 1",
         )
@@ -223,7 +240,7 @@ impl<'r, P: Publisher> Session<'r, P> {
         .fetch_optional(&mut conn)
         .await?;
         let slot = slot.ok_or_else(|| {
-            sqlx::Error::Protocol(format!(
+            SessionError::Refused(format!(
                 "more than {} relays on one outbox",
                 locks::MAX_RELAYS
             ))
@@ -241,12 +258,12 @@ impl<'r, P: Publisher> Session<'r, P> {
             &tables.outbox.quoted(),
             &seq_name,
             table_key,
-            relay.config.on_sent,
+            cx.config.on_sent,
         );
-        RelayStats::add(&relay.stats.queries, 5);
+        cx.count_queries(5);
         tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
-        Ok(Session {
-            relay,
+        Ok(PgSession {
+            cx,
             conn,
             listener,
             sql,
@@ -255,107 +272,25 @@ impl<'r, P: Publisher> Session<'r, P> {
             owned: BTreeSet::new(),
             relays: 1,
             horizon: Horizon::default(),
+            relays_probed: false,
+            next_rebalance: Instant::now(),
         })
     }
 
     fn count_queries(&self, n: u64) {
-        RelayStats::add(&self.relay.stats.queries, n);
+        self.cx.count_queries(n);
     }
 
-    async fn work(&mut self, shutdown: &mut watch::Receiver<bool>) -> SqlResult<()> {
-        let config = &self.relay.config;
-        let mut next_probe = Instant::now();
-        let mut next_rebalance = Instant::now();
-        let mut wake_for_retry: Option<Instant> = None;
-        loop {
-            if *shutdown.borrow() {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= next_probe {
-                let probe = self.probe().await?;
-                next_probe = now + config.poll_interval;
-                wake_for_retry = probe.next_due_in.map(|d| now + d);
-                self.relays = probe.relays;
-                self.rebalance().await?;
-                next_rebalance = now + config.rebalance_interval;
-                if probe.due == 0 {
-                    self.wait(shutdown, next_probe, wake_for_retry).await?;
-                    continue;
-                }
-            } else if now >= next_rebalance {
-                self.relays = self.count_relays().await?;
-                self.rebalance().await?;
-                next_rebalance = now + config.rebalance_interval;
-            }
-
-            let claimed = drain(self.relay, self, shutdown).await?;
-            if claimed > 0 {
-                continue; // there may be more
-            }
-            if self.horizon.waiting() {
-                // Writers were in flight: look again shortly (a rollback sends no notification).
-                let soon = Instant::now() + Duration::from_millis(5);
-                self.wait(shutdown, soon.min(next_probe), wake_for_retry)
-                    .await?;
-            } else {
-                self.wait(shutdown, next_probe, wake_for_retry).await?;
-            }
-            if wake_for_retry.is_some_and(|t| t <= Instant::now()) {
-                wake_for_retry = None;
-            }
-        }
-    }
-
-    /// Waits for a notification, a deadline, or shutdown. Notifications already buffered
-    /// are drained: one cycle serves them all.
-    async fn wait(
-        &mut self,
-        shutdown: &mut watch::Receiver<bool>,
-        until: Instant,
-        retry_at: Option<Instant>,
-    ) -> SqlResult<()> {
-        let until = retry_at.map_or(until, |r| r.min(until));
-        tokio::select! {
-            n = self.listener.try_recv() => {
-                // `None`: the listening connection was lost and is being re-established;
-                // notifications may have been missed, so run a cycle anyway.
-                n?;
-                while self.listener.next_buffered().is_some() {}
-            }
-            _ = tokio::time::sleep_until(until) => {}
-            _ = stopped(shutdown) => {}
-        }
-        Ok(())
-    }
-
-    async fn probe(&mut self) -> SqlResult<Probe> {
+    async fn count_relays(&mut self) -> SessionResult<i64> {
         self.count_queries(1);
-        let row = sqlx::query(&self.sql.probe)
+        Ok(sqlx::query_scalar(&self.sql.count_relays)
             .fetch_one(&mut self.conn)
-            .await?;
-        let pending: i64 = row.try_get("pending")?;
-        let oldest_age: f64 = row.try_get("oldest_age")?;
-        metrics::gauge!("outbox_pending").set(pending as f64);
-        metrics::gauge!("outbox_oldest_pending_age_seconds").set(oldest_age);
-        let next_due_in: Option<f64> = row.try_get("next_due_in")?;
-        Ok(Probe {
-            due: row.try_get("due")?,
-            next_due_in: next_due_in.map(|s| Duration::from_secs_f64(s.max(0.0))),
-            relays: row.try_get("relays")?,
-        })
-    }
-
-    async fn count_relays(&mut self) -> SqlResult<i64> {
-        self.count_queries(1);
-        sqlx::query_scalar(&self.sql.count_relays)
-            .fetch_one(&mut self.conn)
-            .await
+            .await?)
     }
 
     /// Takes or gives back partitions so that every relay holds its fair share.
-    async fn rebalance(&mut self) -> SqlResult<()> {
-        let total = i32::from(self.relay.config.partitions);
+    async fn rebalance(&mut self) -> SessionResult<()> {
+        let total = i32::from(self.cx.config.partitions);
         let relays = i32::try_from(self.relays.max(1)).unwrap_or(i32::MAX);
         let share = usize::try_from((total + relays - 1) / relays).unwrap_or(1);
         if self.owned.len() > share {
@@ -403,20 +338,21 @@ impl<'r, P: Publisher> Session<'r, P> {
         Ok(())
     }
 
-    async fn sample(&mut self) -> SqlResult<Sample> {
+    async fn sample(&mut self) -> SessionResult<Sample> {
         self.count_queries(2);
         // No arguments: the simple protocol runs both statements, each with its own snapshot.
         let rows = (&mut self.conn).fetch_all(self.sql.sample.as_str()).await?;
-        let text = |i: usize| -> SqlResult<String> {
+        let text = |i: usize| -> SessionResult<String> {
             rows.get(i)
                 .ok_or_else(|| {
-                    sqlx::Error::Protocol("horizon sample returned too few rows".to_owned())
+                    SessionError::Refused("the horizon sample returned too few rows".to_owned())
                 })?
                 .try_get::<String, _>(0)
+                .map_err(SessionError::from)
         };
-        let last_seq = text(0)?
-            .parse::<i64>()
-            .map_err(|e| sqlx::Error::Protocol(format!("bad sequence value: {e}")))?;
+        let last_seq = text(0)?.parse::<i64>().map_err(|e| {
+            SessionError::Refused(format!("the outbox sequence gave a bad value: {e}"))
+        })?;
         let writers = text(1)?;
         Ok(Sample {
             last_seq,
@@ -430,13 +366,13 @@ impl<'r, P: Publisher> Session<'r, P> {
 
     /// Claims the next batch: samples the horizon, then the oldest claimable rows of the
     /// owned partitions (after `after`, when a batch before them is still in flight).
-    async fn claim(&mut self, after: Option<i64>) -> SqlResult<Vec<OutboxRecord>> {
+    async fn claim_rows(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
         let sample = self.sample().await?;
         let horizon = self.horizon.observe(sample);
         if self.owned.is_empty() {
             return Ok(Vec::new());
         }
-        let config = &self.relay.config;
+        let config = self.cx.config;
         let filter: Option<Vec<i32>> = (self.owned.len() < usize::from(config.partitions))
             .then(|| self.owned.iter().copied().collect());
         self.count_queries(1);
@@ -448,36 +384,98 @@ impl<'r, P: Publisher> Session<'r, P> {
             .bind(after.unwrap_or(0))
             .bind(i64::try_from(config.max_batch_bytes).unwrap_or(i64::MAX))
             .fetch(&mut self.conn);
-        decode_each(rows, record).await
+        Ok(decode_each(rows, record).await?)
     }
 }
 
-impl<P: Publisher> Claims for Session<'_, P> {
-    async fn retrying_keys(&mut self) -> SqlResult<Vec<String>> {
+impl Session for PgSession<'_> {
+    /// The safety poll: pending and due rows, the next retry, and the relays (the
+    /// ownership check that follows rebalances with that count).
+    async fn probe(&mut self) -> SessionResult<Option<Probe>> {
         self.count_queries(1);
-        sqlx::query_scalar(&self.sql.retrying)
+        let row = sqlx::query(&self.sql.probe)
+            .fetch_one(&mut self.conn)
+            .await?;
+        let next_due_in: Option<f64> = row.try_get("next_due_in")?;
+        self.relays = row.try_get("relays")?;
+        self.relays_probed = true;
+        Ok(Some(Probe {
+            pending: row.try_get("pending")?,
+            oldest_age_seconds: row.try_get("oldest_age")?,
+            due: Some(row.try_get("due")?),
+            next_due_in: next_due_in.map(|s| Duration::from_secs_f64(s.max(0.0))),
+        }))
+    }
+
+    fn probe_interval(&self) -> Duration {
+        self.cx.config.poll_interval
+    }
+
+    /// Always the active relay (work is shared by partitions); rebalances after a probe
+    /// and every `rebalance_interval`.
+    async fn own(&mut self) -> SessionResult<bool> {
+        let now = Instant::now();
+        if self.relays_probed || now >= self.next_rebalance {
+            if !std::mem::take(&mut self.relays_probed) {
+                self.relays = self.count_relays().await?;
+            }
+            self.rebalance().await?;
+            self.next_rebalance = now + self.cx.config.rebalance_interval;
+        }
+        Ok(true)
+    }
+
+    /// Waits for a notification, `until`, or shutdown. Notifications already buffered
+    /// are drained: one cycle serves them all. While writers were in flight at the last
+    /// claim, looks again within 5 ms (a rollback sends no notification).
+    async fn wait(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        until: Instant,
+    ) -> SessionResult<()> {
+        let until = if self.horizon.waiting() {
+            until.min(Instant::now() + Duration::from_millis(5))
+        } else {
+            until
+        };
+        tokio::select! {
+            n = self.listener.try_recv() => {
+                // `None`: the listening connection was lost and is being re-established;
+                // notifications may have been missed, so run a cycle anyway.
+                n?;
+                while self.listener.next_buffered().is_some() {}
+            }
+            _ = tokio::time::sleep_until(until) => {}
+            _ = stopped(shutdown) => {}
+        }
+        Ok(())
+    }
+
+    async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
+        self.count_queries(1);
+        Ok(sqlx::query_scalar(&self.sql.retrying)
             .fetch_all(&mut self.conn)
-            .await
+            .await?)
     }
 
     fn claim(
         &mut self,
         after: Option<i64>,
-    ) -> impl std::future::Future<Output = SqlResult<Vec<OutboxRecord>>> + Send {
-        Session::claim(self, after)
+    ) -> impl Future<Output = SessionResult<Vec<OutboxRecord>>> + Send {
+        self.claim_rows(after)
     }
 
-    async fn mark(&mut self, seqs: &[i64]) -> SqlResult<()> {
+    async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
         self.count_queries(1);
         sqlx::query(&self.sql.mark)
-            .bind(seqs)
+            .bind(&outcome.sent)
             .execute(&mut self.conn)
             .await?;
         Ok(())
     }
 
-    async fn fail(&mut self, outcome: &Outcome) -> SqlResult<u64> {
-        let config = &self.relay.config;
+    async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
+        let config = self.cx.config;
         self.count_queries(1);
         let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
             .bind(&outcome.failed_seq)
@@ -490,21 +488,9 @@ impl<P: Publisher> Claims for Session<'_, P> {
             .await?;
         Ok(dead.iter().filter(|d| **d).count() as u64)
     }
-}
 
-fn record(row: &PgRow) -> SqlResult<OutboxRecord> {
-    let seq: i64 = row.try_get("seq")?;
-    let headers = headers(seq, &row.try_get::<String, _>("headers")?);
-    Ok(OutboxRecord {
-        seq,
-        id: row.try_get::<Uuid, _>("id")?,
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        payload: row.try_get("payload")?,
-        headers,
-        created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-        attempts: row.try_get("attempts")?,
-    })
+    async fn close(self) {
+        // Hands the partitions over at once instead of when the connection times out.
+        let _ = self.conn.close().await;
+    }
 }

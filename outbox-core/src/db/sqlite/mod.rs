@@ -1,9 +1,18 @@
-//! SQLite: one multi-row `INSERT` per flush; transactions from [`Outbox::begin`] start
-//! with `BEGIN IMMEDIATE`, taking SQLite's single write lock up front.
+//! SQLite: the write path (one multi-row `INSERT` per flush; transactions from
+//! [`Outbox::begin`] start with `BEGIN IMMEDIATE`, taking SQLite's single write lock up
+//! front), the migration dialect, and the [`Lite`] dialect the relay session and the
+//! stored-message SQL are rendered from (`dialect.rs`).
 //!
 //! SQLite has one writer at a time, so transactions that write outbox rows commit in the
 //! order their rows drew `seq` values: the relay needs no publish horizon. Readers (the
 //! relay's claims) don't wait for writers in WAL mode, which [`Outbox::open`] turns on.
+
+//!
+//! The relay: its own connection, polling. One relay per database file: SQLite has no
+//! session-scoped locks to share work or fence a second relay with, so a second relay on
+//! the same file would publish the same rows twice (never out of order).
+
+mod dialect;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -11,15 +20,18 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
-use tokio::sync::watch;
 
-use super::sqlite_like::insert_sql;
-use super::{Backend, Sealed};
+use super::lite::{Lite, insert_sql};
 use crate::config::{TableName, Tables};
-use crate::migrate::{self, SQLITE as MIGRATIONS};
-use crate::publisher::Publisher;
-use crate::relay::Relay;
+use crate::error::DbContext;
+use crate::migrate::{Migration, SQLITE as MIGRATIONS};
+use crate::store::schema::{self, Schema};
+use crate::store::{Sealed, Write};
 use crate::{Error, Outbox, OutboxMessage, Result};
+
+mod backend {
+    crate::db::lite::lite_backend!(sqlx::Sqlite);
+}
 
 /// Rows per `INSERT` statement: 7 bound values each stays under SQLite's limit of
 /// 32,766 variables. Commits with more events than this use several statements.
@@ -27,7 +39,7 @@ const ROWS_PER_INSERT: usize = 4000;
 
 impl Sealed for Sqlite {}
 
-impl Backend for Sqlite {
+impl Write for Sqlite {
     fn insert_messages<'c>(
         conn: &'c mut SqliteConnection,
         tables: &'c Tables,
@@ -39,21 +51,54 @@ impl Backend for Sqlite {
     // IMMEDIATE: take the write lock at once (waiting up to the busy timeout), so a
     // transaction that reads before it writes never fails to upgrade its lock.
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+}
+
+impl Schema for Sqlite {
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+    const TRANSACTIONAL_DDL: bool = true;
+
+    fn quote(table: &TableName) -> String {
+        table.quoted()
+    }
+
+    fn ensure_table(tables: &Tables) -> Vec<String> {
+        vec![format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+               version INTEGER PRIMARY KEY, description TEXT NOT NULL, checksum INTEGER NOT NULL, \
+               applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+            tables.migrations.quoted()
+        )]
+    }
+
+    /// The write lock for the whole migration: concurrent migrators wait, then find
+    /// nothing to do.
+    fn lock<'c>(conn: &'c mut SqliteConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute("BEGIN IMMEDIATE")
+                .await
+                .context("starting the migration transaction", &tables.migrations)?;
+            Ok(())
+        })
+    }
+
+    fn unlock<'c>(
+        conn: &'c mut SqliteConnection,
+        tables: &'c Tables,
+        ok: bool,
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute(if ok { "COMMIT" } else { "ROLLBACK" })
+                .await
+                .context("ending the migration transaction", &tables.migrations)?;
+            Ok(())
+        })
+    }
 
     fn migrate<'c>(
         pool: &'c sqlx::SqlitePool,
         tables: &'c Tables,
     ) -> BoxFuture<'c, Result<Vec<i64>>> {
-        Box::pin(migrate(pool, tables))
-    }
-
-    const RELAY_POLL_INTERVAL: Duration = Duration::from_millis(100);
-
-    fn relay_session<'r, P: Publisher>(
-        relay: &'r Relay<P, Sqlite>,
-        shutdown: &'r mut watch::Receiver<bool>,
-    ) -> BoxFuture<'r, std::result::Result<(), sqlx::Error>> {
-        Box::pin(crate::relay::sqlite::run(relay, shutdown))
+        Box::pin(schema::run(pool, tables))
     }
 }
 
@@ -62,7 +107,7 @@ async fn insert_messages(
     tables: &Tables,
     messages: &[OutboxMessage],
 ) -> Result<()> {
-    let outbox = tables.outbox.quoted();
+    let outbox = <Sqlite as Lite>::quote(&tables.outbox);
     for chunk in messages.chunks(ROWS_PER_INSERT) {
         let sql = insert_sql(&outbox, chunk.len());
         let mut query = sqlx::query(&sql);
@@ -76,83 +121,12 @@ async fn insert_messages(
                 .bind(m.payload.as_str())
                 .bind(m.headers_json()?);
         }
-        query.execute(&mut *conn).await.map_err(|e| {
-            Error::db(
-                "writing events to the outbox",
-                &tables.outbox.to_string(),
-                e,
-            )
-        })?;
+        query
+            .execute(&mut *conn)
+            .await
+            .context("writing events to the outbox", &tables.outbox)?;
     }
     Ok(())
-}
-
-async fn migrate(pool: &sqlx::SqlitePool, tables: &Tables) -> Result<Vec<i64>> {
-    let table = tables.migrations.to_string();
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| Error::db("connecting to migrate", &table, e))?;
-    // The write lock for the whole migration: concurrent migrators wait, then find nothing to do.
-    conn.execute("BEGIN IMMEDIATE")
-        .await
-        .map_err(|e| Error::db("starting the migration transaction", &table, e))?;
-    let result = apply(&mut conn, tables).await;
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    conn.execute(end)
-        .await
-        .map_err(|e| Error::db("ending the migration transaction", &table, e))?;
-    result
-}
-
-async fn apply(conn: &mut SqliteConnection, tables: &Tables) -> Result<Vec<i64>> {
-    let table = tables.migrations.to_string();
-    let migrations = tables.migrations.quoted();
-    conn.execute(
-        format!(
-            "CREATE TABLE IF NOT EXISTS {migrations} (\
-               version INTEGER PRIMARY KEY, description TEXT NOT NULL, checksum INTEGER NOT NULL, \
-               applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-        )
-        .as_str(),
-    )
-    .await
-    .map_err(|e| Error::db("creating the migrations table", &table, e))?;
-    let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
-        "SELECT version, description, checksum FROM {migrations} ORDER BY version"
-    ))
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| Error::db("reading the applied migrations", &table, e))?;
-    let mut done = Vec::new();
-    for m in migrate::pending(MIGRATIONS, &applied)? {
-        let sql = m.render(tables, TableName::quoted);
-        for statement in migrate::statements(&sql) {
-            conn.execute(statement.as_str())
-                .await
-                .map_err(|source| Error::Migration {
-                    version: m.version,
-                    description: m.description.to_owned(),
-                    problem: format!("failed: {source}; nothing was changed").into(),
-                })?;
-        }
-        sqlx::query(&format!(
-            "INSERT INTO {migrations} (version, description, checksum) VALUES (?, ?, ?)"
-        ))
-        .bind(m.version)
-        .bind(m.description)
-        .bind(m.checksum())
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| Error::db("recording a migration", &table, e))?;
-        tracing::info!(
-            version = m.version,
-            description = m.description,
-            "applied outbox migration"
-        );
-        done.push(m.version);
-    }
-    Ok(done)
 }
 
 impl Outbox<Sqlite> {

@@ -1,72 +1,25 @@
-//! The SQL behind [`Inbox`](crate::inbox::Inbox), [`Retention`](crate::retention::Retention)
-//! and [`Admin`](crate::admin::Admin), one implementation per database. Those types hold
-//! the logic (transactions, state checks, error messages, batching); this trait only runs
-//! statements. Not a public API: it changes without notice.
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod lite;
-#[cfg(feature = "postgres")]
-mod postgres;
+//! The SQL behind `Inbox`, `Retention` and `Admin`, implemented by each database module
+//! (`db/<database>/`). Those services hold the logic (transactions, state checks, error
+//! messages, batching); this trait only runs statements, over the data types of
+//! [`model`](crate::model). Not a public API: it changes without notice.
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
-use crate::admin::{ListFilter, MessageInfo, MessageState, Status};
 use crate::config::Tables;
+use crate::model::{ListFilter, MessageInfo, MessageState, Status};
+pub use crate::model::{SentBatch, Which};
 
 /// A statement's result.
 pub type SqlResult<T> = std::result::Result<T, sqlx::Error>;
-
-/// Which messages a listing or a re-queue works on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Which {
-    /// Pending, in retry or not.
-    Pending,
-    /// Pending and waiting for a retry.
-    InRetry,
-    /// Sent.
-    Sent,
-    /// Dead-lettered.
-    Dead,
-}
-
-impl Which {
-    /// The `WHERE` condition, the same on every database.
-    pub(crate) fn condition(self) -> &'static str {
-        match self {
-            Which::Pending => "sent_at IS NULL AND dead_at IS NULL",
-            Which::InRetry => "sent_at IS NULL AND dead_at IS NULL AND attempts > 0",
-            Which::Sent => "sent_at IS NOT NULL",
-            Which::Dead => "dead_at IS NOT NULL",
-        }
-    }
-
-    /// What re-queuing messages in this state clears (`sent_at` or `dead_at`).
-    pub(crate) fn requeue_set(self) -> &'static str {
-        match self {
-            Which::Dead => "dead_at = NULL",
-            _ => "sent_at = NULL",
-        }
-    }
-}
-
-/// What re-queuing (replay, release) sets besides the state column: attempts and error
-/// reset, and `next_attempt_at` = `now` (the database's clock expression). The message is
-/// due at once and, like a row waiting for a retry, holds back the later pending messages
-/// of its key (the relay's claim skips rows behind a pending row with a `next_attempt_at`),
-/// also in a drain already under way whose prefetched batches start after it: it goes out
-/// before them. It is not "in retry": that is a pending row with failed attempts.
-pub(crate) fn requeue_reset(now: &str) -> String {
-    format!("attempts = 0, next_attempt_at = {now}, last_error = NULL")
-}
 
 /// Per-database statements for the inbox, retention and admin operations.
 ///
 /// Methods taking `conn` run inside the caller's transaction; the others take a
 /// connection from the pool.
 pub trait Ops: sqlx::Database {
-    /// How [`Admin`](crate::admin::Admin) and retention begin their write transactions
+    /// How `Admin` and retention begin their write transactions
     /// (`None`: the driver's `BEGIN`). MySQL: at `READ COMMITTED`, set in the same round
     /// trip as `START TRANSACTION` (so it can never outlive it on a pooled connection),
     /// which keeps InnoDB's next-key locks off the index gap where writers append
@@ -190,33 +143,4 @@ pub trait Ops: sqlx::Database {
     ) -> BoxFuture<'c, SqlResult<()>> {
         Box::pin(async { Ok(()) })
     }
-}
-
-/// What one retention batch of sent messages did.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SentBatch {
-    /// Rows deleted.
-    pub deleted: u64,
-    /// Rows the batch took on (at most `limit`; fewer means the run is done). Can exceed
-    /// `deleted` when a message was re-queued between finding and deleting it.
-    pub found: u64,
-    /// The largest `seq` the batch covered.
-    pub last: Option<i64>,
-}
-
-/// Converts a count from the database.
-pub(crate) fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
-/// Folds per-destination counts into the totals of `status`.
-pub(crate) fn total(status: &mut Status) {
-    status.pending = status.destinations.iter().map(|d| d.pending).sum();
-    status.in_retry = status.destinations.iter().map(|d| d.in_retry).sum();
-    status.dead = status.destinations.iter().map(|d| d.dead).sum();
-    status.oldest_pending_age_seconds = status
-        .destinations
-        .iter()
-        .filter_map(|d| d.oldest_pending_age_seconds)
-        .reduce(f64::max);
 }

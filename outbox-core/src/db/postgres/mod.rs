@@ -1,21 +1,24 @@
-//! PostgreSQL: one `INSERT ... SELECT FROM UNNEST(...)` per flush, `pg_notify` at commit.
+//! PostgreSQL: the write path (one `INSERT ... SELECT FROM UNNEST(...)` per flush,
+//! `pg_notify` at commit), the migration dialect, the stored-message SQL (`ops.rs`) and
+//! the relay session (`session.rs`, with its publish horizon in `horizon.rs`).
 
-use std::time::Duration;
+mod horizon;
+mod ops;
+mod session;
 
 use futures_util::future::BoxFuture;
-use sqlx::{Connection, Executor, PgConnection, Postgres};
-use tokio::sync::watch;
+use sqlx::{Executor, PgConnection, Postgres};
 
-use super::{Backend, Sealed};
-use crate::config::{TableName, Tables, locks};
-use crate::migrate::POSTGRES as MIGRATIONS;
-use crate::publisher::Publisher;
-use crate::relay::Relay;
-use crate::{Error, OutboxMessage, Result};
+use crate::config::{TableName, Tables};
+use crate::error::DbContext;
+use crate::migrate::{Migration, POSTGRES as MIGRATIONS};
+use crate::store::schema::{self, Schema};
+use crate::store::{Sealed, Write};
+use crate::{Error, Outbox, OutboxMessage, Result};
 
 impl Sealed for Postgres {}
 
-impl Backend for Postgres {
+impl Write for Postgres {
     fn insert_messages<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
@@ -34,19 +37,109 @@ impl Backend for Postgres {
             Ok(true)
         })
     }
+}
+
+impl Schema for Postgres {
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+    const TRANSACTIONAL_DDL: bool = true;
+    const THREE_PARAMS: &'static str = "$1, $2, $3";
+
+    fn quote(table: &TableName) -> String {
+        table.quoted()
+    }
+
+    fn ensure_table(tables: &Tables) -> Vec<String> {
+        let schema = tables.outbox.schema();
+        schema
+            .map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""))
+            .into_iter()
+            .chain([format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
+                   version bigint PRIMARY KEY, \
+                   description text NOT NULL, \
+                   checksum bigint NOT NULL, \
+                   applied_at timestamptz NOT NULL DEFAULT now())",
+                tables.migrations.quoted()
+            )])
+            .collect()
+    }
+
+    /// The whole file at once (the simple protocol runs its statements in order).
+    fn statements(migration: &Migration, tables: &Tables) -> Vec<String> {
+        vec![migration.render(tables, TableName::quoted)]
+    }
+
+    /// A transaction holding an advisory lock on the outbox's name until it ends.
+    fn lock<'c>(conn: &'c mut PgConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute("BEGIN")
+                .await
+                .context("starting the migration transaction", &tables.migrations)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!("outbox-migrate:{}", tables.outbox))
+                .execute(conn)
+                .await
+                .context("locking the migrations", &tables.migrations)?;
+            Ok(())
+        })
+    }
+
+    fn unlock<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        ok: bool,
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute(if ok { "COMMIT" } else { "ROLLBACK" })
+                .await
+                .context("committing the migrations", &tables.migrations)?;
+            Ok(())
+        })
+    }
 
     fn migrate<'c>(pool: &'c sqlx::PgPool, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>> {
-        Box::pin(migrate(pool, tables))
+        Box::pin(schema::run(pool, tables))
+    }
+}
+
+impl Outbox<Postgres> {
+    /// Connects to PostgreSQL at `url` with a default pool and the default table names.
+    ///
+    /// The error names the server (without the password) and says what to check.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Ok(Outbox::new(super::connect::pool(url).await?))
     }
 
-    const RELAY_POLL_INTERVAL: Duration = Duration::from_secs(5);
-
-    fn relay_session<'r, P: Publisher>(
-        relay: &'r Relay<P, Postgres>,
-        shutdown: &'r mut watch::Receiver<bool>,
-    ) -> BoxFuture<'r, std::result::Result<(), sqlx::Error>> {
-        Box::pin(crate::relay::postgres::Session::run(relay, shutdown))
+    /// The `LISTEN`/`NOTIFY` channel notified at every commit that wrote events:
+    /// `outbox_<oid of the outbox table>`, so outboxes in different schemas never wake
+    /// each other's relays.
+    pub async fn notify_channel(&self) -> Result<String> {
+        let outbox = &self.tables().outbox;
+        sqlx::query_scalar("SELECT 'outbox_' || $1::text::regclass::oid::text")
+            .bind(outbox.quoted())
+            .fetch_one(self.pool())
+            .await
+            .context("resolving the notification channel", outbox)
     }
+}
+
+/// Advisory locks of one outbox table use the two-key form `(table oid as int4, id)`,
+/// so outboxes in different schemas or with different names never share a lock.
+pub(crate) mod locks {
+    /// Held shared by every transaction writing outbox rows, from before its rows draw
+    /// `seq` values until it ends.
+    pub(crate) const WRITERS: i32 = 0;
+    /// `PARTITIONS + p`: held by the relay publishing partition `p`.
+    pub(crate) const PARTITIONS: i32 = 1_000_000;
+    /// `RELAYS + slot`: held by each running relay (one slot each), to count them.
+    pub(crate) const RELAYS: i32 = 2_000_000;
+    /// Relay slots per outbox.
+    pub(crate) const MAX_RELAYS: i32 = 4096;
+    /// `PARTITION_COUNT + n`: held shared by every running relay configured with `n`
+    /// partitions, so that a relay configured differently can see it and stand by.
+    pub(crate) const PARTITION_COUNT: i32 = 3_000_000;
+    /// Held for a moment while a relay checks and registers its partition count.
+    pub(crate) const PARTITION_COUNT_CHECK: i32 = 2_999_999;
 }
 
 /// The flush statement. Before the rows draw their `seq` values (the materialized CTE
@@ -198,7 +291,6 @@ async fn write_commit_and_begin(
     tables: &Tables,
     messages: &[OutboxMessage],
 ) -> Result<()> {
-    let table = tables.outbox.to_string();
     // In an aborted transaction the first statement fails (25P02) and nothing after it
     // runs: `COMMIT` alone would answer `ROLLBACK` without an error.
     let mut sql = if messages.is_empty() {
@@ -208,9 +300,10 @@ async fn write_commit_and_begin(
     };
     sql.push_str("; COMMIT; BEGIN");
     // No arguments: the simple protocol runs the statements in one round trip.
-    conn.execute(sql.as_str())
-        .await
-        .map_err(|e| Error::db("writing events to the outbox and committing", &table, e))?;
+    conn.execute(sql.as_str()).await.context(
+        "writing events to the outbox and committing",
+        &tables.outbox,
+    )?;
     Ok(())
 }
 
@@ -249,93 +342,8 @@ async fn insert_messages(
         .bind(&headers)
         .execute(conn)
         .await
-        .map_err(|e| {
-            Error::db(
-                "writing events to the outbox",
-                &tables.outbox.to_string(),
-                e,
-            )
-        })?;
+        .context("writing events to the outbox", &tables.outbox)?;
     Ok(())
-}
-
-async fn migrate(pool: &sqlx::PgPool, tables: &Tables) -> Result<Vec<i64>> {
-    let table = tables.migrations.to_string();
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| Error::db("connecting to migrate", &table, e))?;
-    let mut tx = conn
-        .begin()
-        .await
-        .map_err(|e| Error::db("starting the migration transaction", &table, e))?;
-    // One migrator at a time per outbox table; others wait here, then find nothing to do.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("outbox-migrate:{}", tables.outbox))
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| Error::db("locking the migrations", &table, e))?;
-    if let Some(schema) = tables.outbox.schema() {
-        let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
-        (&mut *tx)
-            .execute(sql.as_str())
-            .await
-            .map_err(|e| Error::db("creating the outbox schema", &table, e))?;
-    }
-    let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {} (\
-           version bigint PRIMARY KEY, \
-           description text NOT NULL, \
-           checksum bigint NOT NULL, \
-           applied_at timestamptz NOT NULL DEFAULT now())",
-        tables.migrations.quoted()
-    );
-    (&mut *tx)
-        .execute(sql.as_str())
-        .await
-        .map_err(|e| Error::db("creating the migrations table", &table, e))?;
-
-    let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
-        "SELECT version, description, checksum FROM {} ORDER BY version",
-        tables.migrations.quoted()
-    ))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(|e| Error::db("reading the applied migrations", &table, e))?;
-
-    let pending = crate::migrate::pending(MIGRATIONS, &applied)?;
-    let mut done = Vec::new();
-    for m in pending {
-        let sql = m.render(tables, TableName::quoted);
-        (&mut *tx)
-            .execute(sql.as_str())
-            .await
-            .map_err(|source| Error::Migration {
-                version: m.version,
-                description: m.description.to_owned(),
-                problem: format!("failed: {source}; nothing was changed").into(),
-            })?;
-        sqlx::query(&format!(
-            "INSERT INTO {} (version, description, checksum) VALUES ($1, $2, $3)",
-            tables.migrations.quoted()
-        ))
-        .bind(m.version)
-        .bind(m.description)
-        .bind(m.checksum())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| Error::db("recording a migration", &table, e))?;
-        tracing::info!(
-            version = m.version,
-            description = m.description,
-            "applied outbox migration"
-        );
-        done.push(m.version);
-    }
-    tx.commit()
-        .await
-        .map_err(|e| Error::db("committing the migrations", &table, e))?;
-    Ok(done)
 }
 
 #[cfg(test)]

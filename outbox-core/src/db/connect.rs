@@ -1,0 +1,125 @@
+//! Connecting a pool from a URL, the same way for every database with a server.
+
+use sqlx::{ConnectOptions as _, Connection};
+
+use crate::{Error, Result};
+
+/// A pool connected to `url`. One direct connection is made first: a pool retries until
+/// its acquire timeout (30 s), while a server that is down should be reported at once.
+/// Errors name the server without its password ([`Error::Unavailable`]), or say what the
+/// server refused ([`Error::Database`]).
+pub(crate) async fn pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>> {
+    let target = format!(" at {}", redact_url(url));
+    let classify = |source: sqlx::Error| match source {
+        sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
+            context: "connecting to the database",
+            source,
+        },
+        source => Error::Unavailable {
+            target: target.clone(),
+            source,
+        },
+    };
+    let options: <DB::Connection as Connection>::Options = url.parse().map_err(classify)?;
+    options
+        .connect()
+        .await
+        .map_err(classify)?
+        .close()
+        .await
+        .map_err(classify)?;
+    sqlx::pool::PoolOptions::<DB>::new()
+        .connect_with(options)
+        .await
+        .map_err(classify)
+}
+
+/// Removes the password from a database URL so it can be shown in an error or a log line.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparseable url>".to_owned();
+    };
+    // The user information ends at the last `@`: a password may hold `/`, `?` or `@`
+    // unencoded, a host never holds `@`. (An `@` in the query makes the host look like
+    // user information: shown redacted rather than risk showing a password.)
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let (host, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    // Query parameters can carry secrets too (`?password=...`, `?sslpassword=...`).
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) if is_secret_parameter(name) && !value.is_empty() => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    match userinfo {
+        Some(userinfo) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{user}@{host}{tail}")
+            }
+        }
+        None => format!("{scheme}://{host}{tail}"),
+    }
+}
+
+/// Whether a URL query parameter named `name` holds a secret.
+fn is_secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth", "credential"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(
+            redact_url("postgres://bob:s3cret@db:5432/app?sslmode=require"),
+            "postgres://bob:***@db:5432/app?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://bob@db/app"), "postgres://bob@db/app");
+        assert_eq!(redact_url("postgres://db/app"), "postgres://db/app");
+        assert_eq!(redact_url("not a url"), "<unparseable url>");
+        assert_eq!(
+            redact_url("postgres://bob@db/app?sslmode=require&password=s3cret&sslpassword=k3y"),
+            "postgres://bob@db/app?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(
+            redact_url("mysql://db?PASSWORD=s3cret"),
+            "mysql://db?PASSWORD=***"
+        );
+        // Passwords with unencoded `?`, `/` or `@` (not valid URLs, so the driver's own
+        // error would come with the URL as given).
+        for (url, shown) in [
+            ("postgres://bob:pa?ss@db/app", "postgres://bob:***@db/app"),
+            (
+                "postgres://bob:pa/ss@db:5432/app",
+                "postgres://bob:***@db:5432/app",
+            ),
+            ("postgres://bob:p@ss@db/app", "postgres://bob:***@db/app"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+            assert!(!redact_url(url).contains("ss@"), "{url}");
+        }
+    }
+}

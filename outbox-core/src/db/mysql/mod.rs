@@ -1,0 +1,251 @@
+//! MySQL/MariaDB: the write path (one multi-row `INSERT` per flush, preceded by a lock
+//! on the outbox's writer-lock row), the migration dialect, and the [`Lite`] dialect the
+//! relay session and the stored-message SQL are rendered from (`dialect.rs`).
+//!
+//! InnoDB hands out AUTO_INCREMENT values at insert time, not at commit, so a transaction
+//! holding a smaller `seq` can commit after one holding a larger `seq`. A relay reading in
+//! `seq` order could then publish the larger one first and break per-key order. To rule
+//! that out, every transaction that writes outbox rows first locks the single row of
+//! `<outbox>_lock` (`SELECT ... FOR UPDATE`) and keeps it until it commits or rolls back:
+//! outbox writers run their INSERT-to-COMMIT stretch one at a time, so rows become visible
+//! in `seq` order and the relay needs no horizon. The price: transactions that emit
+//! events serialize from their flush (normally the commit) to their commit.
+
+//!
+//! The relay: its own connection, polling, and one active relay per outbox at a time.
+//! Ownership is a named lock (`GET_LOCK`) held by the relay's connection: other relays
+//! stand by and try to take it every poll. A relay that dies loses its connection and
+//! with it the lock; it cannot mark anything afterwards, because claims and marks go
+//! through that same connection. One publisher at a time plus writers that commit in
+//! `seq` order keeps per-key order with any number of relays and late commits; scaling
+//! out is PostgreSQL's partitioned relay's job.
+
+mod dialect;
+
+use futures_util::future::BoxFuture;
+use sqlx::{Executor, MySql, MySqlConnection};
+
+use super::lite::{Lite, insert_sql};
+use crate::config::{TableName, Tables};
+use crate::error::DbContext;
+use crate::migrate::{MYSQL as MIGRATIONS, Migration};
+use crate::store::schema::{self, Schema};
+use crate::store::{Sealed, Write};
+use crate::{Error, Outbox, OutboxMessage, Result};
+
+mod backend {
+    crate::db::lite::lite_backend!(sqlx::MySql);
+}
+
+/// Rows per `INSERT` statement: 7 placeholders each stays under MySQL's 65,535.
+const ROWS_PER_INSERT: usize = 9000;
+
+/// Bytes of values per `INSERT` statement: far below the smallest default
+/// `max_allowed_packet` (4 MiB on MySQL 5.7, 16 MiB on MariaDB, 64 MiB on MySQL 8), so a
+/// large commit takes a few more statements instead of being refused.
+const BYTES_PER_INSERT: usize = 2 * 1024 * 1024;
+
+/// The prefix of the named lock the active relay holds (see [`lock_name`]).
+const RELAY_LOCK: &str = "outbox-relay:";
+
+/// The prefix of the named lock a migrator holds.
+const MIGRATE_LOCK: &str = "outbox-migrate:";
+
+impl Sealed for MySql {}
+
+impl Write for MySql {
+    fn insert_messages<'c>(
+        conn: &'c mut MySqlConnection,
+        tables: &'c Tables,
+        messages: &'c [OutboxMessage],
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(insert_messages(conn, tables, messages))
+    }
+}
+
+impl Schema for MySql {
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+    // DDL commits implicitly: a transaction cannot hold a migration together.
+    const TRANSACTIONAL_DDL: bool = false;
+
+    fn quote(table: &TableName) -> String {
+        table.backticked()
+    }
+
+    fn quote_ident(name: &str) -> String {
+        format!("`{name}`")
+    }
+
+    fn ensure_table(tables: &Tables) -> Vec<String> {
+        let migrations = tables.migrations.backticked();
+        tables
+            .outbox
+            .schema()
+            .map(|s| format!("CREATE DATABASE IF NOT EXISTS `{s}`"))
+            .into_iter()
+            .chain([format!(
+                "CREATE TABLE IF NOT EXISTS {migrations} (\
+                   version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, checksum BIGINT NOT NULL, \
+                   applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+            )])
+            .collect()
+    }
+
+    /// A named lock (one migrator per outbox table; others wait up to 60 s).
+    fn lock<'c>(conn: &'c mut MySqlConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            let got: Option<i64> =
+                sqlx::query_scalar(&format!("SELECT GET_LOCK({}, 60)", lock_name(MIGRATE_LOCK)))
+                    .bind(tables.outbox.schema())
+                    .bind(tables.outbox.name())
+                    .fetch_one(conn)
+                    .await
+                    .context("locking the migrations", &tables.migrations)?;
+            if got != Some(1) {
+                return Err(Error::Migration {
+                    version: 0,
+                    description: "lock".to_owned(),
+                    problem: "could not take the migration lock within 60 s: another migration is running"
+                        .into(),
+                });
+            }
+            Ok(())
+        })
+    }
+
+    fn unlock<'c>(
+        conn: &'c mut MySqlConnection,
+        tables: &'c Tables,
+        _ok: bool,
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            // Closing the connection would release it too: a failure here is no failure.
+            let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({})", lock_name(MIGRATE_LOCK)))
+                .bind(tables.outbox.schema())
+                .bind(tables.outbox.name())
+                .execute(conn)
+                .await;
+            Ok(())
+        })
+    }
+
+    fn migrate<'c>(
+        pool: &'c sqlx::MySqlPool,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, Result<Vec<i64>>> {
+        Box::pin(schema::run(pool, tables))
+    }
+}
+
+impl Outbox<MySql> {
+    /// Connects to MySQL/MariaDB at `url` (`mysql://user:pass@host/db`) with a default pool
+    /// and the default table names. Sessions use UTC (sqlx's default `time_zone`).
+    /// (Not called `connect` so that `Outbox::connect` keeps naming the PostgreSQL
+    /// constructor when several database features are on.)
+    pub async fn connect_mysql(url: &str) -> Result<Self> {
+        Ok(Outbox::new(super::connect::pool(url).await?))
+    }
+}
+
+async fn insert_messages(
+    conn: &mut MySqlConnection,
+    tables: &Tables,
+    messages: &[OutboxMessage],
+) -> Result<()> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let table = &tables.outbox;
+    let lock = tables.outbox.with_suffix("_lock").backticked();
+    conn.execute(format!("SELECT id FROM {lock} WHERE id = 1 FOR UPDATE").as_str())
+        .await
+        .context("taking the outbox writer lock", table)?;
+    let outbox = <MySql as Lite>::quote(&tables.outbox);
+    for chunk in chunks(messages, ROWS_PER_INSERT, BYTES_PER_INSERT) {
+        let sql = insert_sql(&outbox, chunk.len());
+        let mut query = sqlx::query(&sql);
+        for m in chunk {
+            query = query
+                .bind(m.id.to_string())
+                .bind(m.event_type.as_str())
+                .bind(m.event_version)
+                .bind(m.destination.as_str())
+                .bind(m.partition_key.as_deref())
+                .bind(m.payload.as_str())
+                .bind(m.headers_json()?);
+        }
+        query
+            .execute(&mut *conn)
+            .await
+            .context("writing events to the outbox", table)?;
+    }
+    Ok(())
+}
+
+/// The SQL expression naming a server-wide lock (`GET_LOCK`) for one outbox table:
+/// `prefix` plus the SHA-1 of `database.table`, so that outboxes in different databases
+/// of one server never share a lock. Binds the table's schema (`NULL`: the connection's
+/// database), then its name.
+fn lock_name(prefix: &str) -> String {
+    format!("CONCAT('{prefix}', SHA1(CONCAT(COALESCE(?, DATABASE()), '.', ?)))")
+}
+
+/// Splits `messages`, in order, into runs of at most `max_rows` messages and at most
+/// about `max_bytes` of values (a message larger than that goes alone): one `INSERT`
+/// each. The byte bound keeps a statement under the server's packet limit (MySQL's
+/// `max_allowed_packet`), which 9,000 large rows would exceed. (SQLite has no such
+/// limit on bound values; its store splits by rows only.)
+pub(crate) fn chunks(
+    messages: &[OutboxMessage],
+    max_rows: usize,
+    max_bytes: usize,
+) -> Vec<&[OutboxMessage]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, m) in messages.iter().enumerate() {
+        let size = 64 // the id, the version, the statement's own text per row
+            + m.event_type.len()
+            + m.destination.len()
+            + m.partition_key.as_ref().map_or(0, String::len)
+            + m.payload.len()
+            + m.headers.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
+        if i > start && (i - start == max_rows || bytes + size > max_bytes) {
+            out.push(&messages[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < messages.len() {
+        out.push(&messages[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_bounded_by_rows_and_bytes_and_keep_the_order() {
+        let m = |n: usize| OutboxMessage::new("T", "d", "x".repeat(n));
+        let messages: Vec<OutboxMessage> = [10, 10, 10, 500, 10, 2000, 10].map(m).into();
+        let sizes = |max_rows, max_bytes| -> Vec<usize> {
+            chunks(&messages, max_rows, max_bytes)
+                .iter()
+                .map(|c| c.len())
+                .collect()
+        };
+        assert_eq!(sizes(1000, usize::MAX), vec![7]);
+        assert_eq!(sizes(3, usize::MAX), vec![3, 3, 1]);
+        // 76 bytes each for the small ones, 566 and 2066 for the large ones.
+        assert_eq!(sizes(1000, 700), vec![3, 2, 1, 1]);
+        assert_eq!(
+            sizes(1000, 1),
+            vec![1; 7],
+            "a message over the budget goes alone"
+        );
+        let flat: Vec<OutboxMessage> = chunks(&messages, 2, 300).concat();
+        assert_eq!(flat, messages, "in order, each once");
+        assert!(chunks(&[], 10, 10).is_empty());
+    }
+}

@@ -1,0 +1,293 @@
+//! The data the stored-message operations exchange: message states, listings, status
+//! counts, and the SQL conditions that define each state. A leaf: the SQL layer (`ops`),
+//! the database modules and the services (`admin`, `retention`) all use it, and it uses
+//! none of them. The public types are re-exported by `admin`, where users find them.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageState {
+    /// Waiting for the relay.
+    Pending,
+    /// Pending, after a failed attempt: waits for `next_attempt_at`, and holds back the
+    /// later messages of its partition key until then.
+    InRetry,
+    /// Acknowledged by the broker.
+    Sent,
+    /// Dead-lettered: no more attempts until released.
+    Dead,
+}
+
+impl MessageState {
+    /// How the state is written in messages: `pending`, `in retry`, `sent`, `dead-lettered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::InRetry => "in retry",
+            MessageState::Sent => "sent",
+            MessageState::Dead => "dead-lettered",
+        }
+    }
+
+    pub(crate) fn of(sent: bool, dead: bool, retrying: bool) -> MessageState {
+        match (sent, dead, retrying) {
+            (true, _, _) => MessageState::Sent,
+            (_, true, _) => MessageState::Dead,
+            (_, _, true) => MessageState::InRetry,
+            _ => MessageState::Pending,
+        }
+    }
+}
+
+impl fmt::Display for MessageState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One stored message, as listed by `Admin::pending` and `Admin::dead`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct MessageInfo {
+    /// Relay order.
+    pub seq: i64,
+    /// The message id.
+    pub id: Uuid,
+    /// Where it is in its life.
+    pub state: MessageState,
+    /// The event type name.
+    pub event_type: String,
+    /// The payload's schema version.
+    pub event_version: Option<i32>,
+    /// Topic, exchange or subject.
+    pub destination: String,
+    /// The partition key.
+    pub partition_key: Option<String>,
+    /// When the writing transaction started.
+    pub created_at: DateTime<Utc>,
+    /// When the broker acknowledged it.
+    pub sent_at: Option<DateTime<Utc>>,
+    /// Failed publish attempts.
+    pub attempts: i32,
+    /// Retry not before.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered.
+    pub dead_at: Option<DateTime<Utc>>,
+    /// The payload.
+    pub payload: serde_json::Value,
+    /// The stored headers.
+    pub headers: serde_json::Value,
+}
+
+/// Which messages `Admin::pending` and `Admin::dead` list. `Default` lists the first
+/// 100 in `seq` order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only this destination.
+    pub destination: Option<String>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this partition key.
+    pub key: Option<String>,
+    /// Only messages created at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only messages created before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Pending listing only: just the messages in retry.
+    pub in_retry_only: bool,
+    /// At most this many (the oldest first).
+    pub limit: u32,
+}
+
+impl Default for ListFilter {
+    fn default() -> Self {
+        ListFilter {
+            destination: None,
+            event_type: None,
+            key: None,
+            since: None,
+            until: None,
+            in_retry_only: false,
+            limit: 100,
+        }
+    }
+}
+
+/// Counts per destination; see [`Status`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct DestinationStatus {
+    /// The destination.
+    pub destination: String,
+    /// Messages waiting for the relay, including those in retry.
+    pub pending: i64,
+    /// Pending messages waiting for a retry after a failure.
+    pub in_retry: i64,
+    /// Dead-lettered messages.
+    pub dead: i64,
+    /// Age of the oldest pending message, from its `created_at`.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// What `Admin::status` reports: the state of the queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Status {
+    /// The outbox table.
+    pub table: String,
+    /// Messages waiting for the relay, including those in retry.
+    pub pending: i64,
+    /// Pending messages waiting for a retry after a failure.
+    pub in_retry: i64,
+    /// Dead-lettered messages.
+    pub dead: i64,
+    /// Age of the oldest pending message (the relay's `outbox_oldest_pending_age_seconds`).
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Relays connected to this outbox now (PostgreSQL: relays holding a session; MySQL:
+    /// 1 if the active relay holds its lock, standbys not counted). `None` on SQLite,
+    /// where relays leave no trace to count.
+    pub relays: Option<i64>,
+    /// All rows of the table, sent ones included, estimated so as not to scan the
+    /// history: PostgreSQL's `reltuples` (updated by `ANALYZE`/autovacuum), InnoDB's
+    /// `TABLE_ROWS`, SQLite's `seq` span (gaps left by deleted rows included); -1 if
+    /// the database has no estimate yet.
+    pub rows_estimate: i64,
+    /// The same counts per destination, for destinations with pending or dead messages.
+    pub destinations: Vec<DestinationStatus>,
+}
+
+/// What `Admin::purge` deleted, or would delete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// Sent messages.
+    pub sent: u64,
+    /// Dead-lettered messages.
+    pub dead: u64,
+    /// Nothing was deleted: these are the counts a real run would delete now.
+    pub dry_run: bool,
+}
+
+/// Which messages a listing or a re-queue works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Pending, in retry or not.
+    Pending,
+    /// Pending and waiting for a retry.
+    InRetry,
+    /// Sent.
+    Sent,
+    /// Dead-lettered.
+    Dead,
+}
+
+impl Which {
+    /// The `WHERE` condition, the same on every database.
+    pub(crate) fn condition(self) -> &'static str {
+        match self {
+            Which::Pending => state::PENDING,
+            Which::InRetry => concat!(state::pending_condition!(), " AND attempts > 0"),
+            Which::Sent => "sent_at IS NOT NULL",
+            Which::Dead => "dead_at IS NOT NULL",
+        }
+    }
+
+    /// What re-queuing messages in this state clears (`sent_at` or `dead_at`).
+    pub(crate) fn requeue_set(self) -> &'static str {
+        match self {
+            Which::Dead => "dead_at = NULL",
+            _ => "sent_at = NULL",
+        }
+    }
+}
+
+/// What re-queuing (replay, release) sets besides the state column: attempts and error
+/// reset, and `next_attempt_at` = `now` (the database's clock expression). The message is
+/// due at once and, like a row waiting for a retry, holds back the later pending messages
+/// of its key (the relay's claim skips rows behind a pending row with a `next_attempt_at`),
+/// also in a drain already under way whose prefetched batches start after it: it goes out
+/// before them. It is not "in retry": that is a pending row with failed attempts.
+pub(crate) fn requeue_reset(now: &str) -> String {
+    format!("attempts = 0, next_attempt_at = {now}, last_error = NULL")
+}
+
+/// What one retention batch of sent messages did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SentBatch {
+    /// Rows deleted.
+    pub deleted: u64,
+    /// Rows the batch took on (at most `limit`; fewer means the run is done). Can exceed
+    /// `deleted` when a message was re-queued between finding and deleting it.
+    pub found: u64,
+    /// The largest `seq` the batch covered.
+    pub last: Option<i64>,
+}
+
+/// Converts a count from the database.
+pub(crate) fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// Folds per-destination counts into the totals of `status`.
+pub(crate) fn total(status: &mut Status) {
+    status.pending = status.destinations.iter().map(|d| d.pending).sum();
+    status.in_retry = status.destinations.iter().map(|d| d.in_retry).sum();
+    status.dead = status.destinations.iter().map(|d| d.dead).sum();
+    status.oldest_pending_age_seconds = status
+        .destinations
+        .iter()
+        .filter_map(|d| d.oldest_pending_age_seconds)
+        .reduce(f64::max);
+}
+
+/// The SQL conditions of each state, said once. Columns are unqualified; the claim
+/// statements, which join the table to itself, use the `o.`/`r.` forms.
+pub(crate) mod state {
+    /// Not sent and not dead-lettered: waiting for the relay (in retry or not).
+    macro_rules! pending_condition {
+        () => {
+            "sent_at IS NULL AND dead_at IS NULL"
+        };
+    }
+    pub(crate) use pending_condition;
+
+    /// Not sent and not dead-lettered: waiting for the relay (in retry or not).
+    pub(crate) const PENDING: &str = pending_condition!();
+
+    /// [`PENDING`] for the row aliased `alias`.
+    pub(crate) fn pending(alias: &str) -> String {
+        format!("{alias}.sent_at IS NULL AND {alias}.dead_at IS NULL")
+    }
+
+    /// The claim's blocker condition on an earlier pending row `r` of the same key: the
+    /// later row may not go while `r` waits for a retry (`attempts > 0`: a message that
+    /// failed goes alone, so that its successors never overtake it if it fails again), or
+    /// is not due yet, or lies at or below `after` (the claim starts after a batch in
+    /// flight and would not take `r`: a re-queued row below it). A due re-queued row above
+    /// `after` is taken by the same claim, before its successors, so a replayed run of one
+    /// key goes out in whole batches. `now` is the database's clock, `after` the claim's
+    /// placeholder.
+    pub(crate) fn blocker(now: &str, after: &str) -> String {
+        format!(
+            "r.next_attempt_at IS NOT NULL \
+             AND (r.attempts > 0 OR r.next_attempt_at > {now} OR r.seq <= {after})"
+        )
+    }
+
+    /// The rows of keys with a pending row waiting for a retry (or re-queued, not yet
+    /// due): what the relay's prefetched batches leave out.
+    pub(crate) fn retrying(key: &str, outbox: &str) -> String {
+        format!(
+            "SELECT DISTINCT {key} FROM {outbox} WHERE {PENDING} \
+             AND next_attempt_at IS NOT NULL AND partition_key IS NOT NULL"
+        )
+    }
+}

@@ -1,0 +1,116 @@
+//! The one relay loop: it opens a [`Session`] of the outbox's database and drives it,
+//! whatever the database. Each round: probe when the interval is up (gauges, and whether
+//! anything is due), check ownership (stand by while another relay is active), drain
+//! until nothing is claimable, then wait for work, the next probe or the next retry.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::drain::drain;
+use super::{Relay, RelayStats};
+use crate::publisher::Publisher;
+use crate::store::Backend;
+use crate::store::session::{Context, Session, SessionResult};
+use crate::task::stopped;
+
+impl<P: Publisher, DB: Backend> Relay<P, DB> {
+    /// Runs until `shutdown` turns `true` (forever if its sender is dropped). A batch in flight
+    /// is finished (published and marked) first; nothing is marked that was not acked.
+    ///
+    /// Database errors never end the relay: it logs them, reconnects with backoff and
+    /// carries on where the database says it left off.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        const FIRST_DELAY: Duration = Duration::from_millis(50);
+        let mut delay = FIRST_DELAY;
+        loop {
+            let started = std::time::Instant::now();
+            let result = self.session(&mut shutdown).await;
+            // A session that worked for a while before failing starts the backoff afresh.
+            if started.elapsed() > Duration::from_secs(30) {
+                delay = FIRST_DELAY;
+            }
+            match result {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
+                    metrics::counter!("outbox_relay_reconnects_total").increment(1);
+                    RelayStats::add(&self.stats.reconnects, 1);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(&mut shutdown) => return,
+            }
+            delay = (delay * 2).min(self.config.reconnect_delay);
+        }
+    }
+
+    /// One session: until shutdown (`Ok`) or an error.
+    async fn session(&self, shutdown: &mut watch::Receiver<bool>) -> SessionResult<()> {
+        let cx = Context {
+            pool: self.outbox.pool(),
+            tables: self.outbox.tables(),
+            config: &self.config,
+            queries: &self.stats.queries,
+        };
+        let mut session = DB::open(cx).await?;
+        let result = self.work(&mut session, shutdown).await;
+        if result.is_ok() {
+            // Hand the work over at once instead of when the connection times out.
+            session.close().await;
+        }
+        result
+    }
+
+    async fn work<S: Session>(
+        &self,
+        session: &mut S,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> SessionResult<()> {
+        let mut next_probe = Instant::now();
+        let mut retry_at: Option<Instant> = None;
+        let mut standby = false;
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let mut nothing_due = false;
+            if now >= next_probe {
+                if let Some(probe) = session.probe().await? {
+                    metrics::gauge!("outbox_pending").set(probe.pending as f64);
+                    metrics::gauge!("outbox_oldest_pending_age_seconds")
+                        .set(probe.oldest_age_seconds);
+                    next_probe = now + session.probe_interval();
+                    retry_at = probe.next_due_in.map(|d| now + d);
+                    nothing_due = probe.due == Some(0);
+                }
+            }
+            if !session.own().await? {
+                if !standby {
+                    tracing::info!("another outbox relay is active; standing by");
+                    standby = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.config.poll_interval.max(Duration::from_millis(500))) => {}
+                    _ = stopped(shutdown) => {}
+                }
+                continue;
+            }
+            if standby {
+                tracing::info!("outbox relay is now the active one");
+                standby = false;
+            }
+            if !nothing_due && drain(self, session, shutdown).await? > 0 {
+                continue; // there may be more
+            }
+            let until = retry_at.map_or(next_probe, |r| r.min(next_probe));
+            session.wait(shutdown, until).await?;
+            if retry_at.is_some_and(|t| t <= Instant::now()) {
+                retry_at = None;
+            }
+        }
+    }
+}

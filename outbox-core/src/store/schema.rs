@@ -1,0 +1,150 @@
+//! The migration dialect each database supplies, and the one runner that applies the
+//! shipped migrations with it: lock, ensure the migrations table, read what was applied,
+//! check it, apply what is pending and record it, unlock.
+
+use futures_util::future::BoxFuture;
+use sqlx::{Encode, Executor, FromRow, IntoArguments, Type};
+
+use crate::config::{TableName, Tables};
+use crate::error::DbContext;
+use crate::migrate::{Migration, pending, statements as split};
+use crate::{Error, Result};
+
+/// How one database runs migrations.
+#[doc(hidden)]
+pub trait Schema: sqlx::Database {
+    /// The shipped migrations, in order.
+    const MIGRATIONS: &'static [Migration];
+
+    /// Whether a failed migration leaves nothing behind (its DDL runs in the runner's
+    /// transaction). MySQL commits DDL implicitly.
+    const TRANSACTIONAL_DDL: bool;
+
+    /// Statements that create the outbox's schema (if the table names one) and the
+    /// migrations table, if missing.
+    fn ensure_table(tables: &Tables) -> Vec<String>;
+
+    /// A table name quoted for this database.
+    fn quote(table: &TableName) -> String;
+
+    /// The unqualified name of an object derived from a table (an index), quoted.
+    fn quote_ident(name: &str) -> String {
+        format!("\"{name}\"")
+    }
+
+    /// Three bind placeholders, for recording a migration.
+    const THREE_PARAMS: &'static str = "?, ?, ?";
+
+    /// A migration's template with the configured names filled in, as the statements to
+    /// run (split at `;` ending a line).
+    fn statements(migration: &Migration, tables: &Tables) -> Vec<String> {
+        split(&migration.render_with(tables, Self::quote, Self::quote_ident))
+    }
+
+    /// Serialises migrators of one outbox table on `conn`; where DDL is transactional,
+    /// also begins the transaction the migrations run in.
+    fn lock<'c>(conn: &'c mut Self::Connection, tables: &'c Tables) -> BoxFuture<'c, Result<()>>;
+
+    /// Ends what [`lock`](Self::lock) began: commits (`ok`) or rolls back, and releases
+    /// the lock.
+    fn unlock<'c>(
+        conn: &'c mut Self::Connection,
+        tables: &'c Tables,
+        ok: bool,
+    ) -> BoxFuture<'c, Result<()>>;
+
+    /// Applies the pending migrations ([`run`] with this database's types); returns the
+    /// versions applied now.
+    fn migrate<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, Result<Vec<i64>>>;
+}
+
+/// The one migration runner. Other migrators of the same outbox wait at the lock, then
+/// find nothing to do. The connection is closed afterwards rather than returned to the
+/// pool, so a migration cancelled half-way never leaves a transaction or a lock behind
+/// on a pooled connection.
+pub(crate) async fn run<DB>(pool: &sqlx::Pool<DB>, tables: &Tables) -> Result<Vec<i64>>
+where
+    DB: Schema,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'r> (i64, String, i64): FromRow<'r, DB::Row>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("connecting to migrate", &tables.migrations)?;
+    conn.close_on_drop();
+    DB::lock(&mut conn, tables).await?;
+    let result = apply::<DB>(&mut conn, tables).await;
+    let unlocked = DB::unlock(&mut conn, tables, result.is_ok()).await;
+    let done = result?;
+    unlocked?;
+    Ok(done)
+}
+
+async fn apply<DB>(conn: &mut DB::Connection, tables: &Tables) -> Result<Vec<i64>>
+where
+    DB: Schema,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'r> (i64, String, i64): FromRow<'r, DB::Row>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    let table = &tables.migrations;
+    for statement in DB::ensure_table(tables) {
+        conn.execute(statement.as_str())
+            .await
+            .context("creating the migrations table", table)?;
+    }
+    let migrations = DB::quote(table);
+    let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
+        "SELECT version, description, checksum FROM {migrations} ORDER BY version"
+    ))
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the applied migrations", table)?;
+    let record = format!(
+        "INSERT INTO {migrations} (version, description, checksum) VALUES ({})",
+        DB::THREE_PARAMS
+    );
+    let mut done = Vec::new();
+    for m in pending(DB::MIGRATIONS, &applied)? {
+        for statement in DB::statements(m, tables) {
+            conn.execute(statement.as_str())
+                .await
+                .map_err(|source| Error::Migration {
+                    version: m.version,
+                    description: m.description.to_owned(),
+                    problem: if DB::TRANSACTIONAL_DDL {
+                        format!("failed: {source}; nothing was changed").into()
+                    } else {
+                        format!(
+                            "failed: {source}; this database cannot roll back DDL, so drop what \
+                             this migration created before running it again"
+                        )
+                        .into()
+                    },
+                })?;
+        }
+        sqlx::query(&record)
+            .bind(m.version)
+            .bind(m.description)
+            .bind(m.checksum())
+            .execute(&mut *conn)
+            .await
+            .context("recording a migration", table)?;
+        tracing::info!(
+            version = m.version,
+            description = m.description,
+            "applied outbox migration"
+        );
+        done.push(m.version);
+    }
+    Ok(done)
+}

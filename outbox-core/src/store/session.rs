@@ -1,0 +1,157 @@
+//! The relay's contract with a database: a [`Source`] opens [`Session`]s, and the one
+//! relay loop (`relay/run.rs`) drives any of them. A session claims batches, records
+//! what the broker acknowledged and what failed, says whether it may publish now, and
+//! waits for work. The loop never names a database; a database never names the loop.
+//!
+//! Progress is recorded per batch ([`Outcome`]): the positions (`seq`) acknowledged,
+//! the failures, and [`Outcome::settled_through`], the position up to which everything
+//! in the batch is settled. A table session marks the acknowledged rows; a session that
+//! confirms "everything up to position P" (a WAL LSN) confirms `settled_through`.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::{RelayConfig, Tables};
+use crate::publisher::OutboxRecord;
+
+/// Why a relay session ended. The relay logs it, waits (with backoff) and opens a new one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The database failed or the connection was lost.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The session cannot run as things stand (another relay's configuration conflicts,
+    /// the table lacks what the relay needs, no relay slot is free). Says what to do.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a session returns.
+pub type SessionResult<T> = Result<T, SessionError>;
+
+/// What a session works with: the relay's pool, tables and settings, and the counter of
+/// statements it sends (`RelayStats::queries`).
+#[derive(Debug)]
+pub struct Context<'a, DB: sqlx::Database> {
+    /// The outbox's pool (its connect options open the session's own connections).
+    pub pool: &'a sqlx::Pool<DB>,
+    /// The outbox's tables.
+    pub tables: &'a Tables,
+    /// The relay's settings.
+    pub config: &'a RelayConfig,
+    /// Statements sent, for the relay's stats.
+    pub queries: &'a AtomicU64,
+}
+
+impl<DB: sqlx::Database> Clone for Context<'_, DB> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<DB: sqlx::Database> Copy for Context<'_, DB> {}
+
+impl<DB: sqlx::Database> Context<'_, DB> {
+    /// Counts `n` statements sent.
+    pub fn count_queries(&self, n: u64) {
+        self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A database that relays can read from.
+pub trait Source: sqlx::Database {
+    /// The relay's default `poll_interval` on this database.
+    const POLL_INTERVAL: Duration;
+
+    /// One session: a connection (or more) owned by one relay.
+    type Session<'a>: Session + 'a;
+
+    /// Connects and registers a session.
+    fn open<'a>(
+        cx: Context<'a, Self>,
+    ) -> impl Future<Output = SessionResult<Self::Session<'a>>> + Send + 'a;
+}
+
+/// What a probe found, for the gauges and the loop's schedule.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Probe {
+    /// Pending rows (`outbox_pending`).
+    pub pending: i64,
+    /// Age of the oldest pending row in seconds (`outbox_oldest_pending_age_seconds`).
+    pub oldest_age_seconds: f64,
+    /// Rows that could be claimed now, if the probe knows: `Some(0)` lets the loop skip
+    /// the claim and wait.
+    pub due: Option<i64>,
+    /// When the next row waiting for a retry comes due, if the probe knows.
+    pub next_due_in: Option<Duration>,
+}
+
+/// One relay session. The loop calls, in each round: [`probe`](Self::probe) when its
+/// interval is up, [`own`](Self::own), then claims and records batches until nothing is
+/// claimable, then [`wait`](Self::wait)s.
+pub trait Session: Send {
+    /// Counts for the gauges; `None` when this session did not probe (it is not the
+    /// active relay).
+    fn probe(&mut self) -> impl Future<Output = SessionResult<Option<Probe>>> + Send;
+
+    /// How often the loop probes.
+    fn probe_interval(&self) -> Duration;
+
+    /// Whether this session may publish now; takes or gives back its share of the work
+    /// when that is due.
+    fn own(&mut self) -> impl Future<Output = SessionResult<bool>> + Send;
+
+    /// Waits for new work, `until`, or shutdown, whichever comes first (a session that
+    /// cannot be told about new work returns after its poll interval).
+    fn wait(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        until: Instant,
+    ) -> impl Future<Output = SessionResult<()>> + Send;
+
+    /// The keys with a pending row waiting for a retry.
+    fn retrying_keys(&mut self) -> impl Future<Output = SessionResult<Vec<String>>> + Send;
+
+    /// The oldest claimable rows in position order (after `after`, when a batch before
+    /// them is in flight), at most `batch_size` and `max_batch_bytes` (plus one row).
+    fn claim(
+        &mut self,
+        after: Option<i64>,
+    ) -> impl Future<Output = SessionResult<Vec<OutboxRecord>>> + Send;
+
+    /// Records `outcome.sent` as acknowledged (marked sent or deleted, per `on_sent`).
+    fn acknowledge(&mut self, outcome: &Outcome) -> impl Future<Output = SessionResult<()>> + Send;
+
+    /// Reschedules the failed rows with backoff or dead-letters them; returns how many
+    /// died.
+    fn fail(&mut self, outcome: &Outcome) -> impl Future<Output = SessionResult<u64>> + Send;
+
+    /// Ends the session cleanly, handing its work over at once.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// What happened to one batch, ready to be written back.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Positions acknowledged by the broker.
+    pub sent: Vec<i64>,
+    /// Positions that failed.
+    pub failed_seq: Vec<i64>,
+    /// `attempts` of each failed row when it was claimed.
+    pub failed_attempts: Vec<i32>,
+    /// Each failure's message.
+    pub failed_error: Vec<String>,
+    /// Whether each failure is permanent (dead-letter at once).
+    pub failed_permanent: Vec<bool>,
+    /// Keys with a failed or unattempted message in this batch.
+    pub failed_keys: HashSet<String>,
+    /// The largest position such that every message of the batch at or below it was
+    /// acknowledged or failed (none was left unattempted behind a failure of its key).
+    /// `None` if the batch's first message was left unattempted.
+    pub settled_through: Option<i64>,
+}
