@@ -18,11 +18,20 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
         predicates: Default::default(),
     });
     let generic = input.generics.type_params().next().is_some();
-    if generic {
+    // A type that is not `Serialize` is reported once, on the type, by the assertion
+    // below; the bound under a binder keeps the impl itself from failing a second time
+    // (with rustc's misleading "sealed trait" note) — uses of the type still need it.
+    let serialize = if !input.generics.params.is_empty() {
         where_clause
             .predicates
             .push(syn::parse_quote!(Self: #p::serde::Serialize));
-    }
+        quote!()
+    } else {
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__outbox> Self: #p::serde::Serialize));
+        quote_spanned!(ident.span()=> const _: () = #p::assert_serialize::<#ident>();)
+    };
     let destination = destination(&p, &input.attrs);
     let version = |attrs: &Attrs| match &attrs.version {
         Some(v) => {
@@ -84,6 +93,7 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
     };
 
     quote! {
+        #serialize
         #[automatically_derived]
         impl #impl_generics #p::OutboxEvent for #ident #ty_generics #where_clause {
             fn event_type(&self) -> &'static str {

@@ -1,9 +1,9 @@
 //! The attribute's arguments and the annotated function, as a model.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Delimiter, Group, TokenStream};
 use quote::ToTokens;
-use syn::parse::Parser;
-use syn::{Expr, FnArg, ItemFn, Path, Type};
+use syn::parse::{Parse, ParseStream, Parser};
+use syn::{Attribute, Expr, FnArg, Path, Signature, Type, Visibility};
 
 use crate::attr::{Attr, Errors, parse_crate_path};
 
@@ -61,9 +61,42 @@ impl Args {
     }
 }
 
+/// A function with its body kept as tokens, as tokio's and tracing's attributes do: the
+/// body is emitted as written, so a syntax error in it is rustc's own error, where it is.
+pub(crate) struct RawFn {
+    pub attrs: Vec<Attribute>,
+    pub vis: Visibility,
+    pub sig: Signature,
+    pub block: Group,
+}
+
+impl Parse for RawFn {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis = input.parse()?;
+        let sig = input.parse()?;
+        let block: Group = input.parse()?;
+        if block.delimiter() != Delimiter::Brace {
+            return Err(syn::Error::new(
+                block.span(),
+                "expected the function's body",
+            ));
+        }
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after the function"));
+        }
+        Ok(RawFn {
+            attrs,
+            vis,
+            sig,
+            block,
+        })
+    }
+}
+
 /// The annotated `async fn` (free function or method).
 pub(crate) struct Function {
-    pub item: ItemFn,
+    pub item: RawFn,
     /// Parameters whose type mentions `OutboxTx`, by position in `sig.inputs`.
     pub tx_params: Vec<TxParam>,
 }
@@ -79,7 +112,7 @@ pub(crate) struct TxParam {
 impl Function {
     /// `None` (with an error) when the item is not a function with a body.
     pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Option<Self> {
-        let item: ItemFn = match syn::parse2(tokens.clone()) {
+        let item: RawFn = match syn::parse2(tokens.clone()) {
             Ok(item) => item,
             Err(_) => {
                 not_a_function(tokens, errors);

@@ -136,9 +136,10 @@ pub(crate) fn function(args: &Args, function: &Function) -> TokenStream {
     let result = syn::Ident::new("__outbox_result", Span::mixed_site());
     let value = syn::Ident::new("__outbox_value", Span::mixed_site());
     let error = syn::Ident::new("__outbox_error", Span::mixed_site());
+    let begun = syn::Ident::new("__outbox_begun", Span::mixed_site());
     let begin = quote_spanned! {ret_span=>
         match #p::begin::<#db, _>(#handle_local).await {
-            #p::Result::Ok(tx) => tx,
+            #p::Result::Ok(#begun) => #begun,
             #p::Result::Err(#error) => return #p::Result::Err(#error),
         }
     };

@@ -1,6 +1,6 @@
 //! `#[transactional_outbox]`: parse (`ast`), check (`valid`), generate the wrapper and the
-//! `_in_tx` companion (`expand`), or on error emit the errors plus the item unchanged
-//! (`fallback`).
+//! `_in_tx` companion (`expand`), or on error emit the errors beside the item unchanged
+//! (not a function) or beside a best-effort wrapper and companion (`fallback`).
 
 mod ast;
 mod expand;
@@ -21,6 +21,6 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if errors.is_empty() {
         expand::function(&args, &function)
     } else {
-        fallback::item(&errors, item)
+        fallback::function(&errors, &args, &function)
     }
 }
