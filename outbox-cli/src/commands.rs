@@ -9,7 +9,7 @@ use std::path::Path;
 use outbox_core::admin::{Admin, ListFilter, MessageInfo, Status};
 use outbox_core::config::percent_decoded;
 use outbox_core::retention::Retention;
-use outbox_core::sqlx::{MySql, Postgres, Sqlite};
+use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
 use outbox_core::{Backend, Outbox, TableName};
 
 use crate::cli::{Cli, Command, Filter};
@@ -76,26 +76,25 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
             )
         })?;
     let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
-    match scheme {
-        "postgres" | "postgresql" => {
-            let outbox: Outbox<Postgres> = connect(&cli, Outbox::connect(&url)).await?;
-            execute(cli, outbox, out).await
-        }
-        "mysql" | "mariadb" => {
-            let url = mysql_scheme(&url);
-            let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url)).await?;
-            execute(cli, outbox, out).await
-        }
-        "sqlite" => {
-            sqlite_file_exists(&url, &cli.command)?;
-            let outbox: Outbox<Sqlite> = connect(&cli, Outbox::open(&url)).await?;
-            execute(cli, outbox, out).await
-        }
-        _ => Err(Failure::Message(format!(
+    // The schemes each driver accepts, as sqlx declares them.
+    let is = |schemes: &[&str]| schemes.contains(&scheme);
+    if is(Postgres::URL_SCHEMES) {
+        let outbox: Outbox<Postgres> = connect(&cli, Outbox::connect(&url)).await?;
+        execute(cli, outbox, out).await
+    } else if is(MySql::URL_SCHEMES) {
+        let url = mysql_scheme(&url);
+        let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url)).await?;
+        execute(cli, outbox, out).await
+    } else if is(Sqlite::URL_SCHEMES) {
+        sqlite_file_exists(&url, &cli.command)?;
+        let outbox: Outbox<Sqlite> = connect(&cli, Outbox::open(&url)).await?;
+        execute(cli, outbox, out).await
+    } else {
+        Err(Failure::Message(format!(
             "the database URL must start with postgres://, mysql:// (or mariadb://) or sqlite://, \
              not {}; check DATABASE_URL or --database-url",
             shown_scheme(&url)
-        ))),
+        )))
     }
 }
 
