@@ -119,6 +119,20 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(Cow<'static, str>),
 
+    /// The transaction can no longer commit what was done in it: an earlier error
+    /// aborted it (PostgreSQL), or the server rolled it back (a MySQL deadlock). Nothing
+    /// was written; roll back and run the whole unit of work again.
+    #[error(
+        "the transaction on {table} can no longer commit: {reason}; nothing was written: \
+         roll back and run the whole unit of work again"
+    )]
+    TransactionAborted {
+        /// The outbox table.
+        table: String,
+        /// What happened to the transaction.
+        reason: &'static str,
+    },
+
     /// A database operation failed.
     #[error("database error while {context}: {source}")]
     Database {
@@ -143,6 +157,13 @@ impl Error {
             };
         }
         if let sqlx::Error::Database(db) = &source {
+            // 25P02: in_failed_sql_transaction (PostgreSQL).
+            if db.code().as_deref() == Some("25P02") {
+                return Error::TransactionAborted {
+                    table: table.to_owned(),
+                    reason: "an earlier statement in it failed, so PostgreSQL aborted it",
+                };
+            }
             // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL);
             // 42S02: no such table (MySQL/MariaDB); SQLite says it in words.
             if matches!(db.code().as_deref(), Some("42P01" | "3F000" | "42S02"))

@@ -125,7 +125,10 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     /// else done in this transaction. On PostgreSQL, for a transaction from
     /// [`Outbox::begin`], the events and the `COMMIT` travel in one round trip.
     ///
-    /// Fails if the transaction was aborted by an earlier error, even with no events.
+    /// Fails with [`Error::TransactionAborted`](crate::Error::TransactionAborted), writing
+    /// nothing, if the transaction can no longer commit what was done in it, even with no
+    /// events: PostgreSQL aborted it after an error, or MySQL/MariaDB rolled it back (a
+    /// deadlock), after which statements commit one by one.
     pub async fn commit(mut self) -> Result<()> {
         let count = self.pending.len();
         let span = tracing::debug_span!("outbox.commit", events = count);
@@ -141,7 +144,14 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
                 return Ok(());
             }
         }
-        self.flush().instrument(span).await?;
+        if self.pending.is_empty() {
+            // Nothing to write, which would have found out: a `COMMIT` alone does not
+            // fail on a transaction that can no longer commit (PostgreSQL answers it
+            // with a silent rollback; MySQL has nothing left to commit).
+            DB::check_open(&mut self.tx, &tables).await?;
+        } else {
+            self.flush().instrument(span).await?;
+        }
         self.tx
             .commit()
             .await

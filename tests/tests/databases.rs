@@ -11,7 +11,7 @@ use outbox_core::inbox::{Inbox, InboxError, Processed};
 use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::Relay;
 use outbox_core::retention::Retention;
-use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord};
+use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord, OutboxTx};
 use outbox_tests::backends::{Fixture, TestBackend, init_statement_log, logged_statements};
 use outbox_tests::{relay_looked_again, wait_until};
 use uuid::Uuid;
@@ -1067,6 +1067,58 @@ async fn mysql_a_commit_larger_than_max_allowed_packet_is_written() {
     }
     tx.commit().await.expect("a large commit is written");
     assert_eq!(count(&f, "event_type = 'Big'").await, n as i64);
+    <MySql as TestBackend>::cleanup(f).await;
+}
+
+/// MySQL/MariaDB only: after the server rolled a transaction back behind the
+/// application's back (a deadlock whose error was swallowed; simulated here by a plain
+/// `ROLLBACK`), statements run in autocommit mode. A commit must not then store the
+/// events on their own, without the business changes they announce: it fails, and
+/// nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_events_are_not_autocommitted_after_the_server_rolled_back() {
+    use outbox_core::sqlx::MySql;
+    let f = <MySql as TestBackend>::fixture().await;
+    for own in [true, false] {
+        let mut tx = if own {
+            f.outbox.begin().await.expect("begin")
+        } else {
+            let begun = f.outbox.pool().begin().await.expect("begin");
+            OutboxTx::from_transaction(begun, &f.outbox)
+        };
+        <MySql as TestBackend>::exec_on(&mut tx, "ROLLBACK").await;
+        tx.emit_message(OutboxMessage::new("Orphan", "d", "{}"))
+            .expect("emit");
+        let err = tx
+            .commit()
+            .await
+            .expect_err("the transaction was rolled back: the events must not be committed alone");
+        assert!(
+            matches!(err, outbox_core::Error::TransactionAborted { .. }),
+            "own={own}: {err:?}"
+        );
+    }
+    assert_eq!(count(&f, "event_type = 'Orphan'").await, 0);
+    <MySql as TestBackend>::cleanup(f).await;
+}
+
+/// MySQL/MariaDB only: writers serialize on the row of `<outbox>_lock`. Without it they
+/// would silently stop serializing (and the relay could overtake a late commit): a commit
+/// with events fails and says to run the migrations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_missing_writer_lock_row_is_an_error() {
+    use outbox_core::sqlx::MySql;
+    let f = <MySql as TestBackend>::fixture().await;
+    <MySql as TestBackend>::exec(&f, "DELETE FROM outbox_lock").await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("Unlocked", "d", "{}"))
+        .expect("emit");
+    let err = tx.commit().await.expect_err("no lock row, no write");
+    assert!(
+        err.to_string().contains("outbox_lock"),
+        "the error names the lock table: {err}"
+    );
+    assert_eq!(count(&f, "event_type = 'Unlocked'").await, 0);
     <MySql as TestBackend>::cleanup(f).await;
 }
 

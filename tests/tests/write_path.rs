@@ -942,3 +942,41 @@ async fn from_transaction_wraps_a_caller_owned_transaction() {
     assert_eq!(status(&db, 5).await, "new");
     db.cleanup().await;
 }
+
+/// A transaction that an earlier error aborted cannot be committed as if it had worked,
+/// whether it came from `Outbox::begin` or was wrapped with `from_transaction`, with or
+/// without events: PostgreSQL answers `COMMIT` in an aborted transaction with a silent
+/// `ROLLBACK`, and the docs promise an error.
+#[tokio::test]
+async fn committing_an_aborted_transaction_is_an_error() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    for own in [true, false] {
+        for emit in [false, true] {
+            let mut tx = if own {
+                outbox.begin().await.expect("begin")
+            } else {
+                let begun = outbox.pool().begin().await.expect("begin");
+                OutboxTx::from_transaction(begun, &outbox)
+            };
+            sqlx::query("SELECT 1/0")
+                .execute(&mut *tx)
+                .await
+                .expect_err("division by zero aborts the transaction");
+            if emit {
+                tx.emit(Heartbeat {}).expect("emit");
+            }
+            let err = tx
+                .commit()
+                .await
+                .expect_err("an aborted transaction does not commit");
+            assert!(
+                matches!(err, Error::TransactionAborted { .. }),
+                "own={own} emit={emit}: {err:?}"
+            );
+            assert!(err.to_string().contains("roll back"), "{err}");
+        }
+    }
+    assert_eq!(db.count("outbox").await, 0);
+    db.cleanup().await;
+}

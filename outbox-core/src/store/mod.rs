@@ -67,6 +67,17 @@ pub trait Write: sqlx::Database {
     /// (`None`: the driver's default `BEGIN`).
     const BEGIN: Option<&'static str> = None;
 
+    /// Fails with [`Error::TransactionAborted`](crate::Error::TransactionAborted) if the
+    /// transaction on `conn` can no longer commit what was done in it (PostgreSQL: an
+    /// earlier statement failed; MySQL: the server rolled it back). Checked by a commit
+    /// that writes no events (writing them checks it too).
+    fn check_open<'c>(
+        _conn: &'c mut Self::Connection,
+        _tables: &'c Tables,
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// For a top-level transaction opened by [`Outbox::begin`](crate::Outbox::begin):
     /// writes `messages`, commits, and opens a new, empty transaction, all in one round
     /// trip, so that the `sqlx` transaction wrapping `conn` stays in step with the server

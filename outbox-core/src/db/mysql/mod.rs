@@ -23,7 +23,7 @@
 mod dialect;
 
 use futures_util::future::BoxFuture;
-use sqlx::{Executor, MySql, MySqlConnection};
+use sqlx::{MySql, MySqlConnection};
 
 use super::lite::{Lite, insert_sql};
 use crate::config::{TableName, Tables};
@@ -60,6 +60,35 @@ impl Write for MySql {
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(insert_messages(conn, tables, messages))
+    }
+
+    fn check_open<'c>(
+        conn: &'c mut MySqlConnection,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+                .fetch_one(conn)
+                .await
+                .context("checking the transaction", &tables.outbox)?;
+            in_transaction(open == 1, tables)
+        })
+    }
+}
+
+/// After a deadlock or a lock wait timeout the server may have rolled the transaction
+/// back, and the statements after it ran (and committed) one by one: events written now
+/// would be committed alone, without the changes they announce.
+fn in_transaction(open: bool, tables: &Tables) -> Result<()> {
+    if open {
+        Ok(())
+    } else {
+        Err(Error::TransactionAborted {
+            table: tables.outbox.to_string(),
+            reason: "it is no longer open: the server rolled it back (after a deadlock or a \
+                     lock wait timeout, for example), and what ran after that was committed \
+                     statement by statement",
+        })
     }
 }
 
@@ -156,10 +185,30 @@ async fn insert_messages(
         return Ok(());
     }
     let table = &tables.outbox;
-    let lock = tables.outbox.with_suffix("_lock").backticked();
-    conn.execute(format!("SELECT id FROM {lock} WHERE id = 1 FOR UPDATE").as_str())
-        .await
-        .context("taking the outbox writer lock", table)?;
+    let lock_table = tables.outbox.with_suffix("_lock");
+    let lock = lock_table.backticked();
+    // One round trip: whether the transaction is still open, and the lock.
+    let locked: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT CAST(@@in_transaction AS SIGNED) FROM {lock} WHERE id = 1 FOR UPDATE"
+    ))
+    .fetch_optional(&mut *conn)
+    .await
+    .context("taking the outbox writer lock", table)?;
+    match locked {
+        Some(open) => in_transaction(open == 1, tables)?,
+        None => {
+            return Err(Error::Migration {
+                version: 1,
+                description: MIGRATIONS[0].description.to_owned(),
+                problem: format!(
+                    "is incomplete: the writer-lock table {lock_table} has no row, so writers \
+                     would not serialize; nothing was written. Restore it with \
+                     `INSERT INTO {lock_table} (id) VALUES (1)`"
+                )
+                .into(),
+            });
+        }
+    }
     let outbox = <MySql as Lite>::quote(&tables.outbox);
     for chunk in chunks(messages, ROWS_PER_INSERT, BYTES_PER_INSERT) {
         let sql = insert_sql(&outbox, chunk.len());

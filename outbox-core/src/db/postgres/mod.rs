@@ -27,6 +27,16 @@ impl Write for Postgres {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
+    /// `SELECT 1` fails in an aborted transaction (25P02).
+    fn check_open<'c>(conn: &'c mut PgConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            conn.execute("SELECT 1")
+                .await
+                .context("checking the transaction", &tables.outbox)?;
+            Ok(())
+        })
+    }
+
     fn write_commit_and_begin<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
