@@ -212,17 +212,29 @@ impl<'a> PgSession<'a> {
         // partitions are taken over (the server drops the session and its locks).
         conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
             .await?;
-        let seq_name: Option<String> =
-            sqlx::query_scalar("SELECT pg_get_serial_sequence($1, 'seq')")
-                .bind(tables.outbox.quoted())
-                .fetch_one(&mut conn)
-                .await?;
+        let (seq_name, cache): (Option<String>, Option<i64>) = sqlx::query_as(
+            "SELECT s.name, (SELECT seqcache FROM pg_sequence WHERE seqrelid = s.name::regclass) \
+             FROM (SELECT pg_get_serial_sequence($1, 'seq') AS name) s",
+        )
+        .bind(tables.outbox.quoted())
+        .fetch_one(&mut conn)
+        .await?;
         let seq_name = seq_name.ok_or_else(|| {
             SessionError::Refused(format!(
                 "the outbox table {} has no `seq` identity column; run the outbox migrations",
                 tables.outbox
             ))
         })?;
+        // The publish horizon needs `seq` values drawn in the order writers take the
+        // writer lock: a session caching values could draw a smaller one after the relay
+        // sampled a larger one, and the relay would overtake its rows.
+        if let Some(cache) = cache.filter(|c| *c != 1) {
+            return Err(SessionError::Refused(format!(
+                "the outbox's sequence {seq_name} has CACHE {cache}; the relay needs CACHE 1 to \
+                 keep per-key order (a cached value can be drawn after a larger one was \
+                 published). Run `ALTER SEQUENCE {seq_name} CACHE 1`; the relay starts then"
+            )));
+        }
         // The table's oid keys every advisory lock of this outbox.
         let (table_key, channel): (i32, String) =
             sqlx::query_as("SELECT oid::int4, 'outbox_' || oid::text FROM (SELECT $1::text::regclass::oid AS oid) t")
