@@ -343,7 +343,7 @@ fn age(secs: Option<f64>) -> String {
 fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
     writeln!(
         out,
-        "{}: {} pending ({} in retry), {} dead-lettered, oldest pending {}; {}; ~{} rows in the table",
+        "{}: {} pending ({} in retry), {} dead-lettered, oldest pending {}; {}; {}",
         s.table,
         s.pending,
         s.in_retry,
@@ -353,7 +353,11 @@ fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
             || "relays not tracked (SQLite)".to_owned(),
             |n| format!("{n} relay(s) connected")
         ),
-        s.rows_estimate.max(0)
+        match s.rows_estimate {
+            n if n >= 0 => format!("~{n} rows in the table"),
+            _ => "rows in the table unknown (never analysed: ANALYZE the table for an estimate)"
+                .to_owned(),
+        }
     )?;
     if s.destinations.is_empty() {
         return Ok(());

@@ -278,6 +278,11 @@ async fn status_counts_pending_retries_and_dead_letters_per_destination() {
             .any(|l| l.starts_with("orders ") && l.contains(" 3 ")),
         "{text}"
     );
+    // A table never analysed has no estimate yet: said so, not "~0 rows".
+    assert!(
+        text.contains("rows in the table unknown") && !text.contains("~0 rows"),
+        "{text}"
+    );
 
     let out = in_db(&db, &["status", "--json"]).await;
     let s = json(out.ok());
