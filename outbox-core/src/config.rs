@@ -214,6 +214,14 @@ impl Default for RelayConfig {
     }
 }
 
+/// A number in `[0, 1)`, different each call (std's randomly keyed hasher; no RNG crate).
+pub(crate) fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// `%XX` escapes of a URL part decoded (a `%` not followed by two hex digits is kept), as
 /// sqlx decodes a `sqlite://` path and as NATS URLs carry credentials. Shared by the
 /// `outbox` CLI and `outbox-nats`; not part of the API.

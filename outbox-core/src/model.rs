@@ -15,8 +15,8 @@ use uuid::Uuid;
 pub enum MessageState {
     /// Waiting for the relay.
     Pending,
-    /// Pending, after a failed attempt: waits for `next_attempt_at`, and holds back the
-    /// later messages of its partition key until then.
+    /// Pending, after a failure (of its own, or of the broker): waits for
+    /// `next_attempt_at`, and holds back the later messages of its partition key until then.
     InRetry,
     /// Acknowledged by the broker.
     Sent,
@@ -194,7 +194,11 @@ impl Which {
     pub(crate) fn condition(self) -> &'static str {
         match self {
             Which::Pending => state::PENDING,
-            Which::InRetry => concat!(state::pending_condition!(), " AND attempts > 0"),
+            Which::InRetry => concat!(
+                state::pending_condition!(),
+                " AND ",
+                state::failed_condition!()
+            ),
             Which::Sent => "sent_at IS NOT NULL",
             Which::Dead => "dead_at IS NOT NULL",
         }
@@ -261,6 +265,19 @@ pub(crate) mod state {
 
     /// Not sent and not dead-lettered: waiting for the relay (in retry or not).
     pub(crate) const PENDING: &str = pending_condition!();
+
+    /// Failed before: a failure of its own (`attempts`) or of the broker (`last_error`
+    /// without an attempt counted); re-queuing clears both. A pending row that failed is
+    /// "in retry".
+    macro_rules! failed_condition {
+        () => {
+            "(attempts > 0 OR last_error IS NOT NULL)"
+        };
+    }
+    pub(crate) use failed_condition;
+
+    /// See [`failed_condition!`].
+    pub(crate) const FAILED: &str = failed_condition!();
 
     /// [`PENDING`] for the row aliased `alias`.
     pub(crate) fn pending(alias: &str) -> String {

@@ -250,7 +250,10 @@ fn is_stuck(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-/// Permanent: the message itself can never be accepted. Everything else is retryable.
+/// Permanent: the message itself can never be accepted. Unavailable: the cluster could
+/// not be reached or did not answer in time, or the producer lost its state — nothing
+/// about the message, so it never counts towards `max_attempts` (an outage dead-letters
+/// nothing). Retryable: the rest (a topic that does not exist or may not be written).
 fn classify(error: &KafkaError) -> (PublishError, Option<RDKafkaErrorCode>) {
     let code = error.rdkafka_error_code();
     let text = match code {
@@ -268,12 +271,40 @@ fn classify(error: &KafkaError) -> (PublishError, Option<RDKafkaErrorCode>) {
                 | RDKafkaErrorCode::BadMessage
         )
     );
+    let unavailable = match code {
+        None => true,
+        Some(code) => is_stuck(code) || is_unavailable(code),
+    };
     let error = if permanent {
         PublishError::permanent(text)
+    } else if unavailable {
+        PublishError::unavailable(text)
     } else {
         PublishError::retryable(text)
     };
     (error, code)
+}
+
+/// The cluster is down, unreachable, busy or moving leaders: retried for as long as it
+/// lasts.
+fn is_unavailable(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::Resolve
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::QueueFull
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::BrokerNotAvailable
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::NotEnoughReplicas
+            | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+            | RDKafkaErrorCode::KafkaStorageError
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+    )
 }
 
 fn kafka_headers(record: &OutboxRecord) -> OwnedHeaders {
@@ -437,7 +468,7 @@ impl Publisher for KafkaPublisher {
                     Outcome::Failed(error, code)
                 }
                 Err(_canceled) => Outcome::Failed(
-                    PublishError::retryable(
+                    PublishError::unavailable(
                         "kafka: the producer was closed before it reported delivery",
                     ),
                     None,
@@ -459,7 +490,9 @@ impl Publisher for KafkaPublisher {
                             "outbox-kafka: acknowledged after an earlier message of its key failed; reported \
                              as failed so it is published again after that one (consumers skip the duplicate)"
                         );
-                        Err(PublishError::retryable(
+                        // Nothing is wrong with this message: it never counts towards
+                        // max_attempts (its predecessor's failure does).
+                        Err(PublishError::unavailable(
                             "kafka: acknowledged after an earlier message of the same key failed; \
                              published again in order",
                         ))
@@ -513,16 +546,29 @@ mod tests {
             );
         }
         for code in [
-            RDKafkaErrorCode::MessageTimedOut,
             RDKafkaErrorCode::UnknownTopicOrPartition,
             RDKafkaErrorCode::UnknownTopic,
-            RDKafkaErrorCode::BrokerTransportFailure,
-            RDKafkaErrorCode::UnknownProducerId,
             RDKafkaErrorCode::TopicAuthorizationFailed,
         ] {
             assert_eq!(
                 classify(&e(code)).0.kind(),
                 outbox_core::publisher::PublishErrorKind::Retryable,
+                "{code:?}"
+            );
+        }
+        // An outage says nothing about the message: never dead-lettered for it.
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::UnknownProducerId,
+            RDKafkaErrorCode::NotLeaderForPartition,
+        ] {
+            assert_eq!(
+                classify(&e(code)).0.kind(),
+                outbox_core::publisher::PublishErrorKind::Unavailable,
                 "{code:?}"
             );
         }

@@ -319,7 +319,7 @@ impl NatsPublisher {
         match tokio::time::timeout(self.ack_timeout, acked).await {
             Ok(Ok(_ack)) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
-            Err(_) => Err(PublishError::retryable(format!(
+            Err(_) => Err(PublishError::unavailable(format!(
                 "nats: no acknowledgement from JetStream within {:?}",
                 self.ack_timeout
             ))),
@@ -339,9 +339,9 @@ fn classify(e: &jetstream::context::PublishError) -> PublishError {
     if too_large {
         return PublishError::permanent(text);
     }
-    // No stream (yet), a timeout, a broken connection, a stream at its limits: worth
-    // retrying with backoff.
-    PublishError::retryable(text)
+    // No stream (yet), a timeout, no responders, a broken connection, a stream at its
+    // limits: nothing about the message; retried with backoff for as long as it lasts.
+    PublishError::unavailable(text)
 }
 
 /// Refuses a destination that is not a subject one can publish to. async-nats writes the
@@ -472,7 +472,7 @@ impl Publisher for NatsPublisher {
         }
         out.into_iter()
             .map(|r| {
-                r.unwrap_or_else(|| Err(PublishError::retryable("nats: message not published")))
+                r.unwrap_or_else(|| Err(PublishError::unavailable("nats: message not published")))
             })
             .collect()
     }

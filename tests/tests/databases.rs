@@ -372,6 +372,78 @@ async fn retries_backoff_and_dead_letter<DB: TestBackend>() {
     DB::cleanup(f).await;
 }
 
+/// A broker outage that outlasts `max_attempts` retry rounds: every message fails the
+/// same way (the broker is down), then the publisher hangs past `publish_timeout`, then
+/// the broker is back. Such failures say nothing about the messages: nothing is
+/// dead-lettered, no attempt is counted, the rows show as in retry meanwhile, and every key
+/// goes out in order afterwards. (On main, with `max_attempts(2)`, each key's head was
+/// dead-lettered and its later messages overtook it.)
+async fn an_outage_dead_letters_nothing_and_keeps_key_order<DB: TestBackend>() {
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    for n in 0..4 {
+        for key in ["a", "b", "c"] {
+            tx.emit_message(message(key, n)).expect("emit");
+        }
+    }
+    tx.commit().await.expect("commit");
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |_| true,
+        None,
+        PublishError::retryable("broker unreachable"),
+    );
+    let relay = Relay::builder(f.outbox.clone(), publisher.clone())
+        .batch_size(5)
+        .max_attempts(2)
+        .backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .publish_timeout(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(50))
+        .spawn();
+    wait_until("more outage rounds than max_attempts", WAIT, || async {
+        relay.stats().unavailable >= 3 * 4
+    })
+    .await;
+    let admin = Admin::new(f.outbox.clone());
+    let status = admin.status().await.expect("status");
+    assert_eq!(status.dead, 0, "nothing dead-lettered by the outage");
+    assert!(
+        status.in_retry > 0,
+        "the outage shows as retries: {status:?}"
+    );
+    assert_eq!(count(&f, "attempts > 0").await, 0, "no attempt counted");
+    assert_eq!(count(&f, "last_error LIKE '%broker unreachable%'").await, 3);
+
+    // The broker accepts but never answers in time.
+    publisher.clear_failures();
+    publisher.set_delay(Duration::from_secs(2));
+    let before = relay.stats().unavailable;
+    wait_until("timed-out batches", WAIT, || async {
+        relay.stats().unavailable >= before + 6
+    })
+    .await;
+    assert_eq!(count(&f, "dead_at IS NOT NULL").await, 0);
+    assert_eq!(count(&f, "attempts > 0").await, 0);
+
+    publisher.set_delay(Duration::ZERO);
+    wait_until("everything published after the outage", WAIT, || async {
+        count(&f, "sent_at IS NULL").await == 0
+    })
+    .await;
+    relay.shutdown().await;
+    // Per key in order, counting each message once (a timed-out batch may have reached
+    // the broker and gone again: consumers deduplicate by id).
+    let mut seen = HashSet::new();
+    let first_sends: Vec<OutboxRecord> = publisher
+        .published()
+        .into_iter()
+        .filter(|r| seen.insert(r.id))
+        .collect();
+    check_order(&first_sends, 3, 4);
+    assert_eq!(count(&f, "dead_at IS NOT NULL OR attempts > 0").await, 0);
+    DB::cleanup(f).await;
+}
+
 /// A retry that comes due is published before the later messages of its key, also when
 /// the pipelined relay has already claimed past them: here the first batch takes the
 /// due retry `A` (its key's `K2` is held back behind it), the prefetched second batch goes
@@ -973,6 +1045,10 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn batches_are_bounded_by_bytes() {
                 super::batches_are_bounded_by_bytes::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_outage_dead_letters_nothing_and_keeps_key_order() {
+                super::an_outage_dead_letters_nothing_and_keeps_key_order::<$ty>().await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retries_backoff_and_dead_letter() {

@@ -45,7 +45,7 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         .expect("publisher");
     let relay = Relay::builder(outbox.clone(), publisher.clone())
         .batch_size(100)
-        .max_attempts(10_000)
+        .max_attempts(2)
         .backoff(Duration::from_millis(200), Duration::from_secs(1))
         .publish_timeout(Duration::from_secs(10))
         .spawn();
@@ -166,6 +166,14 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         .await
         .expect("dead");
     assert_eq!(dead, 0, "nothing dead-lettered");
+    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE attempts > 0")
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempts");
+    assert_eq!(
+        counted, 0,
+        "an outage counts no attempt towards max_attempts (2 here)"
+    );
 
     // Every row acknowledged by the restarted broker must reach the consumer.
     let acked_after_restart: HashSet<Uuid> =

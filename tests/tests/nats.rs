@@ -165,7 +165,9 @@ async fn a_failure_holds_back_the_rest_of_its_key_only() {
         .expect("publisher");
     let good = format!("{prefix}.x");
     let batch = [
-        record("outbox-test-nowhere.x", "k1", 1), // no stream captures it
+        // No stream captures it: "no responders", which says nothing about the message
+        // (retried for as long as it lasts, never dead-lettered for it).
+        record("outbox-test-nowhere.x", "k1", 1),
         record(&good, "k1", 2),
         record(&good, "k2", 1),
     ];
@@ -174,7 +176,7 @@ async fn a_failure_holds_back_the_rest_of_its_key_only() {
     assert_eq!(
         kinds,
         vec![
-            Some(PublishErrorKind::Retryable),
+            Some(PublishErrorKind::Unavailable),
             Some(PublishErrorKind::NotAttempted),
             None
         ],

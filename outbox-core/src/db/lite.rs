@@ -45,7 +45,7 @@ pub(crate) trait Lite: sqlx::Database {
     /// `secs` as bound.
     fn age(secs: f64) -> Self::Age;
     /// The failure statement: binds the error, then [`bind_plan`](Self::bind_plan)'s
-    /// values, then the seq.
+    /// values, then what to add to `attempts` (0 or 1), then the seq.
     fn fail(outbox: &str) -> String;
     /// Binds whether the row dies and the delay before its next attempt (seconds).
     fn bind_plan<'q>(
@@ -123,15 +123,7 @@ pub(crate) fn retry_plan(config: &RelayConfig, attempts: i32, permanent: bool) -
     let dead = permanent || attempts.saturating_add(1) >= config.max_attempts;
     let exp = 2f64.powi(attempts.clamp(0, 62));
     let delay = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
-    (dead, delay * (0.75 + jitter() * 0.5))
-}
-
-/// A number in `[0, 1)`, different each call (std's randomly keyed hasher; no RNG crate).
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    (dead, delay * (0.75 + crate::config::jitter() * 0.5))
 }
 
 /// Ids per `IN (?, ...)` list: well under both databases' placeholder limits.
@@ -310,7 +302,7 @@ macro_rules! lite_backend {
                                 MIN(CASE WHEN dead = 0 THEN created_at END) AS oldest, \
                                 {now} AS now \
                          FROM (SELECT destination, created_at, \
-                                 CASE WHEN attempts > 0 THEN 1 ELSE 0 END AS retrying, 0 AS dead \
+                                 CASE WHEN {failed} THEN 1 ELSE 0 END AS retrying, 0 AS dead \
                                FROM {t} WHERE {pending} \
                                UNION ALL \
                                SELECT destination, created_at, 0, 1 FROM {t} WHERE dead_at IS NOT NULL) live \
@@ -318,6 +310,7 @@ macro_rules! lite_backend {
                         destination = <$db as Lite>::text("destination"),
                         now = <$db as Lite>::NOW,
                         pending = $crate::model::state::PENDING,
+                        failed = $crate::model::state::FAILED,
                     ))
                     .fetch_all(&mut *conn)
                     .await?;
@@ -395,12 +388,13 @@ macro_rules! lite_backend {
                             "SELECT {id} AS id, \
                                     CASE WHEN sent_at IS NULL THEN 0 ELSE 1 END AS sent, \
                                     CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END AS dead, \
-                                    CASE WHEN attempts > 0 THEN 1 ELSE 0 END AS retrying \
+                                    CASE WHEN {failed} THEN 1 ELSE 0 END AS retrying \
                              FROM {t} WHERE id IN ({list}) ORDER BY seq{lock}",
                             id = <$db as Lite>::text("id"),
                             t = <$db as Lite>::quote(&tables.outbox),
                             list = placeholders(chunk.len()),
                             lock = <$db as Lite>::FOR_UPDATE,
+                            failed = $crate::model::state::FAILED,
                         );
                         let mut query = sqlx::query(&sql);
                         for id in chunk {
@@ -685,14 +679,21 @@ macro_rules! lite_backend {
                 self.cx.count_queries(outcome.failed_seq.len() as u64 + 2);
                 let mut tx = self.conn.begin().await?;
                 for (i, seq) in outcome.failed_seq.iter().enumerate() {
-                    let (is_dead, delay) = $crate::db::lite::retry_plan(
-                        self.cx.config,
-                        outcome.failed_attempts[i],
-                        outcome.failed_permanent[i],
-                    );
+                    // A failure of the broker keeps `attempts` and never dead-letters.
+                    let unavailable = outcome.failed_unavailable[i];
+                    let (is_dead, delay) = if unavailable {
+                        (false, outcome.unavailable_delay.as_secs_f64())
+                    } else {
+                        $crate::db::lite::retry_plan(
+                            self.cx.config,
+                            outcome.failed_attempts[i],
+                            outcome.failed_permanent[i],
+                        )
+                    };
                     dead += u64::from(is_dead);
                     let query = sqlx::query(&self.sql.fail).bind(&outcome.failed_error[i]);
                     <$db as Lite>::bind_plan(query, is_dead, delay)
+                        .bind(i32::from(!unavailable))
                         .bind(seq)
                         .execute(&mut *tx)
                         .await?;

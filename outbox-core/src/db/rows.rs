@@ -82,10 +82,13 @@ where
     let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
     let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
     let attempts: i32 = row.try_get("attempts")?;
+    let last_error: Option<String> = row.try_get("last_error")?;
+    // Failed before: `model::state::FAILED`.
+    let failed = attempts > 0 || last_error.is_some();
     Ok(MessageInfo {
         seq: row.try_get("seq")?,
         id: uuid(&row.try_get::<String, _>("id")?)?,
-        state: MessageState::of(sent_at.is_some(), dead_at.is_some(), attempts > 0),
+        state: MessageState::of(sent_at.is_some(), dead_at.is_some(), failed),
         event_type: row.try_get("event_type")?,
         event_version: row.try_get("event_version")?,
         destination: row.try_get("destination")?,
@@ -94,7 +97,7 @@ where
         sent_at,
         attempts,
         next_attempt_at: row.try_get("next_attempt_at")?,
-        last_error: row.try_get("last_error")?,
+        last_error,
         dead_at,
         payload: json(&row.try_get::<String, _>("payload")?)?,
         headers: json(&row.try_get::<String, _>("headers")?)?,

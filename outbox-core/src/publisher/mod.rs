@@ -48,8 +48,14 @@ pub struct PublishError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PublishErrorKind {
-    /// Worth retrying (broker down, timeout): retried with backoff until `max_attempts`.
+    /// A failure of this message that may pass (a transient rejection): retried with
+    /// backoff, and dead-lettered after `max_attempts` such failures.
     Retryable,
+    /// The broker could not be reached or did not answer in time (down, unreachable, a
+    /// timeout, no responders): says nothing about the message. Retried with backoff for
+    /// as long as it lasts; never counts towards `max_attempts`, so an outage dead-letters
+    /// nothing and keeps every key in order.
+    Unavailable,
     /// Will never succeed (too large, rejected): dead-lettered at once.
     Permanent,
     /// Not attempted, because an earlier message with the same key failed in this batch.
@@ -62,6 +68,15 @@ impl PublishError {
     pub fn retryable(message: impl Into<String>) -> Self {
         PublishError {
             kind: PublishErrorKind::Retryable,
+            message: message.into(),
+        }
+    }
+
+    /// The broker is unavailable or did not answer in time; see
+    /// [`PublishErrorKind::Unavailable`].
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        PublishError {
+            kind: PublishErrorKind::Unavailable,
             message: message.into(),
         }
     }

@@ -4,6 +4,7 @@
 //! dead-letter failed rows.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -91,7 +92,8 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         }
         claimed += next.len();
         if let Some(results) = results {
-            let outcome = outcome(&current, results);
+            let mut outcome = outcome(&current, results);
+            outcome.unavailable_delay = outage_backoff(relay, &outcome);
             blocked.extend(outcome.failed_keys.iter().cloned());
             unrecorded = Some(outcome);
         }
@@ -153,7 +155,7 @@ async fn publish<P: Publisher, DB: Backend>(
     )
     .await
     {
-        Ok(Ok(results)) if results.len() == batch.len() => results,
+        Ok(Ok(results)) if results.len() == batch.len() => whole_batch_failures(results),
         Ok(Err(panic)) => {
             tracing::error!(
                 size = batch.len(),
@@ -241,8 +243,71 @@ fn wrong_count() -> PublishError {
     PublishError::retryable("publisher returned the wrong number of results")
 }
 
+/// The publisher did not answer in time: that says nothing about the messages.
 fn timed_out(after: std::time::Duration) -> PublishError {
-    PublishError::retryable(format!("publish timed out after {after:?}"))
+    PublishError::unavailable(format!("publish timed out after {after:?}"))
+}
+
+/// A batch of several messages that all failed with the same retryable error failed
+/// because of the broker, not because of each message (a missing permission, a broker
+/// refusing everything): reported as unavailable, so it dead-letters nothing.
+/// (Messages left unattempted behind a failure of their key are not counted.)
+fn whole_batch_failures(
+    mut results: Vec<Result<(), PublishError>>,
+) -> Vec<Result<(), PublishError>> {
+    let attempted = |r: &Result<(), PublishError>| !matches!(r, Err(e) if e.kind() == PublishErrorKind::NotAttempted);
+    let mut tried = results.iter().filter(|r| attempted(r));
+    let first = match tried.next() {
+        Some(Err(e)) if e.kind() == PublishErrorKind::Retryable => e.clone(),
+        _ => return results,
+    };
+    let mut others = 0;
+    for r in tried {
+        if r.as_ref().err() != Some(&first) {
+            return results;
+        }
+        others += 1;
+    }
+    if others > 0 {
+        let error = PublishError::unavailable(format!(
+            "every message of the batch failed the same way: {}",
+            first.message()
+        ));
+        for r in results.iter_mut().filter(|r| attempted(r)) {
+            *r = Err(error.clone());
+        }
+    }
+    results
+}
+
+/// When rows that failed as unavailable are due again: `backoff_base * 2^n` for the n-th
+/// batch in a row with such failures, capped at `backoff_cap`, with ±25% jitter; a batch
+/// that publishes without them ends the outage. Logged when an outage starts and ends,
+/// and exposed as `outbox_relay_broker_unavailable` (1 during an outage).
+fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> std::time::Duration {
+    let unavailable = outcome.failed_unavailable.iter().filter(|u| **u).count() as u64;
+    if unavailable == 0 {
+        if !outcome.sent.is_empty() && relay.outage_rounds.swap(0, Ordering::Relaxed) > 0 {
+            tracing::info!("outbox relay: the broker is publishing again");
+            metrics::gauge!("outbox_relay_broker_unavailable").set(0.0);
+        }
+        return std::time::Duration::ZERO;
+    }
+    RelayStats::add(&relay.stats.unavailable, unavailable);
+    metrics::counter!("outbox_publish_unavailable_total").increment(unavailable);
+    let rounds = relay.outage_rounds.fetch_add(1, Ordering::Relaxed);
+    if rounds == 0 {
+        tracing::warn!(
+            messages = unavailable,
+            "outbox relay: the broker is unavailable; retrying with backoff for as long as it \
+             lasts (these failures do not count towards max_attempts)"
+        );
+        metrics::gauge!("outbox_relay_broker_unavailable").set(1.0);
+    }
+    let config = &relay.config;
+    let exp = 2f64.powi(i32::try_from(rounds.min(62)).unwrap_or(62));
+    let secs = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
+    std::time::Duration::from_secs_f64(secs * (0.75 + crate::config::jitter() * 0.5))
 }
 
 /// What the publisher's `results` for `batch` come to.
@@ -283,6 +348,9 @@ fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Ou
                 outcome
                     .failed_permanent
                     .push(e.kind() == PublishErrorKind::Permanent);
+                outcome
+                    .failed_unavailable
+                    .push(e.kind() == PublishErrorKind::Unavailable);
                 outcome.failed_error.push(e.message().to_owned());
             }
         }

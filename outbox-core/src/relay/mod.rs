@@ -35,7 +35,11 @@
 //! - **Failures**: a failed message gets `attempts + 1`, `last_error`, and a
 //!   `next_attempt_at` with exponential backoff and jitter; after `max_attempts` (or at
 //!   once for a [permanent](crate::publisher::PublishError::permanent) error) it is
-//!   dead-lettered (`dead_at`). While a message waits for its retry, the later messages
+//!   dead-lettered (`dead_at`). A failure that says nothing about the message — the
+//!   broker [unavailable](crate::publisher::PublishError::unavailable), a publish
+//!   timeout, every message of a batch failing the same way — counts no attempt and
+//!   never dead-letters: the rows get `last_error` and wait out the relay's outage
+//!   backoff (`backoff_base` doubling up to `backoff_cap`) for as long as it lasts. While a message waits for its retry, the later messages
 //!   of **its key** wait behind it; other keys flow on. A dead-lettered message no longer
 //!   blocks its key.
 //! - **Delivery** is at-least-once: a crash between the broker's ack and the mark
@@ -46,7 +50,7 @@ mod run;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::Outbox;
@@ -60,6 +64,7 @@ use crate::task::TaskHandle;
 #[derive(Debug, Default)]
 pub struct RelayStats {
     queries: AtomicU64,
+    unavailable: AtomicU64,
     batches: AtomicU64,
     published: AtomicU64,
     failed: AtomicU64,
@@ -83,6 +88,10 @@ pub struct RelayStatsSnapshot {
     pub dead: u64,
     /// Database sessions re-established after an error.
     pub reconnects: u64,
+    /// Failed publish attempts that said nothing about the message (the broker was
+    /// unavailable or did not answer in time): retried, never counted towards
+    /// `max_attempts`. Included in `failed`.
+    pub unavailable: u64,
 }
 
 impl RelayStats {
@@ -95,6 +104,7 @@ impl RelayStats {
             failed: self.failed.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
             reconnects: self.reconnects.load(Ordering::Relaxed),
+            unavailable: self.unavailable.load(Ordering::Relaxed),
         }
     }
 
@@ -208,6 +218,7 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
             publisher: self.publisher,
             config: self.config,
             stats: Arc::new(RelayStats::default()),
+            outage_rounds: AtomicU32::new(0),
         }
     }
 
@@ -228,6 +239,8 @@ pub struct Relay<P, DB: Backend = DefaultBackend> {
     publisher: P,
     config: RelayConfig,
     stats: Arc<RelayStats>,
+    /// Batches in a row with failures of an unavailable broker (the outage backoff).
+    outage_rounds: AtomicU32,
 }
 
 impl<P, DB: Backend> fmt::Debug for Relay<P, DB> {

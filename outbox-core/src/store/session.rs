@@ -148,6 +148,12 @@ pub struct Outcome {
     pub failed_error: Vec<String>,
     /// Whether each failure is permanent (dead-letter at once).
     pub failed_permanent: Vec<bool>,
+    /// Whether each failure says nothing about its message (the broker was unavailable):
+    /// such a row keeps its `attempts`, is never dead-lettered for it, and is due again
+    /// after [`unavailable_delay`](Self::unavailable_delay).
+    pub failed_unavailable: Vec<bool>,
+    /// The relay's outage backoff: when rows that failed as unavailable are due again.
+    pub unavailable_delay: Duration,
     /// Keys with a failed or unattempted message in this batch.
     pub failed_keys: HashSet<String>,
     /// The largest position such that every message of the batch at or below it was

@@ -45,9 +45,10 @@ impl Lite for MySql {
 
     fn fail(outbox: &str) -> String {
         format!(
-            "UPDATE {outbox} SET attempts = attempts + 1, last_error = ?, \
+            "UPDATE {outbox} SET last_error = ?, \
                dead_at = IF(?, UTC_TIMESTAMP(6), NULL), \
-               next_attempt_at = IF(?, next_attempt_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+               next_attempt_at = IF(?, next_attempt_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), \
+               attempts = attempts + ? \
              WHERE seq = ?"
         )
     }

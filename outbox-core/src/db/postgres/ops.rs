@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::locks;
 use crate::config::Tables;
 use crate::db::rows::{message, message_columns};
-use crate::model::state::PENDING;
+use crate::model::state::{FAILED, PENDING};
 use crate::model::{
     DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which, count,
     requeue_reset, total,
@@ -124,7 +124,7 @@ impl Ops for Postgres {
             let t = tables.outbox.quoted();
             let rows = sqlx::query(&format!(
                 "WITH live AS (\
-                   SELECT destination, created_at, attempts > 0 AS retrying, false AS dead \
+                   SELECT destination, created_at, {FAILED} AS retrying, false AS dead \
                      FROM {t} WHERE {PENDING} \
                    UNION ALL \
                    SELECT destination, created_at, false, true FROM {t} WHERE dead_at IS NOT NULL) \
@@ -206,7 +206,7 @@ impl Ops for Postgres {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
                 "SELECT id, sent_at IS NOT NULL AS sent, dead_at IS NOT NULL AS dead, \
-                        attempts > 0 AS retrying \
+                        {FAILED} AS retrying \
                  FROM {} WHERE id = ANY($1) ORDER BY seq FOR UPDATE",
                 tables.outbox.quoted()
             ))

@@ -81,14 +81,20 @@ impl Sql {
                 OnSent::Mark => format!("UPDATE {outbox} SET sent_at = now() WHERE seq = ANY($1)"),
                 OnSent::Delete => format!("DELETE FROM {outbox} WHERE seq = ANY($1)"),
             },
+            // A failure of the broker (`unavailable`) keeps `attempts` and never
+            // dead-letters; it is due again after the relay's outage backoff ($8).
             fail: format!(
                 "UPDATE {outbox} o SET \
-                   attempts = o.attempts + 1, \
+                   attempts = o.attempts + CASE WHEN f.unavailable THEN 0 ELSE 1 END, \
                    last_error = f.error, \
-                   dead_at = CASE WHEN f.permanent OR o.attempts + 1 >= $4 THEN now() END, \
-                   next_attempt_at = CASE WHEN f.permanent OR o.attempts + 1 >= $4 THEN o.next_attempt_at \
+                   dead_at = CASE WHEN NOT f.unavailable AND (f.permanent OR o.attempts + 1 >= $4) \
+                     THEN now() END, \
+                   next_attempt_at = CASE \
+                     WHEN f.unavailable THEN now() + make_interval(secs => $8) \
+                     WHEN f.permanent OR o.attempts + 1 >= $4 THEN o.next_attempt_at \
                      ELSE now() + make_interval(secs => least($6, $5 * power(2, least(o.attempts, 62))) * (0.75 + random() * 0.5)) END \
-                 FROM UNNEST($1::bigint[], $2::text[], $3::bool[]) AS f(seq, error, permanent) \
+                 FROM UNNEST($1::bigint[], $2::text[], $3::bool[], $7::bool[]) \
+                   AS f(seq, error, permanent, unavailable) \
                  WHERE o.seq = f.seq \
                  RETURNING o.dead_at IS NOT NULL AS dead"
             ),
@@ -496,6 +502,8 @@ impl Session for PgSession<'_> {
             .bind(config.max_attempts)
             .bind(config.backoff_base.as_secs_f64())
             .bind(config.backoff_cap.as_secs_f64())
+            .bind(&outcome.failed_unavailable)
+            .bind(outcome.unavailable_delay.as_secs_f64())
             .fetch_all(&mut self.conn)
             .await?;
         Ok(dead.iter().filter(|d| **d).count() as u64)

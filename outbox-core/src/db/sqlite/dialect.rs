@@ -40,11 +40,11 @@ impl Lite for Sqlite {
 
     fn fail(outbox: &str) -> String {
         format!(
-            "UPDATE {outbox} SET attempts = attempts + 1, last_error = ?1, \
+            "UPDATE {outbox} SET attempts = attempts + ?4, last_error = ?1, \
                dead_at = CASE WHEN ?2 THEN {now} END, \
                next_attempt_at = CASE WHEN ?2 THEN next_attempt_at \
                  ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3) END \
-             WHERE seq = ?4",
+             WHERE seq = ?5",
             now = Self::NOW
         )
     }
