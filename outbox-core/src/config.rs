@@ -189,6 +189,9 @@ pub struct RelayConfig {
     pub on_sent: OnSent,
     /// Longest wait between reconnection attempts after a database error. Default 5 s.
     pub reconnect_delay: Duration,
+    /// How long opening a database session may take (connecting, registering) before it
+    /// counts as failed; also bounds closing it. Default 10 s.
+    pub connect_timeout: Duration,
     /// How often a busy relay re-checks how partitions are shared. Default 1 s.
     pub rebalance_interval: Duration,
     /// `application_name` of the relay's database sessions. Default `outbox-relay`.
@@ -208,6 +211,7 @@ impl Default for RelayConfig {
             publish_timeout: Duration::from_secs(30),
             on_sent: OnSent::Mark,
             reconnect_delay: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(1),
             application_name: "outbox-relay".to_owned(),
         }

@@ -1,14 +1,24 @@
 //! Connecting a pool from a URL, the same way for every database with a server.
 
+use std::time::Duration;
+
 use sqlx::{ConnectOptions as _, Connection};
 
 use crate::{Error, Result};
 
-/// A pool connected to `url`. One direct connection is made first: a pool retries until
-/// its acquire timeout (30 s), while a server that is down should be reported at once.
-/// Errors name the server without its password ([`Error::Unavailable`]), or say what the
-/// server refused ([`Error::Database`]).
+/// How long a connect waits for the server by default (`connect_timeout=<seconds>` in the
+/// URL, libpq's parameter, changes it).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pool connected to `url`. One direct connection is made first, bounded by the connect
+/// timeout: a pool retries until its acquire timeout (30 s), a server that is down should
+/// be reported at once, and one that accepts connections but never answers (frozen, or a
+/// proxy whose backend is gone) must not hang the caller. Errors name the server without
+/// its password ([`Error::Unavailable`]), or say what the server refused
+/// ([`Error::Database`]).
 pub(crate) async fn pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>> {
+    let (url, timeout) = connect_timeout(url)?;
+    let url = url.as_str();
     let target = format!(" at {}", redact_url(url));
     let classify = |source: sqlx::Error| match source {
         sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => Error::Database {
@@ -21,9 +31,19 @@ pub(crate) async fn pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>
         },
     };
     let options: <DB::Connection as Connection>::Options = url.parse().map_err(classify)?;
-    options
-        .connect()
+    let connected = tokio::time::timeout(timeout, options.connect())
         .await
+        .map_err(|_| Error::Unavailable {
+            target: target.clone(),
+            source: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the server accepted the connection but did not answer within {timeout:?} \
+                     (connect_timeout)"
+                ),
+            )),
+        })?;
+    connected
         .map_err(classify)?
         .close()
         .await
@@ -32,6 +52,43 @@ pub(crate) async fn pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>
         .connect_with(options)
         .await
         .map_err(classify)
+}
+
+/// `url` without its `connect_timeout=<seconds>` query parameter (the drivers do not know
+/// it), and the timeout it gives ([`CONNECT_TIMEOUT`] without one).
+fn connect_timeout(url: &str) -> Result<(String, Duration)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), CONNECT_TIMEOUT));
+    };
+    let mut timeout = CONNECT_TIMEOUT;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("connect_timeout", value)) => {
+                let secs: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(
+                            format!(
+                                "connect_timeout={value} in the database URL is not a number of \
+                             seconds above 0; write e.g. connect_timeout=10"
+                            )
+                            .into(),
+                        )
+                    })?;
+                timeout = Duration::from_secs_f64(secs);
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, timeout))
 }
 
 /// Removes the password from a database URL so it can be shown in an error or a log line.
@@ -90,6 +147,30 @@ fn is_secret_parameter(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connect_timeout_comes_from_the_url_and_leaves_it() {
+        assert_eq!(
+            connect_timeout("postgres://db/app").expect("ok"),
+            ("postgres://db/app".to_owned(), CONNECT_TIMEOUT)
+        );
+        assert_eq!(
+            connect_timeout("postgres://db/app?connect_timeout=2.5&sslmode=disable").expect("ok"),
+            (
+                "postgres://db/app?sslmode=disable".to_owned(),
+                Duration::from_millis(2500)
+            )
+        );
+        assert_eq!(
+            connect_timeout("mysql://db/app?connect_timeout=3").expect("ok"),
+            ("mysql://db/app".to_owned(), Duration::from_secs(3))
+        );
+        for bad in ["0", "-1", "soon", ""] {
+            let err =
+                connect_timeout(&format!("postgres://db?connect_timeout={bad}")).expect_err(bad);
+            assert!(err.to_string().contains("connect_timeout"), "{err}");
+        }
+    }
 
     #[test]
     fn redacts_password() {

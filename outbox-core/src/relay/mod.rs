@@ -181,6 +181,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.reconnect_delay = d;
         self
     }
+    /// How long opening (or closing) a database session may take. See
+    /// [`RelayConfig::connect_timeout`].
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
     /// How often a busy relay re-checks the partition share.
     pub fn rebalance_interval(mut self, d: Duration) -> Self {
         self.config.rebalance_interval = d;
@@ -285,7 +291,10 @@ pub struct RelayHandle {
 }
 
 impl RelayHandle {
-    /// Asks the relay to stop after its current batch and waits until it has.
+    /// Asks the relay to stop after its current batch and waits until it has: within
+    /// `publish_timeout + connect_timeout` in every state, also while it connects or waits
+    /// on a database that stopped answering (what it had not recorded then is published
+    /// again by the next relay).
     pub async fn shutdown(self) {
         self.task.shutdown().await;
     }

@@ -12,7 +12,7 @@ use super::drain::drain;
 use super::{Relay, RelayStats};
 use crate::publisher::Publisher;
 use crate::store::Backend;
-use crate::store::session::{Context, Session, SessionResult};
+use crate::store::session::{Context, Session, SessionError, SessionResult};
 use crate::task::stopped;
 
 impl<P: Publisher, DB: Backend> Relay<P, DB> {
@@ -24,9 +24,24 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         const FIRST_DELAY: Duration = Duration::from_millis(50);
         let mut delay = FIRST_DELAY;
+        // Once shutdown is asked, the batch in flight gets `publish_timeout` to be
+        // published and `connect_timeout` more to be recorded; past that (a database that
+        // stopped answering) the session is dropped: what it had not recorded is
+        // published again by the next relay.
+        let grace = self.config.publish_timeout + self.config.connect_timeout;
+        let mut asked = shutdown.clone();
         loop {
             let started = std::time::Instant::now();
-            let result = self.session(&mut shutdown).await;
+            let result = tokio::select! {
+                result = self.session(&mut shutdown) => result,
+                () = async {
+                    stopped(&mut asked).await;
+                    tokio::time::sleep(grace).await;
+                } => {
+                    tracing::warn!(?grace, "outbox relay: the database did not let the session end in time; dropping it");
+                    return;
+                }
+            };
             // A session that worked for a while before failing starts the backoff afresh.
             if started.elapsed() > Duration::from_secs(30) {
                 delay = FIRST_DELAY;
@@ -55,11 +70,18 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             config: &self.config,
             queries: &self.stats.queries,
         };
-        let mut session = DB::open(cx).await?;
+        let timeout = self.config.connect_timeout;
+        let mut session = tokio::select! {
+            opened = tokio::time::timeout(timeout, DB::open(cx)) => match opened {
+                Ok(session) => session?,
+                Err(_) => return Err(SessionError::TimedOut(timeout)),
+            },
+            () = stopped(shutdown) => return Ok(()),
+        };
         let result = self.work(&mut session, shutdown).await;
         if result.is_ok() {
             // Hand the work over at once instead of when the connection times out.
-            session.close().await;
+            let _ = tokio::time::timeout(timeout, session.close()).await;
         }
         result
     }

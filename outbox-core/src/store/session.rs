@@ -26,6 +26,13 @@ pub enum SessionError {
     /// The database failed or the connection was lost.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The database did not answer within the relay's `connect_timeout` while the
+    /// session opened.
+    #[error(
+        "the database did not answer within {0:?} while the relay connected \
+         (RelayConfig::connect_timeout)"
+    )]
+    TimedOut(std::time::Duration),
     /// The session cannot run as things stand (another relay's configuration conflicts,
     /// the table lacks what the relay needs, no relay slot is free). Says what to do.
     #[error("{0}")]

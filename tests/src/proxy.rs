@@ -1,0 +1,173 @@
+//! A small fault-injecting TCP proxy for tests: it forwards bytes between a client and a
+//! server and, on demand, stalls (connections stay open, nothing moves), resets (every
+//! open connection is closed), or, without a server behind it, is a black hole (it
+//! accepts connections and never answers, like a frozen server).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the proxy does with the bytes of its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward everything.
+    Forward,
+    /// Forward nothing; keep the connections open.
+    Stall,
+}
+
+#[derive(Debug)]
+struct State {
+    mode: Mode,
+    /// Bumped by [`Proxy::reset`]: connections of an older generation close.
+    generation: u64,
+}
+
+/// A running proxy; it stops when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    state: Arc<watch::Sender<State>>,
+    accepted: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// A proxy on a free local port in front of `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        Proxy::listen(Some(upstream)).await
+    }
+
+    /// A listener that accepts connections and never answers: a frozen server, or a
+    /// proxy whose backend is gone.
+    pub async fn black_hole() -> Proxy {
+        Proxy::listen(None).await
+    }
+
+    async fn listen(upstream: Option<SocketAddr>) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let state = Arc::new(
+            watch::channel(State {
+                mode: Mode::Forward,
+                generation: 0,
+            })
+            .0,
+        );
+        let shared = Arc::clone(&state);
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let state = shared.subscribe();
+                tokio::spawn(connection(client, upstream, state));
+            }
+        });
+        Proxy {
+            addr,
+            state,
+            accepted,
+            task,
+        }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `url` with its host and port replaced by the proxy's (`scheme://user@host:port/...`).
+    pub fn url_for(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((u, r)) => (format!("{u}@"), r),
+            None => (String::new(), rest),
+        };
+        let tail = rest.find(['/', '?']).map_or("", |i| &rest[i..]);
+        format!("{scheme}://{userinfo}{}{tail}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Forwards or stalls from now on.
+    pub fn set(&self, mode: Mode) {
+        self.state.send_modify(|s| s.mode = mode);
+    }
+
+    /// Closes every open connection (new ones are accepted as usual).
+    pub fn reset(&self) {
+        self.state.send_modify(|s| s.generation += 1);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.reset();
+    }
+}
+
+async fn connection(
+    client: TcpStream,
+    upstream: Option<SocketAddr>,
+    mut state: watch::Receiver<State>,
+) {
+    let generation = state.borrow().generation;
+    let reset = |state: &State| state.generation != generation;
+    let Some(upstream) = upstream else {
+        // A black hole: hold the connection, say nothing, until reset or dropped.
+        let _client = client;
+        let _ = state.wait_for(reset).await;
+        return;
+    };
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pump(client_read, server_write, state.clone(), generation);
+    let down = pump(server_read, client_write, state.clone(), generation);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = state.wait_for(reset) => {}
+    }
+}
+
+/// Copies `from` to `to` while the mode is `Forward`; holds the bytes while it is `Stall`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut state: watch::Receiver<State>,
+    generation: u64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let forward = match state
+            .wait_for(|s| s.mode == Mode::Forward || s.generation != generation)
+            .await
+        {
+            Ok(s) => s.generation == generation,
+            Err(_) => false,
+        };
+        if !forward {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
