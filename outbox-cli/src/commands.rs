@@ -359,6 +359,19 @@ fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
                 .to_owned(),
         }
     )?;
+    if let Some(w) = s.oldest_writer.as_ref().filter(|w| w.age_seconds >= 1.0) {
+        let who = w.pid.map_or_else(
+            || "a prepared transaction".to_owned(),
+            |pid| format!("pid {pid}"),
+        );
+        writeln!(
+            out,
+            "oldest open writer: {who} ({}), open {}: nothing written after it began is published \
+             until it commits or rolls back",
+            w.state,
+            human(w.age_seconds)
+        )?;
+    }
     if s.destinations.is_empty() {
         return Ok(());
     }

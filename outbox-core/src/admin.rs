@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 use crate::model::Which;
 pub use crate::model::{
-    DestinationStatus, ListFilter, MessageInfo, MessageState, PurgeReport, Status,
+    DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport, Status,
 };
 use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};

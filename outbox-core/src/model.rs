@@ -162,6 +162,24 @@ pub struct Status {
     pub rows_estimate: i64,
     /// The same counts per destination, for destinations with pending or dead messages.
     pub destinations: Vec<DestinationStatus>,
+    /// PostgreSQL: the oldest transaction that wrote outbox rows and has not ended. The
+    /// relay publishes nothing written after it began until it commits or rolls back, so
+    /// an old one here (idle in transaction, or a prepared transaction) stalls every key.
+    /// `None` when no writer is open (and on MySQL/SQLite, whose writers commit in order).
+    pub oldest_writer: Option<OpenWriter>,
+}
+
+/// A transaction holding the outbox's writer lock; see [`Status::oldest_writer`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct OpenWriter {
+    /// Its server process (`pg_stat_activity.pid`); `None` for a prepared (two-phase)
+    /// transaction, which no session holds: `COMMIT PREPARED` or `ROLLBACK PREPARED` ends it.
+    pub pid: Option<i32>,
+    /// How long ago its transaction began (or was prepared).
+    pub age_seconds: f64,
+    /// `pg_stat_activity.state` (`idle in transaction`, `active`...), or `prepared`.
+    pub state: String,
 }
 
 /// What `Admin::purge` deleted, or would delete.

@@ -107,6 +107,11 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// The events become visible, and relays are woken, when you commit `tx`; if you roll
     /// it back, they are gone with your other changes. Returns the message ids.
+    ///
+    /// On PostgreSQL, writing takes the outbox's writer lock until the transaction ends:
+    /// until then the relay publishes nothing written after it began, for any key. Commit
+    /// or roll back soon after; a transaction left open (idle in transaction, prepared)
+    /// stalls the relay, which names it in `outbox status` and in a warning after 10 s.
     pub async fn enqueue<I>(&self, tx: &mut Transaction<'_, DB>, events: I) -> Result<Vec<Uuid>>
     where
         I: IntoIterator,

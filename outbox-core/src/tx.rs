@@ -108,6 +108,11 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     /// Writes the collected events now, still inside the transaction (they stay invisible
     /// to others until commit). Useful before reading the outbox in the same transaction;
     /// [`commit`](Self::commit) does it for you.
+    ///
+    /// On PostgreSQL, writing takes the outbox's writer lock until the transaction ends:
+    /// until then the relay publishes nothing written after it began, for any key. Commit
+    /// or roll back soon after; a transaction left open (idle in transaction, prepared)
+    /// stalls the relay, which names it in `outbox status` and in a warning after 10 s.
     pub async fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());

@@ -112,6 +112,41 @@ impl Schema for Postgres {
     }
 }
 
+/// The oldest transaction holding the writer lock of the outbox `table` (quoted): the
+/// one the publish horizon waits for. A prepared transaction holds it without a session.
+pub(crate) async fn oldest_writer<'e, E>(
+    executor: E,
+    table: &str,
+) -> sqlx::Result<Option<crate::model::OpenWriter>>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let row: Option<(Option<i32>, f64, String)> = sqlx::query_as(&format!(
+        "SELECT a.pid, \
+                coalesce(extract(epoch FROM now() - coalesce(a.xact_start, p.prepared))::float8, 0), \
+                CASE WHEN a.pid IS NULL THEN 'prepared' ELSE coalesce(a.state, 'unknown') END \
+         FROM pg_locks l \
+         LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         LEFT JOIN pg_prepared_xacts p \
+           ON l.pid IS NULL AND p.transaction::text = split_part(l.virtualtransaction, '/', 2) \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.objid = {writers} \
+           AND l.classid = ($1::text::regclass::oid::int4)::oid \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         ORDER BY 2 DESC NULLS LAST LIMIT 1",
+        writers = locks::WRITERS,
+    ))
+    .bind(table)
+    .fetch_optional(executor)
+    .await?;
+    Ok(
+        row.map(|(pid, age_seconds, state)| crate::model::OpenWriter {
+            pid,
+            age_seconds,
+            state,
+        }),
+    )
+}
+
 impl Outbox<Postgres> {
     /// Connects to PostgreSQL at `url` with a default pool and the default table names.
     ///

@@ -163,6 +163,7 @@ impl Ops for Postgres {
             .await?;
             status.relays = Some(relays);
             status.rows_estimate = rows_estimate;
+            status.oldest_writer = super::oldest_writer(pool, &t).await?;
             Ok(status)
         })
     }

@@ -170,6 +170,12 @@ async fn register_partition_count(
     }
 }
 
+/// The first re-sample delay while writers hold the horizon back.
+const FIRST_RESAMPLE: Duration = Duration::from_millis(5);
+
+/// How long the horizon may be held back before the relay names the writer in a warning.
+const HELD_WARNING: Duration = Duration::from_secs(10);
+
 pub struct PgSession<'a> {
     cx: Context<'a, Postgres>,
     conn: PgConnection,
@@ -183,6 +189,11 @@ pub struct PgSession<'a> {
     relays_probed: bool,
     next_rebalance: Instant,
     horizon: Horizon,
+    /// While writers hold the horizon back: the next re-sample's delay (5 ms, doubling up
+    /// to the poll interval), and since when it has been held.
+    resample: Duration,
+    held_since: Option<Instant>,
+    held_reported: bool,
 }
 
 impl std::fmt::Debug for PgSession<'_> {
@@ -292,11 +303,40 @@ impl<'a> PgSession<'a> {
             horizon: Horizon::default(),
             relays_probed: false,
             next_rebalance: Instant::now(),
+            resample: FIRST_RESAMPLE,
+            held_since: None,
+            held_reported: false,
         })
     }
 
     fn count_queries(&self, n: u64) {
         self.cx.count_queries(n);
+    }
+
+    /// While writers hold the horizon back: the gauge `outbox_relay_horizon_held_seconds`,
+    /// and, once it has lasted [`HELD_WARNING`], one warning naming the oldest writer.
+    async fn report_held(&mut self) -> SessionResult<()> {
+        let since = *self.held_since.get_or_insert_with(Instant::now);
+        let held = since.elapsed();
+        metrics::gauge!("outbox_relay_horizon_held_seconds").set(held.as_secs_f64());
+        if held >= HELD_WARNING && !self.held_reported {
+            self.held_reported = true;
+            self.count_queries(1);
+            let writer =
+                super::oldest_writer(&mut self.conn, &self.cx.tables.outbox.quoted()).await?;
+            if let Some(w) = writer {
+                tracing::warn!(
+                    pid = w.pid,
+                    open_seconds = w.age_seconds,
+                    state = %w.state,
+                    outbox = %self.cx.tables.outbox,
+                    "outbox relay: an open transaction that wrote outbox rows holds back every key: \
+                     nothing written after it began is published until it commits or rolls back \
+                     (see `outbox status`)"
+                );
+            }
+        }
+        Ok(())
     }
 
     async fn count_relays(&mut self) -> SessionResult<i64> {
@@ -444,16 +484,31 @@ impl Session for PgSession<'_> {
     }
 
     /// Waits for a notification, `until`, or shutdown. Notifications already buffered
-    /// are drained: one cycle serves them all. While writers were in flight at the last
-    /// claim, looks again within 5 ms (a rollback sends no notification).
+    /// are drained: one cycle serves them all. While writers held the horizon back at the
+    /// last claim, looks again soon (a rollback sends no notification): after 5 ms, then
+    /// doubling up to the poll interval while the same wait goes on, so a writer left
+    /// open (idle in transaction, prepared) costs a few statements per poll interval,
+    /// not hundreds per second.
     async fn wait(
         &mut self,
         shutdown: &mut watch::Receiver<bool>,
         until: Instant,
     ) -> SessionResult<()> {
         let until = if self.horizon.waiting() {
-            until.min(Instant::now() + Duration::from_millis(5))
+            self.report_held().await?;
+            let soon = Instant::now() + self.resample;
+            self.resample =
+                (self.resample * 2).min(self.cx.config.poll_interval.max(FIRST_RESAMPLE));
+            until.min(soon)
         } else {
+            if self.held_since.take().is_some() {
+                metrics::gauge!("outbox_relay_horizon_held_seconds").set(0.0);
+                if self.held_reported {
+                    tracing::info!("outbox relay: the writer that held the horizon back has ended");
+                }
+            }
+            self.resample = FIRST_RESAMPLE;
+            self.held_reported = false;
             until
         };
         tokio::select! {
