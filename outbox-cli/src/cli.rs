@@ -113,6 +113,13 @@ pub enum Command {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Delete dead-lettered messages for good (they are never published); the later
+    /// messages of their keys, parked behind them, go on.
+    Discard {
+        /// Message ids (repeat, or separate with commas).
+        #[arg(long = "id", value_name = "ID", value_delimiter = ',', required = true)]
+        ids: Vec<Uuid>,
+    },
     /// Delete sent (and, if asked, dead-lettered) messages in one transaction.
     #[command(after_help = TIMES)]
     Purge {

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io::{self, Write};
 use std::path::Path;
 
-use outbox_core::admin::{Admin, ListFilter, MessageInfo, Status};
+use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, Status};
 use outbox_core::config::percent_decoded;
 use outbox_core::retention::Retention;
 use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
@@ -246,6 +246,14 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 "released {n} dead-lettered message(s) in {table}: pending again, attempts reset"
             )?;
         }
+        Command::Discard { ids } => {
+            let n = admin.discard(&ids).await?;
+            writeln!(
+                out,
+                "discarded {n} dead-lettered message(s) from {table}: deleted, never to be published; \
+                 the later messages of their keys go on"
+            )?;
+        }
         Command::Purge {
             sent_before,
             dead_before,
@@ -416,10 +424,11 @@ fn print_messages(
         writeln!(out, "no {what} messages")?;
         return Ok(());
     }
+    let dead = messages.iter().all(|m| m.state == MessageState::Dead);
     let rows: Vec<Vec<String>> = messages
         .iter()
         .map(|m| {
-            vec![
+            let mut row = vec![
                 m.seq.to_string(),
                 m.id.to_string(),
                 m.state.to_string(),
@@ -431,24 +440,29 @@ fn print_messages(
                 m.last_error
                     .as_deref()
                     .map_or_else(|| "-".to_owned(), |e| shorten(e, 60)),
-            ]
+            ];
+            if dead {
+                row.insert(8, m.held_back.to_string());
+            }
+            row
         })
         .collect();
-    table(
-        out,
-        &[
-            "SEQ",
-            "ID",
-            "STATE",
-            "TYPE",
-            "DESTINATION",
-            "KEY",
-            "CREATED",
-            "ATTEMPTS",
-            "LAST ERROR",
-        ],
-        &rows,
-    )?;
+    let mut headers = vec![
+        "SEQ",
+        "ID",
+        "STATE",
+        "TYPE",
+        "DESTINATION",
+        "KEY",
+        "CREATED",
+        "ATTEMPTS",
+        "LAST ERROR",
+    ];
+    if dead {
+        // Pending messages of the key after it, parked until it is released or discarded.
+        headers.insert(8, "HOLDS BACK");
+    }
+    table(out, &headers, &rows)?;
     Ok(())
 }
 

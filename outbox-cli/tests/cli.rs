@@ -207,13 +207,13 @@ async fn migrate_creates_the_tables_once() {
     let out = in_db(&db, &["migrate"]).await;
     assert_eq!(
         out.ok().trim(),
-        format!("applied migrations 1, 2, 3 to {}.outbox", db.schema)
+        format!("applied migrations 1, 2, 3, 4 to {}.outbox", db.schema)
     );
     assert_eq!(db.count("outbox").await, 0, "the outbox table exists");
     assert_eq!(db.count("outbox_processed").await, 0);
     let out = in_db(&db, &["migrate"]).await;
     assert!(out.ok().contains("up to date"), "{}", out.stdout);
-    assert_eq!(db.count("outbox_migrations").await, 3);
+    assert_eq!(db.count("outbox_migrations").await, 4);
     db.cleanup().await;
 }
 
@@ -1077,4 +1077,66 @@ async fn a_password_in_the_url_never_reaches_the_error_line() {
         "{}",
         unknown.stderr
     );
+}
+
+/// `outbox dead` says how many pending messages each dead letter holds back (the relay
+/// parks a key behind its dead letter), and `outbox discard` deletes a dead letter for
+/// good, all or nothing.
+#[tokio::test]
+async fn dead_shows_what_each_dead_letter_holds_back_and_discard_deletes_it() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let dead = insert(
+        &db,
+        Row {
+            key: Some("k"),
+            dead_ago: Some("1 minute"),
+            attempts: 3,
+            ..PENDING
+        },
+    )
+    .await;
+    for _ in 0..2 {
+        insert(
+            &db,
+            Row {
+                key: Some("k"),
+                ..PENDING
+            },
+        )
+        .await;
+    }
+    let text = in_db(&db, &["dead"]).await;
+    let text = text.ok();
+    let header = text.lines().next().expect("a header");
+    assert!(header.contains("HOLDS BACK"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains(&dead.to_string()))
+        .expect("the dead letter");
+    let column = header.find("HOLDS BACK").expect("column");
+    assert!(row[column..].trim_start().starts_with('2'), "{text}");
+    let d = json(in_db(&db, &["dead", "--json"]).await.ok());
+    assert_eq!(d[0]["held_back"], 2);
+
+    // A pending message is not a dead letter: nothing is deleted.
+    let pending = insert(&db, PENDING).await;
+    let ids = format!("{dead},{pending}");
+    let out = in_db(&db, &["discard", "--id", &ids]).await;
+    assert!(
+        out.stderr
+            .contains("only dead-lettered messages can be discarded"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.count("outbox").await, 4);
+
+    let out = in_db(&db, &["discard", "--id", &dead.to_string()]).await;
+    assert!(
+        out.ok().contains("discarded 1 dead-lettered message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(db.count("outbox").await, 3);
+    db.cleanup().await;
 }

@@ -189,6 +189,29 @@ impl<DB: Backend> Admin<DB> {
         .await
     }
 
+    /// Deletes the **dead-lettered** messages `ids` for good: they will never be
+    /// published. The later messages of their keys, parked behind them
+    /// ([`OnDeadLetter::ParkKey`](crate::relay::OnDeadLetter)), go on. Fails without
+    /// changing anything if an id is unknown or its message is not dead-lettered. Returns
+    /// how many were discarded.
+    pub async fn discard(&self, ids: &[Uuid]) -> Result<u64> {
+        let context = "discarding dead-lettered messages";
+        let mut tx = self
+            .locked_in_state(
+                ids,
+                MessageState::Dead,
+                "discarded",
+                "only dead-lettered messages can be discarded (`outbox dead` lists them)",
+                context,
+            )
+            .await?;
+        let n = DB::delete_ids(&mut tx, self.outbox.tables(), ids, Which::Dead)
+            .await
+            .map_err(self.err(context))?;
+        self.wake_and_commit(tx, n > 0, context).await?;
+        Ok(n)
+    }
+
     /// Returns every dead-lettered message with partition key `key` to pending, with
     /// attempts and errors reset. Returns how many were released (0 if none was dead).
     pub async fn release_key(&self, key: &str) -> Result<u64> {
@@ -254,11 +277,6 @@ impl<DB: Backend> Admin<DB> {
         operation: &'static str,
         hint: &'static str,
     ) -> Result<u64> {
-        if ids.is_empty() {
-            return Err(Error::InvalidArgument(Cow::Borrowed(
-                "no message ids given",
-            )));
-        }
         let context = match from {
             Which::Dead => "releasing dead-lettered messages",
             _ => "re-queuing sent messages",
@@ -267,6 +285,31 @@ impl<DB: Backend> Admin<DB> {
             Which::Dead => MessageState::Dead,
             _ => MessageState::Sent,
         };
+        let mut tx = self
+            .locked_in_state(ids, wanted, operation, hint, context)
+            .await?;
+        let n = DB::requeue_ids(&mut tx, self.outbox.tables(), ids, from)
+            .await
+            .map_err(self.err(context))?;
+        self.wake_and_commit(tx, n > 0, context).await?;
+        Ok(n)
+    }
+
+    /// A write transaction holding the messages `ids`, all of which exist and are in
+    /// state `wanted` (else an error naming the first that is not, and nothing changed).
+    async fn locked_in_state(
+        &self,
+        ids: &[Uuid],
+        wanted: MessageState,
+        operation: &'static str,
+        hint: &'static str,
+        context: &'static str,
+    ) -> Result<Transaction<'static, DB>> {
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument(Cow::Borrowed(
+                "no message ids given",
+            )));
+        }
         let tables = self.outbox.tables();
         let mut tx = self.begin(context).await?;
         let states: HashMap<Uuid, MessageState> = DB::lock_states(&mut tx, tables, ids)
@@ -293,11 +336,7 @@ impl<DB: Backend> Admin<DB> {
                 Some(_) => {}
             }
         }
-        let n = DB::requeue_ids(&mut tx, tables, ids, from)
-            .await
-            .map_err(self.err(context))?;
-        self.wake_and_commit(tx, n > 0, context).await?;
-        Ok(n)
+        Ok(tx)
     }
 
     /// Wakes listening relays when the transaction commits, then commits.

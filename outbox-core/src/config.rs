@@ -160,6 +160,20 @@ pub enum OnSent {
     Delete,
 }
 
+/// What happens to the later messages of a key whose message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnDeadLetter {
+    /// They stay parked behind it, so nothing overtakes it: until an operator releases
+    /// it (it goes first, then they follow) or discards it (`outbox discard`). Other keys
+    /// flow on. `outbox dead` shows how many messages each dead letter holds back.
+    #[default]
+    ParkKey,
+    /// They go on without it (availability over order): a released dead letter then
+    /// reaches consumers after newer messages of its key.
+    SkipKey,
+}
+
 /// The relay's settings. Every field has a documented default.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -187,6 +201,9 @@ pub struct RelayConfig {
     pub publish_timeout: Duration,
     /// Mark or delete acknowledged rows. Default [`OnSent::Mark`].
     pub on_sent: OnSent,
+    /// The later messages of a key with a dead letter wait for it, or go on. Default
+    /// [`OnDeadLetter::ParkKey`].
+    pub on_dead_letter: OnDeadLetter,
     /// Longest wait between reconnection attempts after a database error. Default 5 s.
     pub reconnect_delay: Duration,
     /// How long opening a database session may take (connecting, registering) before it
@@ -210,6 +227,7 @@ impl Default for RelayConfig {
             partitions: 16,
             publish_timeout: Duration::from_secs(30),
             on_sent: OnSent::Mark,
+            on_dead_letter: OnDeadLetter::ParkKey,
             reconnect_delay: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(1),

@@ -102,14 +102,26 @@ pub const POSTGRES: &[Migration] = &[
         description: "stop writing xact_id (never read)",
         sql: include_str!("../migrations/postgres/0003_stop_writing_xact_id.sql"),
     },
+    Migration {
+        version: 4,
+        description: "index dead-lettered messages by key",
+        sql: include_str!("../migrations/postgres/0004_dead_letter_key_index.sql"),
+    },
 ];
 
 /// The SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the outbox and processed-messages tables",
-    sql: include_str!("../migrations/sqlite/0001_create_outbox.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create the outbox and processed-messages tables",
+        sql: include_str!("../migrations/sqlite/0001_create_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "index dead-lettered messages by key",
+        sql: include_str!("../migrations/sqlite/0002_dead_letter_key_index.sql"),
+    },
+];
 
 /// The MySQL/MariaDB migrations, in order.
 pub const MYSQL: &[Migration] = &[Migration {

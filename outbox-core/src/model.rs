@@ -85,6 +85,10 @@ pub struct MessageInfo {
     pub payload: serde_json::Value,
     /// The stored headers.
     pub headers: serde_json::Value,
+    /// For a dead letter: the pending messages of its key after it, which wait for it
+    /// (with the default `OnDeadLetter::ParkKey`) until it is released or discarded.
+    /// 0 in other listings.
+    pub held_back: i64,
 }
 
 /// Which messages `Admin::pending` and `Admin::dead` list. `Default` lists the first
@@ -208,6 +212,19 @@ pub enum Which {
 }
 
 impl Which {
+    /// The `held_back` column of a listing of the rows `x` of `outbox`: counted for dead
+    /// letters, 0 otherwise (a `bigint` on every database).
+    pub(crate) fn held_back(self, outbox: &str) -> String {
+        let condition = match self {
+            Which::Dead => format!(
+                "p.partition_key = x.partition_key AND p.seq > x.seq AND {}",
+                state::pending("p")
+            ),
+            _ => "1 = 0".to_owned(),
+        };
+        format!("(SELECT count(*) FROM {outbox} p WHERE {condition}) AS held_back")
+    }
+
     /// The `WHERE` condition, the same on every database.
     pub(crate) fn condition(self) -> &'static str {
         match self {
@@ -315,6 +332,19 @@ pub(crate) mod state {
             "r.next_attempt_at IS NOT NULL \
              AND (r.attempts > 0 OR r.next_attempt_at > {now} OR r.seq <= {after})"
         )
+    }
+
+    /// The claim's condition that keeps the rows of a key behind its dead letter
+    /// ([`OnDeadLetter::ParkKey`](crate::config::OnDeadLetter)); empty for `SkipKey`.
+    pub(crate) fn parked(outbox: &str, park: bool) -> String {
+        if park {
+            format!(
+                " AND NOT EXISTS (SELECT 1 FROM {outbox} d WHERE d.partition_key = o.partition_key \
+                   AND d.seq < o.seq AND d.dead_at IS NOT NULL)"
+            )
+        } else {
+            String::new()
+        }
     }
 
     /// The rows of keys with a pending row waiting for a retry (or re-queued, not yet

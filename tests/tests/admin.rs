@@ -7,7 +7,7 @@ use outbox_core::admin::{Admin, ListFilter};
 use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::Relay;
 use outbox_core::{Outbox, OutboxMessage};
-use outbox_tests::TestDb;
+use outbox_tests::{TestDb, wait_until};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -85,6 +85,10 @@ async fn a_replayed_message_wakes_the_relay_and_goes_out_before_newer_pending_on
     db.cleanup().await;
 }
 
+/// A dead letter parks the later messages of its key (the default,
+/// `OnDeadLetter::ParkKey`): `outbox dead` says how many it holds back, and once released
+/// it goes first, with fresh attempts, then they follow. (On main, `After` went out while
+/// `Poison` was dead, and reached consumers before it once released.)
 #[tokio::test]
 async fn a_released_dead_letter_is_published_with_fresh_attempts() {
     let db = TestDb::new().await;
@@ -99,22 +103,35 @@ async fn a_released_dead_letter_is_published_with_fresh_attempts() {
     let running = relay(&outbox, &publisher);
     let poison = write(&outbox, "Poison", "k").await;
     let after = write(&outbox, "After", "k").await;
+    let other = write(&outbox, "Other", "other-key").await;
+    assert!(publisher.wait_for(1, WAIT).await, "other keys flow");
+    wait_until("the poison message is dead", WAIT, || async {
+        admin.status().await.expect("status").dead == 1
+    })
+    .await;
+    // `After` stays parked behind the dead letter, also when the relay looks again.
+    let looked = running.stats().queries;
+    write(&outbox, "Nudge", "third-key").await;
+    assert!(publisher.wait_for(2, WAIT).await, "the relay looked again");
+    assert!(running.stats().queries > looked);
+    let published: Vec<_> = publisher.published().iter().map(|r| r.id).collect();
     assert!(
-        publisher.wait_for(1, WAIT).await,
-        "the dead letter does not block its key"
+        published.contains(&other) && !published.contains(&after),
+        "{published:?}"
     );
-    // The broker has `After`; wait for the relay to record the batch.
-    drained(&admin).await;
-    let status = admin.status().await.expect("status");
-    assert_eq!(
-        (status.pending, status.dead, status.relays),
-        (0, 1, Some(1))
-    );
+    // Once the relay recorded `Nudge`, only `After` is pending: parked.
+    wait_until("only the parked message is pending", WAIT, || async {
+        let status = admin.status().await.expect("status");
+        (status.pending, status.dead, status.relays) == (1, 1, Some(1))
+    })
+    .await;
     let dead = admin.dead(&ListFilter::default()).await.expect("dead");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].id, poison);
     assert_eq!(dead[0].last_error.as_deref(), Some("too large"));
     assert_eq!(dead[0].attempts, 1);
+    assert_eq!(dead[0].held_back, 1, "it holds back `After`");
+    publisher.clear();
 
     publisher.clear_failures();
     assert_eq!(admin.release_key("k").await.expect("release"), 1);
@@ -125,9 +142,10 @@ async fn a_released_dead_letter_is_published_with_fresh_attempts() {
     let published = publisher.published();
     assert_eq!(
         published.iter().map(|r| r.id).collect::<Vec<_>>(),
-        [after, poison]
+        [poison, after],
+        "the released dead letter first, then the message it held back"
     );
-    assert_eq!(published[1].attempts, 0, "attempts reset");
+    assert_eq!(published[0].attempts, 0, "attempts reset");
     assert!(
         admin
             .dead(&ListFilter::default())

@@ -9,7 +9,7 @@ use chrono::Utc;
 use outbox_core::admin::{Admin, ListFilter, MessageState};
 use outbox_core::inbox::{Inbox, InboxError, Processed};
 use outbox_core::publisher::{InMemoryPublisher, PublishError};
-use outbox_core::relay::Relay;
+use outbox_core::relay::{OnDeadLetter, Relay};
 use outbox_core::retention::Retention;
 use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord, OutboxTx};
 use outbox_tests::backends::{Fixture, TestBackend, init_statement_log, logged_statements};
@@ -317,6 +317,8 @@ async fn retries_backoff_and_dead_letter<DB: TestBackend>() {
         .max_attempts(3)
         .backoff(Duration::from_millis(300), Duration::from_secs(2))
         .poll_interval(Duration::from_millis(100))
+        // The key goes on without its dead letter (the default parks it: see below).
+        .on_dead_letter(OnDeadLetter::SkipKey)
         .spawn();
     assert!(publisher.wait_for(10, WAIT).await, "other keys flow");
     let started = std::time::Instant::now();
@@ -379,6 +381,7 @@ async fn retries_backoff_and_dead_letter<DB: TestBackend>() {
 /// goes out in order afterwards. (On main, with `max_attempts(2)`, each key's head was
 /// dead-lettered and its later messages overtook it.)
 async fn an_outage_dead_letters_nothing_and_keeps_key_order<DB: TestBackend>() {
+    init_statement_log(); // every test of this binary: the first one installs it
     let f = DB::fixture().await;
     let mut tx = f.outbox.begin().await.expect("begin");
     for n in 0..4 {
@@ -441,6 +444,79 @@ async fn an_outage_dead_letters_nothing_and_keeps_key_order<DB: TestBackend>() {
         .collect();
     check_order(&first_sends, 3, 4);
     assert_eq!(count(&f, "dead_at IS NOT NULL OR attempts > 0").await, 0);
+    DB::cleanup(f).await;
+}
+
+/// A dead letter parks the later messages of its key (`OnDeadLetter::ParkKey`, the
+/// default) while other keys flow: `Admin::dead` says how many each holds back; a
+/// released dead letter goes first and its key follows in order; a discarded one is
+/// deleted and its key goes on without it. (On main, the key's later messages overtook
+/// their dead letter.)
+async fn a_dead_letter_parks_its_key_until_released_or_discarded<DB: TestBackend>() {
+    init_statement_log(); // every test of this binary: the first one installs it
+    let f = DB::fixture().await;
+    let mut tx = f.outbox.begin().await.expect("begin");
+    let first = tx
+        .emit_message(OutboxMessage::new("Poison", "counts", r#"{"key":"p","n":0}"#).with_key("p"))
+        .expect("emit");
+    tx.emit_message(message("p", 1)).expect("emit");
+    tx.emit_message(message("p", 2)).expect("emit");
+    let second = tx
+        .emit_message(OutboxMessage::new("Poison", "counts", r#"{"key":"r","n":0}"#).with_key("r"))
+        .expect("emit");
+    tx.emit_message(message("r", 1)).expect("emit");
+    for n in 0..3 {
+        tx.emit_message(message("q", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::permanent("rejected by the broker"),
+    );
+    let relay = Relay::builder(f.outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_millis(50))
+        .spawn();
+    let admin = Admin::new(f.outbox.clone());
+    wait_until("both poison messages are dead", WAIT, || async {
+        admin.status().await.expect("status").dead == 2
+    })
+    .await;
+    assert!(publisher.wait_for(3, WAIT).await, "the other key flows");
+    relay_looked_again(&relay, 2).await;
+    let keys = |published: &[OutboxRecord]| -> Vec<String> {
+        published.iter().map(|r| key_and_n(r).0).collect()
+    };
+    assert_eq!(
+        keys(&publisher.published()),
+        ["q", "q", "q"],
+        "p and r stay parked behind their dead letters"
+    );
+    let dead = admin.dead(&ListFilter::default()).await.expect("dead");
+    let held: Vec<(Uuid, i64)> = dead.iter().map(|m| (m.id, m.held_back)).collect();
+    assert_eq!(held, [(first, 2), (second, 1)]);
+
+    // Released: it goes first, then its key.
+    publisher.clear_failures();
+    publisher.clear();
+    assert_eq!(admin.release(&[first]).await.expect("release"), 1);
+    assert!(publisher.wait_for(3, WAIT).await, "p goes out");
+    let p: Vec<(String, u64)> = publisher.published().iter().map(key_and_n).collect();
+    assert_eq!(p, [("p".into(), 0), ("p".into(), 1), ("p".into(), 2)]);
+
+    // Discarded: deleted, never published; its key goes on.
+    publisher.clear();
+    assert_eq!(admin.discard(&[second]).await.expect("discard"), 1);
+    assert!(publisher.wait_for(1, WAIT).await, "r goes on");
+    assert_eq!(keys(&publisher.published()), ["r"]);
+    assert_eq!(count(&f, &format!("id = '{second}'")).await, 0, "discarded");
+    let wrong = admin
+        .discard(&[first])
+        .await
+        .expect_err("not dead any more");
+    assert!(wrong.to_string().contains("discard"), "{wrong}");
+    relay.shutdown().await;
     DB::cleanup(f).await;
 }
 
@@ -1049,6 +1125,10 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn an_outage_dead_letters_nothing_and_keeps_key_order() {
                 super::an_outage_dead_letters_nothing_and_keeps_key_order::<$ty>().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_dead_letter_parks_its_key_until_released_or_discarded() {
+                super::a_dead_letter_parks_its_key_until_released_or_discarded::<$ty>().await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retries_backoff_and_dead_letter() {

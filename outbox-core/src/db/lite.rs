@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use sqlx::query::Query;
 
-use crate::config::{OnSent, RelayConfig, TableName, Tables};
+use crate::config::{OnDeadLetter, OnSent, RelayConfig, TableName, Tables};
 use crate::db::rows::{budgeted, claim_columns};
 use crate::model::state::{self, PENDING};
 
@@ -78,8 +78,10 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    pub(crate) fn new<D: Lite>(table: &TableName, on_sent: OnSent) -> Statements {
+    pub(crate) fn new<D: Lite>(table: &TableName, config: &RelayConfig) -> Statements {
+        let on_sent = config.on_sent;
         let outbox = D::quote(table);
+        let parked = state::parked(&outbox, config.on_dead_letter == OnDeadLetter::ParkKey);
         let [after, after_again, limit, budget] = D::CLAIM_PARAMS;
         let seqs = D::SEQS_FROM_JSON;
         Statements {
@@ -90,7 +92,7 @@ impl Statements {
                        AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {now}) \
                        AND NOT EXISTS (SELECT 1 FROM {outbox} r \
                             WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                              AND {pending_r} AND {blocker}) \
+                              AND {pending_r} AND {blocker}){parked} \
                      ORDER BY o.seq LIMIT {limit}",
                     columns = claim_columns(D::text),
                     pending_o = state::pending("o"),
@@ -342,10 +344,11 @@ macro_rules! lite_backend {
                 filter: &'c ListFilter,
             ) -> BoxFuture<'c, SqlResult<Vec<MessageInfo>>> {
                 Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.outbox);
                     let mut sql = format!(
-                        "SELECT {} FROM {} WHERE {}",
+                        "SELECT {}, {} FROM {t} x WHERE {}",
                         message_columns(<$db as Lite>::text),
-                        <$db as Lite>::quote(&tables.outbox),
+                        which.held_back(&t),
                         which.condition()
                     );
                     for (column, set) in [
@@ -409,6 +412,31 @@ macro_rules! lite_backend {
                         }
                     }
                     Ok(states)
+                })
+            }
+
+            fn delete_ids<'c>(
+                conn: &'c mut Conn,
+                tables: &'c Tables,
+                ids: &'c [Uuid],
+                from: Which,
+            ) -> BoxFuture<'c, SqlResult<u64>> {
+                Box::pin(async move {
+                    let mut n = 0;
+                    for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                        let sql = format!(
+                            "DELETE FROM {t} WHERE id IN ({list}) AND {state}",
+                            t = <$db as Lite>::quote(&tables.outbox),
+                            list = placeholders(chunk.len()),
+                            state = from.condition(),
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for id in chunk {
+                            query = query.bind(id.to_string());
+                        }
+                        n += query.execute(&mut *conn).await?.rows_affected();
+                    }
+                    Ok(n)
                 })
             }
 
@@ -569,7 +597,7 @@ macro_rules! lite_backend {
                 use sqlx::Connection as _;
                 let options = (*cx.pool.connect_options()).clone();
                 let conn = <<$db as sqlx::Database>::Connection>::connect_with(&options).await?;
-                let sql = $crate::db::lite::Statements::new::<$db>(&cx.tables.outbox, cx.config.on_sent);
+                let sql = $crate::db::lite::Statements::new::<$db>(&cx.tables.outbox, cx.config);
                 tracing::info!(
                     outbox = %cx.tables.outbox,
                     engine = <$db as sqlx::Database>::NAME,

@@ -101,6 +101,7 @@ where
         dead_at,
         payload: json(&row.try_get::<String, _>("payload")?)?,
         headers: json(&row.try_get::<String, _>("headers")?)?,
+        held_back: row.try_get("held_back")?,
     })
 }
 

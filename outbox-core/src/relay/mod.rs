@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::Outbox;
-pub use crate::config::{OnSent, RelayConfig};
+pub use crate::config::{OnDeadLetter, OnSent, RelayConfig};
 use crate::publisher::Publisher;
 use crate::store::session::Source;
 use crate::store::{Backend, DefaultBackend};
@@ -174,6 +174,11 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     /// Mark or delete acknowledged rows.
     pub fn on_sent(mut self, on_sent: OnSent) -> Self {
         self.config.on_sent = on_sent;
+        self
+    }
+    /// Whether a key's later messages wait for its dead letter (the default) or go on.
+    pub fn on_dead_letter(mut self, on_dead_letter: OnDeadLetter) -> Self {
+        self.config.on_dead_letter = on_dead_letter;
         self
     }
     /// Longest wait between reconnection attempts.

@@ -88,6 +88,14 @@ pub trait Ops: sqlx::Database {
         ids: &'c [Uuid],
     ) -> BoxFuture<'c, SqlResult<Vec<(Uuid, MessageState)>>>;
 
+    /// Deletes the messages `ids` that are in state `from`; returns how many.
+    fn delete_ids<'c>(
+        conn: &'c mut Self::Connection,
+        tables: &'c Tables,
+        ids: &'c [Uuid],
+        from: Which,
+    ) -> BoxFuture<'c, SqlResult<u64>>;
+
     /// Returns the messages `ids`, which are in state `from`, to pending, attempts and
     /// errors reset; returns how many.
     fn requeue_ids<'c>(

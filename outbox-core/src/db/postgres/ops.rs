@@ -176,7 +176,7 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<Vec<MessageInfo>>> {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
-                "SELECT {columns} FROM {t} WHERE {state} \
+                "SELECT {columns}, {held_back} FROM {t} x WHERE {state} \
                    AND ($1::text IS NULL OR destination = $1) \
                    AND ($2::text IS NULL OR event_type = $2) \
                    AND ($3::text IS NULL OR partition_key = $3) \
@@ -184,6 +184,7 @@ impl Ops for Postgres {
                    AND ($5::timestamptz IS NULL OR created_at < $5) \
                  ORDER BY seq LIMIT $6",
                 columns = message_columns(|c| format!("{c}::text")),
+                held_back = which.held_back(&tables.outbox.quoted()),
                 t = tables.outbox.quoted(),
                 state = which.condition(),
             ))
@@ -226,6 +227,25 @@ impl Ops for Postgres {
                     ))
                 })
                 .collect()
+        })
+    }
+
+    fn delete_ids<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        ids: &'c [Uuid],
+        from: Which,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM {} WHERE id = ANY($1) AND {}",
+                tables.outbox.quoted(),
+                from.condition(),
+            ))
+            .bind(ids)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected())
         })
     }
 

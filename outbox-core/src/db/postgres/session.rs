@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::horizon::{Horizon, Sample};
 use super::locks;
-use crate::config::OnSent;
+use crate::config::{OnDeadLetter, OnSent, RelayConfig};
 use crate::db::rows::{budgeted, claim_columns, decode_each, record};
 use crate::model::state::{self, PENDING};
 use crate::publisher::OutboxRecord;
@@ -43,7 +43,9 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(outbox: &str, seq_name: &str, table_key: i32, on_sent: OnSent) -> Sql {
+    fn new(outbox: &str, seq_name: &str, table_key: i32, config: &RelayConfig) -> Sql {
+        let on_sent = config.on_sent;
+        let parked = state::parked(outbox, config.on_dead_letter == OnDeadLetter::ParkKey);
         let advisory = format!(
             "locktype = 'advisory' AND granted AND objsubid = 2 AND classid = ({table_key})::int4::oid \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -67,7 +69,7 @@ impl Sql {
                               = ANY($3)) \
                        AND NOT EXISTS (SELECT 1 FROM {outbox} r \
                             WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                              AND {pending_r} AND {blocker}) \
+                              AND {pending_r} AND {blocker}){parked} \
                      ORDER BY o.seq LIMIT $2",
                     columns = claim_columns(|c| format!("{c}::text")),
                     pending_o = state::pending("o"),
@@ -283,12 +285,7 @@ impl<'a> PgSession<'a> {
         listener.ignore_pool_close_event(true);
         listener.listen(&channel).await?;
 
-        let sql = Sql::new(
-            &tables.outbox.quoted(),
-            &seq_name,
-            table_key,
-            cx.config.on_sent,
-        );
+        let sql = Sql::new(&tables.outbox.quoted(), &seq_name, table_key, cx.config);
         cx.count_queries(5);
         tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
         Ok(PgSession {
