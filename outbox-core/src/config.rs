@@ -209,10 +209,27 @@ pub struct RelayConfig {
     /// How long opening a database session may take (connecting, registering) before it
     /// counts as failed; also bounds closing it. Default 10 s.
     pub connect_timeout: Duration,
+    /// A relay whose process stops answering (SIGSTOP, a frozen VM, a host that paused)
+    /// loses its work to the other relays after about this long: the server ends its
+    /// session once it has been idle that long (PostgreSQL >= 14 `idle_session_timeout`,
+    /// MySQL/MariaDB `wait_timeout`), which releases its locks. A working relay is never
+    /// idle that long: the value used is at least `publish_timeout + poll_interval + 5 s`.
+    /// Default 60 s. (A host that vanished is noticed sooner on PostgreSQL, by TCP
+    /// keepalives: ~25 s.)
+    pub session_timeout: Duration,
     /// How often a busy relay re-checks how partitions are shared. Default 1 s.
     pub rebalance_interval: Duration,
     /// `application_name` of the relay's database sessions. Default `outbox-relay`.
     pub application_name: String,
+}
+
+impl RelayConfig {
+    /// [`session_timeout`](Self::session_timeout) as used: never shorter than one
+    /// publish plus one poll, so a working relay never loses its session to it.
+    pub(crate) fn effective_session_timeout(&self) -> Duration {
+        self.session_timeout
+            .max(self.publish_timeout + self.poll_interval + Duration::from_secs(5))
+    }
 }
 
 impl Default for RelayConfig {
@@ -230,6 +247,7 @@ impl Default for RelayConfig {
             on_dead_letter: OnDeadLetter::ParkKey,
             reconnect_delay: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
+            session_timeout: Duration::from_secs(60),
             rebalance_interval: Duration::from_secs(1),
             application_name: "outbox-relay".to_owned(),
         }

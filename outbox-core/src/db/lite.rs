@@ -55,6 +55,12 @@ pub(crate) trait Lite: sqlx::Database {
     ) -> Query<'q, Self, <Self as sqlx::Database>::Arguments<'q>>;
     /// Deletes up to `?` processed ids older than `?`, oldest first.
     fn delete_processed(table: &str) -> String;
+    /// Has the server end this connection's session once it is idle for `timeout`
+    /// (MySQL: `wait_timeout`, which releases the relay's named lock; SQLite: nothing).
+    fn limit_idle(
+        conn: &mut Self::Connection,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'_, sqlx::Result<()>>;
     /// Makes this connection the active relay if it is free; `true` if it is.
     fn acquire<'c>(
         conn: &'c mut Self::Connection,
@@ -596,7 +602,11 @@ macro_rules! lite_backend {
             ) -> $crate::store::session::SessionResult<LiteSession<'a>> {
                 use sqlx::Connection as _;
                 let options = (*cx.pool.connect_options()).clone();
-                let conn = <<$db as sqlx::Database>::Connection>::connect_with(&options).await?;
+                let mut conn = <<$db as sqlx::Database>::Connection>::connect_with(&options).await?;
+                // A relay process that stops answering keeps its connection (and its
+                // lock) open: the server ends an idle session after this long.
+                cx.count_queries(1);
+                <$db as Lite>::limit_idle(&mut conn, cx.config.effective_session_timeout()).await?;
                 let sql = $crate::db::lite::Statements::new::<$db>(&cx.tables.outbox, cx.config);
                 tracing::info!(
                     outbox = %cx.tables.outbox,

@@ -186,6 +186,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.reconnect_delay = d;
         self
     }
+    /// How long a relay that stopped answering keeps its work. See
+    /// [`RelayConfig::session_timeout`].
+    pub fn session_timeout(mut self, d: Duration) -> Self {
+        self.config.session_timeout = d;
+        self
+    }
     /// How long opening (or closing) a database session may take. See
     /// [`RelayConfig::connect_timeout`].
     pub fn connect_timeout(mut self, d: Duration) -> Self {

@@ -66,6 +66,19 @@ impl Lite for MySql {
         format!("DELETE FROM {table} WHERE processed_at < ? ORDER BY processed_at LIMIT ?")
     }
 
+    fn limit_idle(
+        conn: &mut MySqlConnection,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'_, sqlx::Result<()>> {
+        Box::pin(async move {
+            sqlx::query("SET SESSION wait_timeout = ?")
+                .bind(timeout.as_secs().max(1))
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
     /// Takes the outbox's named lock if free (no wait).
     fn acquire<'c>(
         conn: &'c mut MySqlConnection,

@@ -231,6 +231,19 @@ impl<'a> PgSession<'a> {
         // partitions are taken over (the server drops the session and its locks).
         conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
             .await?;
+        // A relay process that stops answering (SIGSTOP, a frozen VM) keeps its TCP
+        // connection alive (the kernel answers keepalives): the server ends its session,
+        // and with it the partitions, once it has been idle that long (PostgreSQL >= 14).
+        sqlx::query(
+            "SELECT set_config('idle_session_timeout', $1, false) \
+             WHERE current_setting('server_version_num')::int >= 140000",
+        )
+        .bind(format!(
+            "{}ms",
+            cx.config.effective_session_timeout().as_millis()
+        ))
+        .execute(&mut conn)
+        .await?;
         let (seq_name, cache): (Option<String>, Option<i64>) = sqlx::query_as(
             "SELECT s.name, (SELECT seqcache FROM pg_sequence WHERE seqrelid = s.name::regclass) \
              FROM (SELECT pg_get_serial_sequence($1, 'seq') AS name) s",
@@ -286,7 +299,7 @@ impl<'a> PgSession<'a> {
         listener.listen(&channel).await?;
 
         let sql = Sql::new(&tables.outbox.quoted(), &seq_name, table_key, cx.config);
-        cx.count_queries(5);
+        cx.count_queries(6);
         tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
         Ok(PgSession {
             cx,

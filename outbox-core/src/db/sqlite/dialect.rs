@@ -65,6 +65,14 @@ impl Lite for Sqlite {
         )
     }
 
+    /// Nothing to end: one relay per file, no server.
+    fn limit_idle(
+        _conn: &mut SqliteConnection,
+        _timeout: std::time::Duration,
+    ) -> BoxFuture<'_, sqlx::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Always: one relay per file is the deployment rule (see the module docs).
     fn acquire<'c>(
         _conn: &'c mut SqliteConnection,
