@@ -232,6 +232,39 @@ enum Outcome {
     NotAttempted,
 }
 
+/// The least a batch waits for a message's delivery report once the cluster has answered
+/// for others of the batch (see `publish`).
+const STRAGGLER_GRACE: Duration = Duration::from_secs(1);
+
+/// Why a message had no delivery report while the rest of its batch did: its topic does
+/// not exist (and is not created; a per-message error that counts towards
+/// `max_attempts`, named so that `outbox dead` says it), or something the cluster will
+/// sort out (unavailable: no attempt counted).
+async fn straggler(producer: &Arc<FutureProducer>, topic: &str, waited: Duration) -> PublishError {
+    let (client, name) = (Arc::clone(producer), topic.to_owned());
+    let exists = tokio::task::spawn_blocking(move || {
+        let metadata = client
+            .client()
+            .fetch_metadata(Some(&name), Duration::from_secs(2))
+            .ok()?;
+        let topic = metadata.topics().iter().find(|t| t.name() == name)?;
+        Some(topic.error().is_none() && !topic.partitions().is_empty())
+    })
+    .await
+    .ok()
+    .flatten();
+    match exists {
+        Some(false) => PublishError::retryable(format!(
+            "kafka: topic {topic} does not exist (and the cluster does not create it): \
+             create it, or fix the message's destination"
+        )),
+        _ => PublishError::unavailable(format!(
+            "kafka: no delivery report within {waited:?}, while the rest of the batch was \
+             acknowledged; retried"
+        )),
+    }
+}
+
 /// Error codes after which librdkafka's idempotent producer may not recover by itself:
 /// its producer id / sequence state no longer matches the broker's, and every later send
 /// fails. A timed-out message is among them: once one timed out during an outage, later
@@ -456,11 +489,37 @@ impl Publisher for KafkaPublisher {
                 }
             }
         }
-        // 2. Every delivery report.
-        let (indexes, deliveries): (Vec<usize>, Vec<DeliveryFuture>) =
-            in_flight.into_iter().unzip();
-        let reports = futures_util::future::join_all(deliveries).await;
-        for (i, report) in indexes.into_iter().zip(reports) {
+        // 2. The delivery reports, as they come. Until the cluster has answered for some
+        //    message of the batch (an outage: nothing answers), every report is awaited.
+        //    After that, a message whose report does not come within as long again as the
+        //    batch has taken (at least STRAGGLER_GRACE) is not waited for: one failing
+        //    message (a missing topic, a partition without a leader) must not hold back the
+        //    other keys for its `message.timeout.ms`. It stays in librdkafka (a later
+        //    report is dropped) and is retried; its key waits for that retry, which the
+        //    idempotent producer orders after it, so the key keeps its order.
+        let started = Instant::now();
+        let mut reports: futures_util::stream::FuturesUnordered<_> = in_flight
+            .into_iter()
+            .map(|(i, delivery)| async move { (i, delivery.await) })
+            .collect();
+        let mut answered = false;
+        let mut stragglers = false;
+        loop {
+            let next = if answered {
+                let grace = started.elapsed().max(STRAGGLER_GRACE);
+                match tokio::time::timeout(grace, futures_util::StreamExt::next(&mut reports)).await
+                {
+                    Ok(next) => next,
+                    Err(_) => {
+                        stragglers = true;
+                        break;
+                    }
+                }
+            } else {
+                futures_util::StreamExt::next(&mut reports).await
+            };
+            let Some((i, report)) = next else { break };
+            answered = true;
             outcomes[i] = Some(match report {
                 Ok(Ok(_delivery)) => Outcome::Acked,
                 Ok(Err((e, _message))) => {
@@ -474,6 +533,16 @@ impl Publisher for KafkaPublisher {
                     None,
                 ),
             });
+        }
+        drop(reports);
+        if stragglers {
+            let waited = started.elapsed();
+            for (record, outcome) in batch.iter().zip(outcomes.iter_mut()) {
+                if outcome.is_none() {
+                    let error = straggler(&producer, &record.destination, waited).await;
+                    *outcome = Some(Outcome::Failed(error, None));
+                }
+            }
         }
         // 3. The ordering contract: after a failure of key K, no later K is a success.
         let mut failed_keys: HashSet<&str> = HashSet::new();

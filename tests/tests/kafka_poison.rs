@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::inbox::Inbox;
+use outbox_core::publisher::Publisher as _;
 use outbox_core::relay::Relay;
 use outbox_core::{OutboxMessage, sqlx};
 use outbox_kafka::rdkafka::ClientConfig;
@@ -294,4 +295,52 @@ async fn an_unknown_event_type_stops_the_consumer_when_told_to() {
     }
     assert_eq!(effects(&db).await, [0]);
     db.cleanup().await;
+}
+
+/// One key's message goes to a topic that does not exist (and is not created): the batch
+/// returns once the other messages are acknowledged, about one round trip later, not after
+/// the failing message's `message.timeout.ms` (20 s), so other keys keep flowing; the
+/// failing message is reported with its cause. (On main the batch took the full timeout,
+/// and the error said `MessageTimedOut`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_to_a_missing_topic_does_not_hold_back_other_keys() {
+    let brokers = kafka::brokers();
+    let topic = kafka::unique("present");
+    kafka::create_topic(&brokers, &topic, 2).await;
+    let missing = kafka::unique("missing");
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .set("allow.auto.create.topics", "false")
+        .build()
+        .await
+        .expect("publisher");
+    // Warm up: the producer knows the cluster and the present topic.
+    let warm = publisher.publish(&[kafka::job(&topic, 0)]).await;
+    assert!(warm[0].is_ok(), "{warm:?}");
+
+    let mut batch = vec![kafka::job(&missing, 1)];
+    batch[0].partition_key = Some("bad".to_owned());
+    for n in 2..22 {
+        let mut record = kafka::job(&topic, n);
+        record.partition_key = Some(format!("key-{n}"));
+        batch.push(record);
+    }
+    let started = Instant::now();
+    let results = publisher.publish(&batch).await;
+    let took = started.elapsed();
+    eprintln!("measured: a batch with a message to a missing topic returned in {took:?}");
+    assert!(
+        results[1..].iter().all(Result::is_ok),
+        "the other keys are published: {results:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "about one round trip, not the 20 s message timeout: {took:?}"
+    );
+    let error = results[0].as_ref().expect_err("the missing topic fails");
+    assert!(
+        error.message().contains(&missing) && error.message().contains("does not exist"),
+        "names the cause: {error}"
+    );
 }
