@@ -427,23 +427,10 @@ macro_rules! lite_backend {
                 ids: &'c [Uuid],
                 from: Which,
             ) -> BoxFuture<'c, SqlResult<u64>> {
-                Box::pin(async move {
-                    let mut n = 0;
-                    for chunk in ids.chunks(IDS_PER_STATEMENT) {
-                        let sql = format!(
-                            "DELETE FROM {t} WHERE id IN ({list}) AND {state}",
-                            t = <$db as Lite>::quote(&tables.outbox),
-                            list = placeholders(chunk.len()),
-                            state = from.condition(),
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for id in chunk {
-                            query = query.bind(id.to_string());
-                        }
-                        n += query.execute(&mut *conn).await?.rows_affected();
-                    }
-                    Ok(n)
-                })
+                let t = <$db as Lite>::quote(&tables.outbox);
+                Box::pin(by_id_chunks(conn, ids, move |list| {
+                    format!("DELETE FROM {t} WHERE id IN ({list}) AND {}", from.condition())
+                }))
             }
 
             fn requeue_ids<'c>(
@@ -452,25 +439,15 @@ macro_rules! lite_backend {
                 ids: &'c [Uuid],
                 from: Which,
             ) -> BoxFuture<'c, SqlResult<u64>> {
-                Box::pin(async move {
-                    let mut n = 0;
-                    for chunk in ids.chunks(IDS_PER_STATEMENT) {
-                        let sql = format!(
-                            "UPDATE {t} SET {set}, {reset} WHERE id IN ({list}) AND {state}",
-                            t = <$db as Lite>::quote(&tables.outbox),
-                            reset = requeue_reset(<$db as Lite>::NOW),
-                            set = from.requeue_set(),
-                            list = placeholders(chunk.len()),
-                            state = from.condition(),
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for id in chunk {
-                            query = query.bind(id.to_string());
-                        }
-                        n += query.execute(&mut *conn).await?.rows_affected();
-                    }
-                    Ok(n)
-                })
+                let t = <$db as Lite>::quote(&tables.outbox);
+                Box::pin(by_id_chunks(conn, ids, move |list| {
+                    format!(
+                        "UPDATE {t} SET {set}, {reset} WHERE id IN ({list}) AND {state}",
+                        reset = requeue_reset(<$db as Lite>::NOW),
+                        set = from.requeue_set(),
+                        state = from.condition(),
+                    )
+                }))
             }
 
             fn requeue_sent_between<'c>(
@@ -570,6 +547,25 @@ macro_rules! lite_backend {
             }
         }
 
+
+        /// Runs `sql(list of ? placeholders)` for the ids, at most `IDS_PER_STATEMENT` per
+        /// statement, binding them in order; returns the rows affected.
+        async fn by_id_chunks(
+            conn: &mut Conn,
+            ids: &[Uuid],
+            sql: impl Fn(&str) -> String,
+        ) -> SqlResult<u64> {
+            let mut n = 0;
+            for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                let sql = sql(&placeholders(chunk.len()));
+                let mut query = sqlx::query(&sql);
+                for id in chunk {
+                    query = query.bind(id.to_string());
+                }
+                n += query.execute(&mut *conn).await?.rows_affected();
+            }
+            Ok(n)
+        }
 
         /// Seqs per marking statement.
         const MARK_CHUNK: usize = 5000;
