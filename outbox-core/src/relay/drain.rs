@@ -281,7 +281,8 @@ fn whole_batch_failures(
 }
 
 /// When rows that failed as unavailable are due again: `backoff_base * 2^n` for the n-th
-/// batch in a row with such failures, capped at `backoff_cap`, with ±25% jitter; a batch
+/// batch in a row with such failures, capped at `backoff_cap` and [`OUTAGE_CAP`], with
+/// ±25% jitter; a batch
 /// that publishes without them ends the outage. Logged when an outage starts and ends,
 /// and exposed as `outbox_relay_broker_unavailable` (1 during an outage).
 fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> std::time::Duration {
@@ -304,11 +305,22 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
         );
         metrics::gauge!("outbox_relay_broker_unavailable").set(1.0);
     }
-    let config = &relay.config;
+    outage_delay(&relay.config, rounds)
+}
+
+/// The `rounds`-th outage round's delay: `backoff_base` doubling, capped at
+/// `backoff_cap` and at [`OUTAGE_CAP`], with ±25% jitter.
+fn outage_delay(config: &crate::config::RelayConfig, rounds: u32) -> std::time::Duration {
     let exp = 2f64.powi(i32::try_from(rounds.min(62)).unwrap_or(62));
-    let secs = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
+    let cap = config.backoff_cap.min(OUTAGE_CAP).as_secs_f64();
+    let secs = (config.backoff_base.as_secs_f64() * exp).min(cap);
     std::time::Duration::from_secs_f64(secs * (0.75 + crate::config::jitter() * 0.5))
 }
+
+/// The longest wait between two tries during an outage: publishing resumes within about
+/// this long of the broker's return, however long the outage lasted. Not longer: each try
+/// costs the publisher its own timeouts, which pace the tries during the outage anyway.
+const OUTAGE_CAP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the publisher's `results` for `batch` come to.
 fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Outcome {
@@ -377,6 +389,23 @@ mod tests {
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempts: 0,
+        }
+    }
+
+    /// Publishing resumes within about two seconds of the broker's return, with the
+    /// default settings, however long the outage lasted (`backoff_cap` is 5 min: an
+    /// outage of an hour would otherwise wait minutes after the broker came back).
+    #[test]
+    fn the_outage_backoff_stays_short_with_the_defaults() {
+        let config = crate::config::RelayConfig::default();
+        let first = outage_delay(&config, 0);
+        assert!(first >= std::time::Duration::from_millis(750), "{first:?}");
+        for rounds in 0..100 {
+            let delay = outage_delay(&config, rounds);
+            assert!(
+                delay <= std::time::Duration::from_millis(2500),
+                "round {rounds}: {delay:?}"
+            );
         }
     }
 

@@ -39,7 +39,7 @@
 //!   broker [unavailable](crate::publisher::PublishError::unavailable), a publish
 //!   timeout, every message of a batch failing the same way — counts no attempt and
 //!   never dead-letters: the rows get `last_error` and wait out the relay's outage
-//!   backoff (`backoff_base` doubling up to `backoff_cap`) for as long as it lasts. While a message waits for its retry, the later messages
+//!   backoff (`backoff_base` doubling up to `backoff_cap`, at most 2 s) for as long as it lasts. While a message waits for its retry, the later messages
 //!   of **its key** wait behind it; other keys flow on. A dead-lettered message no longer
 //!   blocks its key.
 //! - **Delivery** is at-least-once: a crash between the broker's ack and the mark
