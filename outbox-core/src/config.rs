@@ -213,7 +213,9 @@ pub struct RelayConfig {
     /// loses its work to the other relays after about this long: the server ends its
     /// session once it has been idle that long (PostgreSQL >= 14 `idle_session_timeout`,
     /// MySQL/MariaDB `wait_timeout`), which releases its locks. A working relay is never
-    /// idle that long: the value used is at least `publish_timeout + poll_interval + 5 s`.
+    /// idle that long: the value used is at least `2 × publish_timeout + poll_interval + 5 s`
+    /// (70 s with the defaults; two publish timeouts: after a publisher panic the batch
+    /// is published again one message at a time).
     /// Default 60 s. (A host that vanished is noticed sooner on PostgreSQL, by TCP
     /// keepalives: ~25 s.)
     pub session_timeout: Duration,
@@ -226,9 +228,12 @@ pub struct RelayConfig {
 impl RelayConfig {
     /// [`session_timeout`](Self::session_timeout) as used: never shorter than one
     /// publish plus one poll, so a working relay never loses its session to it.
+    /// After a publisher panic, a batch is published once more one message at a time:
+    /// two `publish_timeout`s. At most 24 days (PostgreSQL takes milliseconds in an int).
     pub(crate) fn effective_session_timeout(&self) -> Duration {
         self.session_timeout
-            .max(self.publish_timeout + self.poll_interval + Duration::from_secs(5))
+            .max(2 * self.publish_timeout + self.poll_interval + Duration::from_secs(5))
+            .min(Duration::from_secs(24 * 24 * 3600))
     }
 }
 

@@ -247,8 +247,13 @@ async fn straggler(producer: &Arc<FutureProducer>, topic: &str, waited: Duration
             .client()
             .fetch_metadata(Some(&name), Duration::from_secs(2))
             .ok()?;
-        let topic = metadata.topics().iter().find(|t| t.name() == name)?;
-        Some(topic.error().is_none() && !topic.partitions().is_empty())
+        // Only "unknown topic" says it does not exist; any other topic error (no leader,
+        // not authorized) is not that.
+        let unknown = rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+        Some(match metadata.topics().iter().find(|t| t.name() == name) {
+            None => false,
+            Some(topic) => topic.error() != Some(unknown),
+        })
     })
     .await
     .ok()
@@ -536,11 +541,18 @@ impl Publisher for KafkaPublisher {
         }
         drop(reports);
         if stragglers {
+            // One metadata lookup per topic, not per message.
             let waited = started.elapsed();
+            let mut by_topic: std::collections::HashMap<&str, PublishError> =
+                std::collections::HashMap::new();
             for (record, outcome) in batch.iter().zip(outcomes.iter_mut()) {
                 if outcome.is_none() {
-                    let error = straggler(&producer, &record.destination, waited).await;
-                    *outcome = Some(Outcome::Failed(error, None));
+                    let topic = record.destination.as_str();
+                    if !by_topic.contains_key(topic) {
+                        let error = straggler(&producer, topic, waited).await;
+                        by_topic.insert(topic, error);
+                    }
+                    *outcome = Some(Outcome::Failed(by_topic[topic].clone(), None));
                 }
             }
         }

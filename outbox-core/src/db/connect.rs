@@ -68,17 +68,22 @@ fn connect_timeout(url: &str) -> Result<(String, Duration)> {
                 let secs: f64 = value
                     .parse()
                     .ok()
-                    .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                    .filter(|s: &f64| *s >= 0.0 && s.is_finite())
                     .ok_or_else(|| {
                         Error::InvalidArgument(
                             format!(
                                 "connect_timeout={value} in the database URL is not a number of \
-                             seconds above 0; write e.g. connect_timeout=10"
+                                 seconds; write e.g. connect_timeout=10 (0: wait indefinitely)"
                             )
                             .into(),
                         )
                     })?;
-                timeout = Duration::from_secs_f64(secs);
+                // libpq's meaning of 0: wait indefinitely.
+                timeout = if secs == 0.0 {
+                    Duration::MAX
+                } else {
+                    Duration::from_secs_f64(secs)
+                };
             }
             _ => kept.push(pair),
         }
@@ -165,7 +170,14 @@ mod tests {
             connect_timeout("mysql://db/app?connect_timeout=3").expect("ok"),
             ("mysql://db/app".to_owned(), Duration::from_secs(3))
         );
-        for bad in ["0", "-1", "soon", ""] {
+        assert_eq!(
+            connect_timeout("postgres://db?connect_timeout=0")
+                .expect("ok")
+                .1,
+            Duration::MAX,
+            "libpq: 0 waits indefinitely"
+        );
+        for bad in ["-1", "soon", ""] {
             let err =
                 connect_timeout(&format!("postgres://db?connect_timeout={bad}")).expect_err(bad);
             assert!(err.to_string().contains("connect_timeout"), "{err}");

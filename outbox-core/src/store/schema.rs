@@ -20,6 +20,12 @@ pub trait Schema: sqlx::Database {
     /// transaction). MySQL commits DDL implicitly.
     const TRANSACTIONAL_DDL: bool;
 
+    /// Whether the runner closes its connection afterwards instead of returning it to the
+    /// pool (so a cancelled migration leaves no transaction or lock on a pooled
+    /// connection). Not for SQLite: an in-memory database lives as long as its
+    /// connections.
+    const CLOSE_AFTER: bool = true;
+
     /// Statements that create the outbox's schema (if the table names one) and the
     /// migrations table, if missing.
     fn ensure_table(tables: &Tables) -> Vec<String>;
@@ -78,7 +84,9 @@ where
         .acquire()
         .await
         .context("connecting to migrate", &tables.migrations)?;
-    conn.close_on_drop();
+    if DB::CLOSE_AFTER {
+        conn.close_on_drop();
+    }
     DB::lock(&mut conn, tables).await?;
     let result = apply::<DB>(&mut conn, tables).await;
     let unlocked = DB::unlock(&mut conn, tables, result.is_ok()).await;

@@ -22,6 +22,8 @@
 
 mod dialect;
 
+use std::sync::atomic::{AtomicU8, Ordering as AtomicOrdering};
+
 use futures_util::future::BoxFuture;
 use sqlx::{MySql, MySqlConnection};
 
@@ -67,13 +69,55 @@ impl Write for MySql {
         tables: &'c Tables,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
-                .fetch_one(conn)
+            let open = with_open_check(conn, |open| format!("SELECT {open}"))
                 .await
                 .context("checking the transaction", &tables.outbox)?;
-            in_transaction(open == 1, tables)
+            match open.flatten() {
+                Some(open) => in_transaction(open == 1, tables),
+                None => Ok(()), // MySQL: no way to ask
+            }
         })
     }
+}
+
+/// Whether the server has `@@in_transaction` (MariaDB >= 10.3 does; MySQL has no such
+/// variable), learned from the first statement that asks: 0 not known yet, 1 yes, 2 no.
+static HAS_IN_TRANSACTION: AtomicU8 = AtomicU8::new(0);
+
+/// Runs `sql(column)` with `column` = whether the transaction is open, where the server
+/// can tell (MariaDB: `@@in_transaction`), else `NULL` (MySQL 8 has no way to ask in the
+/// same statement, so its transactions are not checked); returns the first row's value.
+async fn with_open_check(
+    conn: &mut MySqlConnection,
+    sql: impl Fn(&str) -> String,
+) -> sqlx::Result<Option<Option<i64>>> {
+    if HAS_IN_TRANSACTION.load(AtomicOrdering::Relaxed) != 2 {
+        match sqlx::query_scalar(&sql("CAST(@@in_transaction AS SIGNED)"))
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(row) => {
+                HAS_IN_TRANSACTION.store(1, AtomicOrdering::Relaxed);
+                return Ok(row);
+            }
+            // 1193: unknown system variable. The failed statement leaves the
+            // transaction as it was.
+            Err(e)
+                if e.as_database_error()
+                    .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+                    .is_some_and(|d| d.number() == 1193) =>
+            {
+                tracing::debug!(
+                    "this MySQL server has no @@in_transaction; commits are not checked for a server-side rollback"
+                );
+                HAS_IN_TRANSACTION.store(2, AtomicOrdering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    sqlx::query_scalar(&sql("CAST(NULL AS SIGNED)"))
+        .fetch_optional(conn)
+        .await
 }
 
 /// After a deadlock or a lock wait timeout the server may have rolled the transaction
@@ -187,15 +231,16 @@ async fn insert_messages(
     let table = &tables.outbox;
     let lock_table = tables.outbox.with_suffix("_lock");
     let lock = lock_table.backticked();
-    // One round trip: whether the transaction is still open, and the lock.
-    let locked: Option<i64> = sqlx::query_scalar(&format!(
-        "SELECT CAST(@@in_transaction AS SIGNED) FROM {lock} WHERE id = 1 FOR UPDATE"
-    ))
-    .fetch_optional(&mut *conn)
+    // One round trip: whether the transaction is still open (where the server can tell),
+    // and the lock.
+    let locked = with_open_check(conn, |open| {
+        format!("SELECT {open} FROM {lock} WHERE id = 1 FOR UPDATE")
+    })
     .await
     .context("taking the outbox writer lock", table)?;
     match locked {
-        Some(open) => in_transaction(open == 1, tables)?,
+        Some(Some(open)) => in_transaction(open == 1, tables)?,
+        Some(None) => {} // MySQL: not checked
         None => {
             return Err(Error::Migration {
                 version: 1,

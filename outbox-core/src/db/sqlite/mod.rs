@@ -56,6 +56,7 @@ impl Write for Sqlite {
 impl Schema for Sqlite {
     const MIGRATIONS: &'static [Migration] = MIGRATIONS;
     const TRANSACTIONAL_DDL: bool = true;
+    const CLOSE_AFTER: bool = false;
 
     fn quote(table: &TableName) -> String {
         table.quoted()
