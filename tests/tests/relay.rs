@@ -815,3 +815,39 @@ async fn an_open_writer_is_waited_for_quietly_and_named() {
     relay.shutdown().await;
     db.cleanup().await;
 }
+
+/// A message that failed because the broker was unavailable is due again after the
+/// outage backoff (about 1 s with the defaults): a quiet PostgreSQL relay tries it then,
+/// not at its next safety poll (5 s), and no notification is needed. (Before, it waited
+/// for the poll.)
+#[tokio::test]
+async fn a_rescheduled_message_is_tried_when_it_is_due_not_at_the_next_poll() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |_| true,
+        Some(1),
+        PublishError::unavailable("broker unreachable"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_secs(5))
+        .spawn();
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("k", 0)).expect("emit");
+    tx.commit().await.expect("commit");
+    wait_until("the first try failed", WAIT, || async {
+        relay.stats().unavailable == 1
+    })
+    .await;
+    let failed = std::time::Instant::now();
+    assert!(publisher.wait_for(1, WAIT).await, "published on the retry");
+    let took = failed.elapsed();
+    eprintln!("measured: retried {took:?} after the failure");
+    assert!(
+        took < Duration::from_millis(3000),
+        "tried when due (~1 s), not at the 5 s poll: {took:?}"
+    );
+    relay.shutdown().await;
+    db.cleanup().await;
+}

@@ -34,11 +34,12 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     relay: &Relay<P, DB>,
     store: &mut S,
     shutdown: &watch::Receiver<bool>,
-) -> SessionResult<usize> {
+) -> SessionResult<Drained> {
     let prefetch_until = Instant::now() + relay.config.rebalance_interval;
     let mut current = store.claim(None).await?;
+    let mut drained = Drained::default();
     if current.is_empty() {
-        return Ok(0);
+        return Ok(drained);
     }
     // Filled before the first prefetch, while the first batch is being published (off
     // the latency path): until then nothing is prefetched, so nothing needs filtering.
@@ -69,7 +70,8 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         let database = async {
             type Claimed = (Vec<OutboxRecord>, Option<Vec<String>>);
             if let Some(outcome) = previous {
-                record(relay, store, outcome).await?;
+                let retry_in = record(relay, store, outcome).await?;
+                drained.retry_in = min_retry(drained.retry_in, retry_in);
             }
             if !prefetch {
                 return SessionResult::<Claimed>::Ok((Vec::new(), None));
@@ -107,7 +109,26 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         }
         current = next;
     }
-    Ok(claimed)
+    drained.claimed = claimed;
+    Ok(drained)
+}
+
+/// What a drain did: rows claimed, and when the earliest row it rescheduled may be due.
+#[derive(Debug, Default)]
+pub(crate) struct Drained {
+    pub(crate) claimed: usize,
+    /// The loop wakes then instead of waiting for its next probe.
+    pub(crate) retry_in: Option<std::time::Duration>,
+}
+
+fn min_retry(
+    a: Option<std::time::Duration>,
+    b: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
@@ -116,8 +137,9 @@ async fn record<P: Publisher, DB: Backend, S: Session>(
     relay: &Relay<P, DB>,
     store: &mut S,
     outcome: Outcome,
-) -> SessionResult<()> {
+) -> SessionResult<Option<std::time::Duration>> {
     let stats = &relay.stats;
+    let mut retry_in = None;
     if !outcome.sent.is_empty() {
         store.acknowledge(&outcome).await?;
         let n = outcome.sent.len() as u64;
@@ -131,6 +153,15 @@ async fn record<P: Publisher, DB: Backend, S: Session>(
         RelayStats::add(&stats.dead, dead);
         metrics::counter!("outbox_failed_total").increment(failed);
         metrics::counter!("outbox_dead_lettered_total").increment(dead);
+        // The earliest a rescheduled row can be due: the outage delay, or a message's
+        // first backoff (-25% jitter); a later one is found by the next look.
+        let broker = outcome.failed_unavailable.iter().any(|u| *u);
+        let own = outcome.failed_unavailable.iter().any(|u| !*u);
+        let first_backoff = relay.config.backoff_base.mul_f64(0.75);
+        retry_in = min_retry(
+            broker.then_some(outcome.unavailable_delay),
+            own.then_some(first_backoff),
+        );
         if dead > 0 {
             tracing::error!(
                 count = dead,
@@ -138,7 +169,7 @@ async fn record<P: Publisher, DB: Backend, S: Session>(
             );
         }
     }
-    Ok(())
+    Ok(retry_in)
 }
 
 /// Hands `batch` to the publisher, bounded by `publish_timeout`; one result per message.

@@ -125,8 +125,15 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 tracing::info!("outbox relay is now the active one");
                 standby = false;
             }
-            if !nothing_due && drain(self, session, shutdown).await? > 0 {
-                continue; // there may be more
+            if !nothing_due {
+                let drained = drain(self, session, shutdown).await?;
+                if let Some(retry_in) = drained.retry_in {
+                    let due = Instant::now() + retry_in;
+                    retry_at = Some(retry_at.map_or(due, |r| r.min(due)));
+                }
+                if drained.claimed > 0 {
+                    continue; // there may be more
+                }
             }
             let until = retry_at.map_or(next_probe, |r| r.min(next_probe));
             session.wait(shutdown, until).await?;
