@@ -567,6 +567,36 @@ macro_rules! lite_backend {
             Ok(n)
         }
 
+        /// Writes `chunks` of messages, one multi-row `INSERT` each, in order (rows draw
+        /// `seq` in emit order).
+        pub(crate) async fn insert_chunks<'m>(
+            conn: &mut Conn,
+            tables: &Tables,
+            chunks: impl IntoIterator<Item = &'m [$crate::OutboxMessage]>,
+        ) -> $crate::Result<()> {
+            use $crate::error::DbContext as _;
+            let outbox = <$db as Lite>::quote(&tables.outbox);
+            for chunk in chunks {
+                let sql = $crate::db::lite::insert_sql(&outbox, chunk.len());
+                let mut query = sqlx::query(&sql);
+                for m in chunk {
+                    query = query
+                        .bind(m.id.to_string())
+                        .bind(m.event_type.as_str())
+                        .bind(m.event_version)
+                        .bind(m.destination.as_str())
+                        .bind(m.partition_key.as_deref())
+                        .bind(m.payload.as_str())
+                        .bind(m.headers_json()?);
+                }
+                query
+                    .execute(&mut *conn)
+                    .await
+                    .context("writing events to the outbox", &tables.outbox)?;
+            }
+            Ok(())
+        }
+
         /// Seqs per marking statement.
         const MARK_CHUNK: usize = 5000;
 

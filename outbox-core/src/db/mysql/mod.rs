@@ -1,5 +1,5 @@
 //! MySQL/MariaDB: the write path (one multi-row `INSERT` per flush, preceded by a lock
-//! on the outbox's writer-lock row), the migration dialect, and the [`Lite`] dialect the
+//! on the outbox's writer-lock row), the migration dialect, and the `Lite` dialect the
 //! relay session and the stored-message SQL are rendered from (`dialect.rs`).
 //!
 //! InnoDB hands out AUTO_INCREMENT values at insert time, not at commit, so a transaction
@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicU8, Ordering as AtomicOrdering};
 use futures_util::future::BoxFuture;
 use sqlx::{MySql, MySqlConnection};
 
-use super::lite::{Lite, insert_sql};
 use crate::config::{TableName, Tables};
 use crate::error::DbContext;
 use crate::migrate::{MYSQL as MIGRATIONS, Migration};
@@ -254,25 +253,12 @@ async fn insert_messages(
             });
         }
     }
-    let outbox = <MySql as Lite>::quote(&tables.outbox);
-    for chunk in chunks(messages, ROWS_PER_INSERT, BYTES_PER_INSERT) {
-        let sql = insert_sql(&outbox, chunk.len());
-        let mut query = sqlx::query(&sql);
-        for m in chunk {
-            query = query
-                .bind(m.id.to_string())
-                .bind(m.event_type.as_str())
-                .bind(m.event_version)
-                .bind(m.destination.as_str())
-                .bind(m.partition_key.as_deref())
-                .bind(m.payload.as_str())
-                .bind(m.headers_json()?);
-        }
-        query
-            .execute(&mut *conn)
-            .await
-            .context("writing events to the outbox", table)?;
-    }
+    backend::insert_chunks(
+        conn,
+        tables,
+        chunks(messages, ROWS_PER_INSERT, BYTES_PER_INSERT),
+    )
+    .await?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! SQLite: the write path (one multi-row `INSERT` per flush; transactions from
 //! [`Outbox::begin`] start with `BEGIN IMMEDIATE`, taking SQLite's single write lock up
-//! front), the migration dialect, and the [`Lite`] dialect the relay session and the
+//! front), the migration dialect, and the `Lite` dialect the relay session and the
 //! stored-message SQL are rendered from (`dialect.rs`).
 //!
 //! SQLite has one writer at a time, so transactions that write outbox rows commit in the
@@ -21,7 +21,6 @@ use futures_util::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
 
-use super::lite::{Lite, insert_sql};
 use crate::config::{TableName, Tables};
 use crate::error::DbContext;
 use crate::migrate::{Migration, SQLITE as MIGRATIONS};
@@ -108,26 +107,7 @@ async fn insert_messages(
     tables: &Tables,
     messages: &[OutboxMessage],
 ) -> Result<()> {
-    let outbox = <Sqlite as Lite>::quote(&tables.outbox);
-    for chunk in messages.chunks(ROWS_PER_INSERT) {
-        let sql = insert_sql(&outbox, chunk.len());
-        let mut query = sqlx::query(&sql);
-        for m in chunk {
-            query = query
-                .bind(m.id.to_string())
-                .bind(m.event_type.as_str())
-                .bind(m.event_version)
-                .bind(m.destination.as_str())
-                .bind(m.partition_key.as_deref())
-                .bind(m.payload.as_str())
-                .bind(m.headers_json()?);
-        }
-        query
-            .execute(&mut *conn)
-            .await
-            .context("writing events to the outbox", &tables.outbox)?;
-    }
-    Ok(())
+    backend::insert_chunks(conn, tables, messages.chunks(ROWS_PER_INSERT)).await
 }
 
 impl Outbox<Sqlite> {
