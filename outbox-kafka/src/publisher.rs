@@ -1,17 +1,20 @@
 //! [`KafkaPublisher`]: the relay's [`Publisher`] for Kafka.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+use futures_util::future::{BoxFuture, Shared};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::Result;
 use crate::headers;
@@ -22,8 +25,16 @@ use crate::topics::{self, CreateTopics};
 ///
 /// destination → topic, partition key → message key, payload → value (the JSON text as
 /// stored), and the [headers](crate::headers). Every batch is sent pipelined: all
-/// messages are enqueued, then every delivery report is awaited and becomes that
-/// message's result. See `docs/kafka.md` for error classification and outage behaviour.
+/// messages are enqueued, then the delivery reports are awaited and each becomes that
+/// message's result.
+///
+/// librdkafka never times a message out (`message.timeout.ms=0`): a timed-out message
+/// is dropped while later ones of its partition are still written, a gap that puts a
+/// key out of order in the topic. Instead a batch waits at most
+/// [`delivery_wait`](KafkaPublisherBuilder::delivery_wait) for its reports; a message
+/// still without one stays queued in the producer, is reported as unavailable, and is
+/// not enqueued again when the relay retries it: the retry waits for the same delivery.
+/// See `docs/kafka.md` for error classification and outage behaviour.
 ///
 /// Cheap to clone; clones share one producer.
 #[derive(Clone)]
@@ -36,16 +47,34 @@ struct Inner {
     producer: Mutex<Current>,
     rebuilds: AtomicU64,
     /// How long to wait for room in librdkafka's local queue, from the start of a batch:
-    /// a quarter of `message_timeout`, so that a batch takes at most 1.25 times it (the
-    /// last message enqueued then has `message.timeout.ms` for its delivery report).
+    /// a quarter of `delivery_wait`.
     enqueue_timeout: Duration,
-    message_timeout: Duration,
+    /// How long a batch waits for its delivery reports (after the enqueue).
+    delivery_wait: Duration,
+    /// Messages handed to the producer whose report no call has seen yet, by id: a
+    /// retry of one waits for its first delivery instead of enqueueing a second copy.
+    pending: Mutex<HashMap<Uuid, Pending>>,
 }
 
-/// What a batch can take beyond `1.25 × message.timeout.ms` by our own timers:
-/// librdkafka checks message timeouts about once a second, and a stuck producer is
-/// replaced before `publish` returns (dropping the old one flushes for up to 500 ms).
-const PUBLISH_SLACK: Duration = Duration::from_millis(2000);
+/// A message in the producer: its delivery report, shared between the calls that wait
+/// for it.
+struct Pending {
+    generation: u64,
+    report: Shared<BoxFuture<'static, Outcome>>,
+    since: Instant,
+}
+
+/// How long a resolved report nobody asked for again is kept (a retry after it finds
+/// the message already delivered and sends no second copy).
+const KEEP_RESOLVED: Duration = Duration::from_secs(300);
+
+/// What a batch can take beyond `1.25 × delivery_wait` by our own timers: the lookup of
+/// a missing topic (2 s at most) and replacing a stuck producer (dropping the old one
+/// flushes for up to 500 ms).
+const PUBLISH_SLACK: Duration = Duration::from_millis(3000);
+
+/// The default [`delivery_wait`](KafkaPublisherBuilder::delivery_wait).
+const DEFAULT_DELIVERY_WAIT: Duration = Duration::from_secs(20);
 
 struct Current {
     generation: u64,
@@ -69,14 +98,15 @@ pub struct KafkaPublisherBuilder {
     check_catalog: bool,
     create: Option<CreateTopics>,
     startup_timeout: Duration,
+    delivery_wait: Duration,
 }
 
 impl KafkaPublisher {
     /// A publisher for the cluster at `bootstrap_servers` (`host:port[,host:port...]`).
     ///
     /// Defaults: `enable.idempotence=true`, `acks=all`, `linger.ms=1`,
-    /// `message.timeout.ms=20000` (see [`message_timeout`](KafkaPublisherBuilder::message_timeout)
-    /// for how it relates to the relay's `publish_timeout`), `compression.type=none`.
+    /// `message.timeout.ms=0` (never: see [`delivery_wait`](KafkaPublisherBuilder::delivery_wait)),
+    /// `compression.type=none`.
     pub fn builder(bootstrap_servers: impl Into<String>) -> KafkaPublisherBuilder {
         let mut settings = Settings::default();
         settings.set("bootstrap.servers", bootstrap_servers);
@@ -86,6 +116,7 @@ impl KafkaPublisher {
             check_catalog: true,
             create: None,
             startup_timeout: Duration::from_secs(10),
+            delivery_wait: DEFAULT_DELIVERY_WAIT,
         }
     }
 
@@ -119,13 +150,28 @@ impl KafkaPublisherBuilder {
         self.set("compression.type", codec)
     }
 
-    /// How long a message may take to be acknowledged, retries included
-    /// (`message.timeout.ms`). A batch may take `1.25 ×` this plus 2 s by the publisher's
-    /// own timers ([`Publisher::max_publish_time`]), and longer when librdkafka waits
-    /// for a request in flight: keep the relay's `publish_timeout` well above it (the
-    /// default 20 s gives 27 s, below the default 30 s; see `docs/kafka.md`).
+    /// How long a batch waits for its delivery reports before it returns (default 20 s).
+    ///
+    /// A message whose report has not come by then is **not** dropped: it stays queued
+    /// in the producer, which delivers it in order when the cluster answers. The batch
+    /// reports it as unavailable (no attempt counted), and the relay's retry waits for
+    /// that same delivery instead of sending a second copy. A shorter wait makes the
+    /// relay notice an outage sooner; it never reorders or drops anything. A batch takes
+    /// at most `1.25 ×` this plus 3 s ([`Publisher::max_publish_time`]: 28 s with the
+    /// default, below the relay's default `publish_timeout` of 30 s).
+    pub fn delivery_wait(mut self, wait: Duration) -> Self {
+        self.delivery_wait = wait;
+        self
+    }
+
+    /// Renamed [`delivery_wait`](Self::delivery_wait): it no longer sets librdkafka's
+    /// `message.timeout.ms`, whose timed-out messages leave gaps that reorder a key.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `delivery_wait`: messages no longer time out in librdkafka (a timeout leaves a gap that reorders a key)"
+    )]
     pub fn message_timeout(self, timeout: Duration) -> Self {
-        self.set("message.timeout.ms", timeout.as_millis().to_string())
+        self.delivery_wait(timeout)
     }
 
     /// How long one produce request may take (`request.timeout.ms`).
@@ -172,11 +218,12 @@ impl KafkaPublisherBuilder {
         // The relay hands over whole batches, so a long linger adds latency without
         // making batches fuller.
         self.settings.set_default("linger.ms", "1");
-        // `delivery.timeout.ms` is the same setting: a default under the other name would
-        // override the user's (librdkafka applies them in key order).
-        if self.settings.get("delivery.timeout.ms").is_none() {
-            self.settings.set_default("message.timeout.ms", "20000");
-        }
+        check_no_delivery_timeout(&self.settings)?;
+        self.settings.set_default("message.timeout.ms", "0");
+        // Back within a second of a broker's return (librdkafka's default backs off
+        // reconnects up to 10 s).
+        self.settings
+            .set_default("reconnect.backoff.max.ms", "1000");
         self.settings.set_default("compression.type", "none");
         let producer = Arc::new(create_producer(&self.settings)?);
         let wanted: BTreeSet<String> =
@@ -191,12 +238,6 @@ impl KafkaPublisherBuilder {
             self.startup_timeout,
         )
         .await?;
-        // `delivery.timeout.ms` is librdkafka's other name for it; 0 means no timeout.
-        let message_timeout = ["message.timeout.ms", "delivery.timeout.ms"]
-            .iter()
-            .find_map(|k| self.settings.get(k))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(20), Duration::from_millis);
         tracing::info!(settings = ?self.settings, "outbox-kafka publisher ready");
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {
@@ -206,11 +247,34 @@ impl KafkaPublisherBuilder {
                     producer,
                 }),
                 rebuilds: AtomicU64::new(0),
-                enqueue_timeout: message_timeout / 4,
-                message_timeout,
+                enqueue_timeout: self.delivery_wait / 4,
+                delivery_wait: self.delivery_wait,
+                pending: Mutex::new(HashMap::new()),
             }),
         })
     }
+}
+
+/// Refuses a delivery timeout on the idempotent producer: librdkafka drops a timed-out
+/// message while later messages of its partition are still written ("1,2,3,4,5 →
+/// written 1,4,5"), and no later re-send puts it back in front of them.
+fn check_no_delivery_timeout(settings: &Settings) -> Result<()> {
+    let idempotent = settings
+        .get("enable.idempotence")
+        .is_none_or(|v| v.trim() != "false");
+    for key in ["message.timeout.ms", "delivery.timeout.ms"] {
+        if let Some(value) = settings.get(key) {
+            if idempotent && value.trim() != "0" {
+                return Err(crate::Error::Config(format!(
+                    "{key}={value}: a delivery timeout lets librdkafka drop a message while later \
+                     messages of its key are still written, which puts the key out of order in the \
+                     topic; remove the setting (the publisher leaves it at 0, never) and bound how \
+                     long a batch waits with `.delivery_wait(..)` instead"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn create_producer(settings: &Settings) -> Result<FutureProducer> {
@@ -226,10 +290,26 @@ async fn release(producer: Arc<FutureProducer>) {
 }
 
 /// What one message's delivery attempt came to.
+#[derive(Clone)]
 enum Outcome {
     Acked,
     Failed(PublishError, Option<RDKafkaErrorCode>),
     NotAttempted,
+}
+
+/// A delivery report as the batch sees it.
+fn delivery_outcome(report: <DeliveryFuture as std::future::Future>::Output) -> Outcome {
+    match report {
+        Ok(Ok(_delivery)) => Outcome::Acked,
+        Ok(Err((e, _message))) => {
+            let (error, code) = classify(&e);
+            Outcome::Failed(error, code)
+        }
+        Err(_canceled) => Outcome::Failed(
+            PublishError::unavailable("kafka: the producer was closed before it reported delivery"),
+            None,
+        ),
+    }
 }
 
 /// The least a batch waits for a message's delivery report once the cluster has answered
@@ -390,6 +470,48 @@ impl KafkaPublisher {
         (current.generation, Arc::clone(&current.producer))
     }
 
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Pending>> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The delivery of message `id` if the producer of `generation` still holds it (or
+    /// delivered it): a retry waits for that instead of enqueueing a second copy behind
+    /// later messages of its key. A failed delivery is forgotten: the retry sends it
+    /// again.
+    fn in_producer(
+        &self,
+        id: Uuid,
+        generation: u64,
+    ) -> Option<Shared<BoxFuture<'static, Outcome>>> {
+        let mut pending = self.lock_pending();
+        let entry = pending.get(&id)?;
+        let usable = entry.generation == generation
+            && matches!(entry.report.peek(), None | Some(Outcome::Acked));
+        if usable {
+            Some(entry.report.clone())
+        } else {
+            pending.remove(&id);
+            None
+        }
+    }
+
+    /// Forgets the deliveries this batch saw, and those resolved long ago that nobody
+    /// asked for again (the relay that sent them lost the key, or the row was
+    /// discarded). Unresolved ones stay: they are still in the producer.
+    fn forget_resolved(&self, batch: &[OutboxRecord], outcomes: &[Option<Outcome>]) {
+        let mut pending = self.lock_pending();
+        for (record, outcome) in batch.iter().zip(outcomes) {
+            if outcome.is_some() {
+                pending.remove(&record.id);
+            }
+        }
+        let now = Instant::now();
+        pending.retain(|_, p| p.report.peek().is_none() || now - p.since < KEEP_RESOLVED);
+    }
+
     /// Replaces the producer of `generation` (unless someone else already did).
     async fn rebuild(&self, generation: u64, reason: &str) {
         let fresh = match create_producer(&self.inner.settings) {
@@ -451,108 +573,242 @@ impl KafkaPublisher {
     }
 }
 
-impl Publisher for KafkaPublisher {
-    /// `1.25 × message.timeout.ms` plus 2 s: waiting for room in the local queue (a
-    /// quarter of it), the last message's delivery report, and replacing a stuck producer.
-    /// librdkafka can report later than `message.timeout.ms` for a message whose request
-    /// was in flight when the broker went away (measured: 8.7 s with a 4 s timeout, see
-    /// `docs/kafka.md`), so this is the least a `publish_timeout` must allow, not a
-    /// guarantee.
-    fn max_publish_time(&self) -> Option<Duration> {
-        if self.inner.message_timeout.is_zero() {
-            return None; // `message.timeout.ms=0`: librdkafka never times a message out
+/// How a batch's wait for its delivery reports ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    /// Every message in flight has its report.
+    All,
+    /// The cluster answered for some messages; the rest did not come within the grace.
+    Stragglers,
+    /// Nothing answered within `delivery_wait`, and the cluster did not answer either.
+    Nothing,
+    /// Nothing answered while the cluster answered metadata for the batch's topics, with
+    /// a leader for each of their partitions, for `STUCK_AFTER`: the producer is wedged.
+    Stuck,
+}
+
+/// How often a batch that has no report at all asks the cluster whether it answers.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// How long the cluster must answer while a batch gets no report before its producer is
+/// considered wedged and replaced. A producer that recovers by itself reports within a
+/// few hundred milliseconds of reconnecting (`reconnect.backoff.max.ms` is 1 s).
+const STUCK_AFTER: Duration = Duration::from_millis(1500);
+
+impl KafkaPublisher {
+    /// Step 1 of a batch: every message without an outcome is put in flight, except
+    /// after a failure of its key. A message still in the producer from an earlier
+    /// call is waited for, not sent again. A key whose message could not be enqueued
+    /// sends nothing more in this batch.
+    async fn send(
+        &self,
+        producer: &FutureProducer,
+        generation: u64,
+        batch: &[OutboxRecord],
+        outcomes: &mut [Option<Outcome>],
+        started: Instant,
+    ) -> Vec<(usize, Shared<BoxFuture<'static, Outcome>>)> {
+        let deadline = started + self.inner.enqueue_timeout;
+        let mut in_flight = Vec::with_capacity(batch.len());
+        let mut refused_keys: HashSet<&str> = HashSet::new();
+        for (i, record) in batch.iter().enumerate() {
+            let key = record.partition_key.as_deref();
+            match &outcomes[i] {
+                Some(Outcome::Acked) => continue,
+                Some(_) => {
+                    refused_keys.extend(key);
+                    continue;
+                }
+                None => {}
+            }
+            if key.is_some_and(|k| refused_keys.contains(k)) {
+                outcomes[i] = Some(Outcome::NotAttempted);
+                continue;
+            }
+            if let Some(report) = self.in_producer(record.id, generation) {
+                in_flight.push((i, report));
+                continue;
+            }
+            match self.enqueue(producer, record, deadline).await {
+                Ok(delivery) => {
+                    let report = delivery.map(delivery_outcome).boxed().shared();
+                    self.lock_pending().insert(
+                        record.id,
+                        Pending {
+                            generation,
+                            report: report.clone(),
+                            since: Instant::now(),
+                        },
+                    );
+                    in_flight.push((i, report));
+                }
+                Err(e) => {
+                    refused_keys.extend(key);
+                    let (error, code) = classify(&e);
+                    outcomes[i] = Some(Outcome::Failed(error, code));
+                }
+            }
         }
-        Some(self.inner.enqueue_timeout + self.inner.message_timeout + PUBLISH_SLACK)
+        in_flight
+    }
+
+    /// Step 2: the delivery reports, as they come. Until the cluster has answered for
+    /// some message of the batch (an outage: nothing answers), they are awaited for up
+    /// to `delivery_wait`, asking the cluster now and then whether the producer is
+    /// wedged. After that, a message whose report does not come within as long again as
+    /// the batch has taken (at least STRAGGLER_GRACE) is not waited for: one failing
+    /// message (a missing topic, a partition without a leader) must not hold back the
+    /// other keys. Either way a message without a report stays in the producer
+    /// (librdkafka never times it out) and the relay's retry waits for it
+    /// (`in_producer`), so its key keeps its order.
+    async fn await_reports(
+        &self,
+        producer: &Arc<FutureProducer>,
+        batch: &[OutboxRecord],
+        in_flight: Vec<(usize, Shared<BoxFuture<'static, Outcome>>)>,
+        outcomes: &mut [Option<Outcome>],
+        started: Instant,
+    ) -> Waited {
+        let round = Instant::now();
+        let mut topics: Vec<String> = in_flight
+            .iter()
+            .map(|(i, _)| batch[*i].destination.clone())
+            .collect();
+        topics.sort_unstable();
+        topics.dedup();
+        let mut reports: futures_util::stream::FuturesUnordered<_> = in_flight
+            .into_iter()
+            .map(|(i, report)| async move { (i, report.await) })
+            .collect();
+        let mut answered = false;
+        let mut cluster_up_since: Option<Instant> = None;
+        loop {
+            let wait = if answered {
+                started.elapsed().max(STRAGGLER_GRACE)
+            } else {
+                let left = self.inner.delivery_wait.saturating_sub(round.elapsed());
+                if left.is_zero() {
+                    return Waited::Nothing;
+                }
+                left.min(PROBE_EVERY)
+            };
+            match tokio::time::timeout(wait, futures_util::StreamExt::next(&mut reports)).await {
+                Ok(Some((i, outcome))) => {
+                    answered = true;
+                    outcomes[i] = Some(outcome);
+                }
+                Ok(None) => return Waited::All,
+                Err(_) if answered => return Waited::Stragglers,
+                Err(_) => {
+                    if leaders_answer(producer, &topics).await {
+                        let since = *cluster_up_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= STUCK_AFTER {
+                            return Waited::Stuck;
+                        }
+                    } else {
+                        cluster_up_since = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Step 2b: an outcome for every message the wait left without one.
+    async fn unreported(
+        &self,
+        producer: &Arc<FutureProducer>,
+        batch: &[OutboxRecord],
+        outcomes: &mut [Option<Outcome>],
+        waited: Waited,
+        started: Instant,
+    ) {
+        let took = started.elapsed();
+        let mut by_topic: HashMap<&str, PublishError> = HashMap::new();
+        for (record, outcome) in batch.iter().zip(outcomes.iter_mut()) {
+            if outcome.is_some() {
+                continue;
+            }
+            let error = if waited == Waited::Stragglers {
+                // One metadata lookup per topic, not per message.
+                let topic = record.destination.as_str();
+                if !by_topic.contains_key(topic) {
+                    let error = straggler(producer, topic, took).await;
+                    by_topic.insert(topic, error);
+                }
+                by_topic[topic].clone()
+            } else {
+                PublishError::unavailable(format!(
+                    "kafka: no delivery report within {took:?} (the cluster did not answer); \
+                     the message stays queued in the producer and is delivered in order when it does"
+                ))
+            };
+            *outcome = Some(Outcome::Failed(error, None));
+        }
+    }
+}
+
+/// Whether the cluster answers a metadata request for `topics` with a leader for every
+/// partition (a broker that is back, a topic that exists): then a producer that still
+/// gets no delivery report is wedged, not waiting for the cluster.
+async fn leaders_answer(producer: &Arc<FutureProducer>, topics: &[String]) -> bool {
+    let (client, topics) = (Arc::clone(producer), topics.to_vec());
+    tokio::task::spawn_blocking(move || {
+        topics.iter().all(|name| {
+            let Ok(metadata) = client.client().fetch_metadata(Some(name), PROBE_EVERY) else {
+                return false;
+            };
+            metadata.topics().iter().any(|t| {
+                t.name() == name
+                    && t.error().is_none()
+                    && !t.partitions().is_empty()
+                    && t.partitions()
+                        .iter()
+                        .all(|p| p.error().is_none() && p.leader() >= 0)
+            })
+        })
+    })
+    .await
+    .unwrap_or(false)
+}
+
+impl Publisher for KafkaPublisher {
+    /// `1.25 × delivery_wait` plus 3 s: waiting for room in the local queue (a quarter
+    /// of it), the delivery reports, the lookup of a missing topic and replacing a stuck
+    /// producer.
+    fn max_publish_time(&self) -> Option<Duration> {
+        Some(self.inner.enqueue_timeout + self.inner.delivery_wait + PUBLISH_SLACK)
     }
 
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
-        let (generation, producer) = self.current();
-        let deadline = Instant::now() + self.inner.enqueue_timeout;
-        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(batch.len());
-        let mut in_flight: Vec<(usize, DeliveryFuture)> = Vec::with_capacity(batch.len());
-        let mut refused_keys: HashSet<&str> = HashSet::new();
-
-        // 1. Everything in flight at once. A key whose message could not even be enqueued
-        //    sends nothing more in this batch.
-        for (i, record) in batch.iter().enumerate() {
-            let key = record.partition_key.as_deref();
-            if key.is_some_and(|k| refused_keys.contains(k)) {
-                outcomes.push(Some(Outcome::NotAttempted));
-                continue;
-            }
-            match self.enqueue(&producer, record, deadline).await {
-                Ok(delivery) => {
-                    outcomes.push(None);
-                    in_flight.push((i, delivery));
-                }
-                Err(e) => {
-                    if let Some(k) = key {
-                        refused_keys.insert(k);
-                    }
-                    let (error, code) = classify(&e);
-                    outcomes.push(Some(Outcome::Failed(error, code)));
-                }
-            }
-        }
-        // 2. The delivery reports, as they come. Until the cluster has answered for some
-        //    message of the batch (an outage: nothing answers), every report is awaited.
-        //    After that, a message whose report does not come within as long again as the
-        //    batch has taken (at least STRAGGLER_GRACE) is not waited for: one failing
-        //    message (a missing topic, a partition without a leader) must not hold back the
-        //    other keys for its `message.timeout.ms`. It stays in librdkafka (a later
-        //    report is dropped) and is retried; its key waits for that retry, which the
-        //    idempotent producer orders after it, so the key keeps its order.
         let started = Instant::now();
-        let mut reports: futures_util::stream::FuturesUnordered<_> = in_flight
-            .into_iter()
-            .map(|(i, delivery)| async move { (i, delivery.await) })
-            .collect();
-        let mut answered = false;
-        let mut stragglers = false;
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let (mut generation, mut producer) = self.current();
+        let mut replaced = false;
         loop {
-            let next = if answered {
-                let grace = started.elapsed().max(STRAGGLER_GRACE);
-                match tokio::time::timeout(grace, futures_util::StreamExt::next(&mut reports)).await
-                {
-                    Ok(next) => next,
-                    Err(_) => {
-                        stragglers = true;
-                        break;
-                    }
+            let in_flight = self
+                .send(&producer, generation, batch, &mut outcomes, started)
+                .await;
+            let waited = self
+                .await_reports(&producer, batch, in_flight, &mut outcomes, started)
+                .await;
+            self.forget_resolved(batch, &outcomes);
+            match waited {
+                Waited::Stuck if !replaced => {
+                    // Once per batch: what the old producer held is sent again, in batch
+                    // order, by the new one, within this same call.
+                    replaced = true;
+                    release(producer).await;
+                    self.rebuild(
+                        generation,
+                        "no delivery report while the cluster answers for the batch's topics",
+                    )
+                    .await;
+                    (generation, producer) = self.current();
                 }
-            } else {
-                futures_util::StreamExt::next(&mut reports).await
-            };
-            let Some((i, report)) = next else { break };
-            answered = true;
-            outcomes[i] = Some(match report {
-                Ok(Ok(_delivery)) => Outcome::Acked,
-                Ok(Err((e, _message))) => {
-                    let (error, code) = classify(&e);
-                    Outcome::Failed(error, code)
-                }
-                Err(_canceled) => Outcome::Failed(
-                    PublishError::unavailable(
-                        "kafka: the producer was closed before it reported delivery",
-                    ),
-                    None,
-                ),
-            });
-        }
-        drop(reports);
-        if stragglers {
-            // One metadata lookup per topic, not per message.
-            let waited = started.elapsed();
-            let mut by_topic: std::collections::HashMap<&str, PublishError> =
-                std::collections::HashMap::new();
-            for (record, outcome) in batch.iter().zip(outcomes.iter_mut()) {
-                if outcome.is_none() {
-                    let topic = record.destination.as_str();
-                    if !by_topic.contains_key(topic) {
-                        let error = straggler(&producer, topic, waited).await;
-                        by_topic.insert(topic, error);
-                    }
-                    *outcome = Some(Outcome::Failed(by_topic[topic].clone(), None));
+                waited => {
+                    self.unreported(&producer, batch, &mut outcomes, waited, started)
+                        .await;
+                    break;
                 }
             }
         }
@@ -593,8 +849,10 @@ impl Publisher for KafkaPublisher {
             results.push(result);
         }
 
-        // 4. A producer that cannot recover by itself is replaced. Every message of this
-        //    batch has its report, so nothing of ours is in flight in the old one.
+        // 4. A producer that cannot recover by itself is replaced. What it still holds is
+        //    purged with it (reported as failed), and the relay's retries enqueue it
+        //    again, in order, in the new one; a copy the old one had already written is
+        //    an earlier duplicate that consumers skip.
         let fatal = producer.client().fatal_error();
         release(producer).await;
         if let Some((code, reason)) = fatal {

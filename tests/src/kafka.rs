@@ -98,6 +98,8 @@ pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] = [
 pub struct OwnBroker {
     bin: String,
     port: u16,
+    /// What the broker tells clients to connect to (itself, or a proxy in front of it).
+    advertised: String,
     child: Option<Child>,
     log: std::path::PathBuf,
 }
@@ -106,20 +108,36 @@ impl OwnBroker {
     /// Starts a broker from `$TANSU_BIN` on a free port; fails the test if `TANSU_BIN`
     /// is not set.
     pub fn start() -> OwnBroker {
+        let port = free_port();
+        OwnBroker::start_on(port, format!("127.0.0.1:{port}"))
+    }
+
+    /// A broker with a fault-injecting [`Proxy`](crate::proxy::Proxy) in front of it,
+    /// which it advertises: every connection of a client, bootstrap and partition leader
+    /// alike, goes through the proxy.
+    pub async fn behind_proxy() -> (OwnBroker, crate::proxy::Proxy) {
+        let port = free_port();
+        let proxy =
+            crate::proxy::Proxy::start(format!("127.0.0.1:{port}").parse().expect("address")).await;
+        let advertised = proxy.addr().to_string();
+        let broker = tokio::task::spawn_blocking(move || OwnBroker::start_on(port, advertised))
+            .await
+            .expect("start the broker");
+        (broker, proxy)
+    }
+
+    fn start_on(port: u16, advertised: String) -> OwnBroker {
         let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| {
             panic!(
                 "TANSU_BIN is not set: this test starts and kills a broker of its own; run \
                  `eval \"$(scripts/services.sh)\"` first, which installs tansu and exports TANSU_BIN"
             )
         });
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("find a free port")
-            .port();
         let log = std::env::temp_dir().join(format!("outbox-test-tansu-{port}.log"));
         let mut broker = OwnBroker {
             bin,
             port,
+            advertised,
             child: None,
             log,
         };
@@ -147,7 +165,7 @@ impl OwnBroker {
                 "--listener-url",
                 &format!("tcp://{addr}"),
                 "--advertised-listener-url",
-                &format!("tcp://{addr}"),
+                &format!("tcp://{}", self.advertised),
                 "--storage-engine",
                 "memory://tansu/",
             ])
@@ -182,6 +200,74 @@ impl Drop for OwnBroker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("find a free port")
+        .port()
+}
+
+/// One message read back from a topic.
+#[derive(Debug, Clone)]
+pub struct Read {
+    /// The partition it is in.
+    pub partition: i32,
+    /// Its message key.
+    pub key: Option<String>,
+    /// Its `outbox-message-id` header.
+    pub id: String,
+    /// Its value.
+    pub payload: String,
+}
+
+/// Every message of `topic`, partition by partition in log order, read until `distinct`
+/// distinct message ids were seen (or the test fails after `timeout`).
+pub fn read_topic(brokers: &str, topic: &str, distinct: usize, timeout: Duration) -> Vec<Read> {
+    use outbox_kafka::rdkafka::Message as _;
+    use outbox_kafka::rdkafka::message::Headers as _;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("create a reader");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut read = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    while ids.len() < distinct {
+        assert!(
+            Instant::now() < deadline,
+            "read {} distinct messages of {topic} within {timeout:?}, expected {distinct}",
+            ids.len()
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.unwrap_or_else(|e| panic!("read {topic}: {e}"));
+        let id = message
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == outbox_kafka::headers::MESSAGE_ID)
+                    .and_then(|h| h.value)
+            })
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .expect("a message id header");
+        ids.insert(id.clone());
+        read.push(Read {
+            partition: message.partition(),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            id,
+            payload: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+        });
+    }
+    read
 }
 
 /// The payload of the `Job` test events: `{"n": ...}`.

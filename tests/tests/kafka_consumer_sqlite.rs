@@ -28,8 +28,17 @@ async fn a_kafka_consumer_deduplicates_through_a_sqlite_inbox() {
     kafka::create_topic(&brokers, &topic, 1).await;
     let publisher = kafka::job_publisher(&brokers, &topic).await;
     let first = job(&topic, 1);
-    let batch = [first.clone(), job(&topic, 2), first.clone()];
+    // The first job twice, as a relay that lost its acknowledgement sends it again (the
+    // publisher sends an id once per call: a copy in one batch would be waited for).
+    let batch = [first.clone(), job(&topic, 2)];
     assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));
+    assert!(
+        publisher
+            .publish(std::slice::from_ref(&first))
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
 
     let inbox = Inbox::new(&outbox, "jobs");
     let mut builder = KafkaConsumer::builder(&brokers, kafka::unique("group"), inbox.clone())

@@ -150,42 +150,67 @@ async fn a_refused_setting_does_not_leak_its_value_in_the_error() {
     assert!(!text.contains("key-pass-secret"), "{text}");
 }
 
-/// What a batch may take by the publisher's own timers: a quarter of
-/// `message.timeout.ms` waiting for room in librdkafka's queue, then the timeout itself,
-/// plus 2 s. With the defaults that is 27 s, below the relay's default 30 s.
+/// What a batch may take by the publisher's own timers: a quarter of `delivery_wait`
+/// waiting for room in librdkafka's queue, then the wait itself, plus 3 s. With the
+/// defaults that is 28 s, below the relay's default 30 s.
 #[tokio::test]
-async fn the_publishers_time_bound_follows_the_message_timeout() {
+async fn the_publishers_time_bound_follows_the_delivery_wait() {
     use outbox_core::publisher::Publisher;
     let brokers = kafka::brokers();
     let topic = kafka::unique("bound");
     kafka::create_topic(&brokers, &topic, 1).await;
-    for (timeout, bound) in [(None, 27), (Some(4), 7), (Some(40), 52)] {
+    for (wait, bound) in [(None, 28), (Some(4), 8), (Some(40), 53)] {
         let mut builder = KafkaPublisher::builder(&brokers)
             .skip_catalog_check()
             .destination(&topic);
-        if let Some(secs) = timeout {
-            builder = builder.message_timeout(Duration::from_secs(secs));
+        if let Some(secs) = wait {
+            builder = builder.delivery_wait(Duration::from_secs(secs));
         }
         let publisher = builder.build().await.expect("publisher");
         assert_eq!(
             publisher.max_publish_time(),
             Some(Duration::from_secs(bound)),
-            "message.timeout.ms {timeout:?} s"
+            "delivery_wait {wait:?} s"
+        );
+        assert_eq!(
+            publisher.settings().get("message.timeout.ms"),
+            Some("0"),
+            "librdkafka never times a message out"
         );
     }
-    // librdkafka's other name for the setting counts; 0 (never time out) has no bound.
-    for (key, value, bound) in [
-        ("delivery.timeout.ms", "8000", Some(Duration::from_secs(12))),
-        ("message.timeout.ms", "0", None),
-    ] {
-        let publisher = KafkaPublisher::builder(&brokers)
+    kafka::delete_topic(&brokers, &topic).await;
+}
+
+/// A delivery timeout on the idempotent producer lets librdkafka drop a message while
+/// later ones of its key are written: refused at build, under either of its names,
+/// saying what to use instead. Without idempotence (no ordering promise) it is allowed.
+#[tokio::test]
+async fn a_delivery_timeout_is_refused_because_it_reorders_keys() {
+    let brokers = kafka::brokers();
+    for key in ["message.timeout.ms", "delivery.timeout.ms"] {
+        let err = KafkaPublisher::builder(&brokers)
             .skip_catalog_check()
-            .destination(&topic)
-            .set(key, value)
+            .set(key, "8000")
             .build()
             .await
-            .expect("publisher");
-        assert_eq!(publisher.max_publish_time(), bound, "{key}={value}");
+            .expect_err("a delivery timeout is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{key}=8000")) && text.contains("delivery_wait"),
+            "{text}"
+        );
     }
-    kafka::delete_topic(&brokers, &topic).await;
+    KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .set("message.timeout.ms", "0")
+        .build()
+        .await
+        .expect("0 is no timeout");
+    KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .set("enable.idempotence", "false")
+        .set("message.timeout.ms", "8000")
+        .build()
+        .await
+        .expect("without idempotence there is no order to keep");
 }
