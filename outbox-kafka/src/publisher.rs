@@ -54,6 +54,13 @@ struct Inner {
     /// Messages handed to the producer whose report no call has seen yet, by id: a
     /// retry of one waits for its first delivery instead of enqueueing a second copy.
     pending: Mutex<HashMap<Uuid, Pending>>,
+    /// Since when the cluster has answered for the topics of batches that got no
+    /// delivery report (across calls: a relay retries with short waits); `None` once a
+    /// report comes or the cluster stops answering.
+    cluster_up_since: Mutex<Option<Instant>>,
+    /// A client of its own for asking whether the cluster answers (created at the first
+    /// question): a wedged producer's own connections may not say.
+    probe: Mutex<Option<Arc<FutureProducer>>>,
 }
 
 /// A message in the producer: its delivery report, shared between the calls that wait
@@ -250,6 +257,8 @@ impl KafkaPublisherBuilder {
                 enqueue_timeout: self.delivery_wait / 4,
                 delivery_wait: self.delivery_wait,
                 pending: Mutex::new(HashMap::new()),
+                cluster_up_since: Mutex::new(None),
+                probe: Mutex::new(None),
             }),
         })
     }
@@ -470,6 +479,33 @@ impl KafkaPublisher {
         (current.generation, Arc::clone(&current.producer))
     }
 
+    /// The probe client, created on first use (idempotence off: it never sends).
+    fn probe_client(&self) -> Option<Arc<FutureProducer>> {
+        let mut probe = self
+            .inner
+            .probe
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if probe.is_none() {
+            let mut settings = self.inner.settings.clone();
+            settings.set("enable.idempotence", "false");
+            match create_producer(&settings) {
+                Ok(client) => *probe = Some(Arc::new(client)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox-kafka: could not create the probe client")
+                }
+            }
+        }
+        probe.clone()
+    }
+
+    fn lock_up_since(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.inner
+            .cluster_up_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Pending>> {
         self.inner
             .pending
@@ -583,7 +619,8 @@ enum Waited {
     /// Nothing answered within `delivery_wait`, and the cluster did not answer either.
     Nothing,
     /// Nothing answered while the cluster answered metadata for the batch's topics, with
-    /// a leader for each of their partitions, for `STUCK_AFTER`: the producer is wedged.
+    /// a leader for each of their partitions, for `STUCK_AFTER` (counted across calls):
+    /// the producer is wedged.
     Stuck,
 }
 
@@ -663,7 +700,6 @@ impl KafkaPublisher {
     /// (`in_producer`), so its key keeps its order.
     async fn await_reports(
         &self,
-        producer: &Arc<FutureProducer>,
         batch: &[OutboxRecord],
         in_flight: Vec<(usize, Shared<BoxFuture<'static, Outcome>>)>,
         outcomes: &mut [Option<Outcome>],
@@ -681,32 +717,37 @@ impl KafkaPublisher {
             .map(|(i, report)| async move { (i, report.await) })
             .collect();
         let mut answered = false;
-        let mut cluster_up_since: Option<Instant> = None;
         loop {
             let wait = if answered {
                 started.elapsed().max(STRAGGLER_GRACE)
             } else {
                 let left = self.inner.delivery_wait.saturating_sub(round.elapsed());
-                if left.is_zero() {
-                    return Waited::Nothing;
-                }
                 left.min(PROBE_EVERY)
             };
             match tokio::time::timeout(wait, futures_util::StreamExt::next(&mut reports)).await {
                 Ok(Some((i, outcome))) => {
                     answered = true;
+                    *self.lock_up_since() = None;
                     outcomes[i] = Some(outcome);
                 }
                 Ok(None) => return Waited::All,
                 Err(_) if answered => return Waited::Stragglers,
                 Err(_) => {
-                    if leaders_answer(producer, &topics).await {
-                        let since = *cluster_up_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= STUCK_AFTER {
+                    let up = match self.probe_client() {
+                        Some(client) => leaders_answer(&client, &topics).await,
+                        None => false,
+                    };
+                    let mut since = self.lock_up_since();
+                    if up {
+                        if since.get_or_insert_with(Instant::now).elapsed() >= STUCK_AFTER {
+                            *since = None;
                             return Waited::Stuck;
                         }
                     } else {
-                        cluster_up_since = None;
+                        *since = None;
+                    }
+                    if round.elapsed() >= self.inner.delivery_wait {
+                        return Waited::Nothing;
                     }
                 }
             }
@@ -750,8 +791,8 @@ impl KafkaPublisher {
 /// Whether the cluster answers a metadata request for `topics` with a leader for every
 /// partition (a broker that is back, a topic that exists): then a producer that still
 /// gets no delivery report is wedged, not waiting for the cluster.
-async fn leaders_answer(producer: &Arc<FutureProducer>, topics: &[String]) -> bool {
-    let (client, topics) = (Arc::clone(producer), topics.to_vec());
+async fn leaders_answer(probe: &Arc<FutureProducer>, topics: &[String]) -> bool {
+    let (client, topics) = (Arc::clone(probe), topics.to_vec());
     tokio::task::spawn_blocking(move || {
         topics.iter().all(|name| {
             let Ok(metadata) = client.client().fetch_metadata(Some(name), PROBE_EVERY) else {
@@ -789,7 +830,7 @@ impl Publisher for KafkaPublisher {
                 .send(&producer, generation, batch, &mut outcomes, started)
                 .await;
             let waited = self
-                .await_reports(&producer, batch, in_flight, &mut outcomes, started)
+                .await_reports(batch, in_flight, &mut outcomes, started)
                 .await;
             self.forget_resolved(batch, &outcomes);
             match waited {

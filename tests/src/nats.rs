@@ -54,8 +54,10 @@ pub async fn fresh_stream() -> (jetstream::Context, String, String) {
 #[derive(Debug)]
 pub struct OwnNats {
     port: u16,
-    child: Child,
+    child: Option<Child>,
     dir: PathBuf,
+    bin: String,
+    auth: Option<(String, String)>,
 }
 
 impl OwnNats {
@@ -81,12 +83,32 @@ impl OwnNats {
             .port();
         let dir = std::env::temp_dir().join(format!("outbox-test-nats-{port}-{}", Uuid::now_v7()));
         std::fs::create_dir_all(&dir).expect("create the server's folder");
-        let log = std::fs::File::create(dir.join("server.log")).expect("create the server log");
+        let mut server = OwnNats {
+            port,
+            child: None,
+            dir,
+            bin,
+            auth: auth.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts the server process (again, on the same port and store folder: what
+    /// JetStream stored on disk survives) and waits until it accepts connections.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the server is already running");
+        let (port, bin) = (self.port, self.bin.clone());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .expect("open the server log");
         let mut command = Command::new(&bin);
         command
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.join("store"));
-        if let Some((user, pass)) = auth {
+            .arg(self.dir.join("store"));
+        if let Some((user, pass)) = &self.auth {
             command.args(["--user", user, "--pass", pass]);
         }
         let child = command
@@ -100,7 +122,8 @@ impl OwnNats {
                      nats-server (apt-get install nats-server) or set NATS_SERVER_BIN"
                 )
             });
-        let server = OwnNats { port, child, dir };
+        self.child = Some(child);
+        let server = &*self;
         let deadline = Instant::now() + Duration::from_secs(20);
         let sock = format!("127.0.0.1:{port}").parse().expect("address");
         while TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_err() {
@@ -111,7 +134,14 @@ impl OwnNats {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        server
+    }
+
+    /// SIGKILLs the server and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -127,8 +157,7 @@ impl OwnNats {
 
 impl Drop for OwnNats {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

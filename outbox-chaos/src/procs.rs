@@ -1,0 +1,286 @@
+//! The rig's child processes: a relay, and a consumer with the inbox. Each is what a user
+//! would run, built on the public API only; the rig SIGKILLs, SIGSTOPs and restarts them.
+//!
+//! `outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name>`
+//! `outbox-chaos consume <kafka|nats> <database url> <schema> <broker> <destination> <group>`
+//!
+//! For NATS the destination is `<stream>/<subject>`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use outbox_core::Outbox;
+use outbox_core::inbox::{Inbox, InboxError};
+use outbox_core::publisher::Publisher;
+use outbox_core::relay::Relay;
+use outbox_core::relay::RelayBuilder;
+use outbox_core::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use outbox_core::sqlx::{self, PgPool, Postgres};
+use outbox_kafka::{KafkaConsumer, KafkaPublisher};
+use outbox_nats::NatsPublisher;
+
+/// The relay's settings in the rig: short timeouts, so that a takeover after a SIGSTOP
+/// takes ~15 s (`session_timeout` is at least `2 × publish_timeout + poll + 5 s`).
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// See [`PUBLISH_TIMEOUT`].
+pub const SESSION_TIMEOUT: Duration = Duration::from_millis(15_200);
+
+/// The payload of every event: its key and number, padded.
+#[derive(Debug, serde::Deserialize)]
+pub struct Tick {
+    /// The key.
+    pub key: String,
+    /// The number within the key.
+    pub n: i32,
+}
+
+/// A pool on `url` whose connections use `schema`, named `application_name`.
+pub async fn pool(url: &str, schema: &str, name: &str, max: u32) -> Result<PgPool, sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?
+        .options([("search_path", schema)])
+        .application_name(name);
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+}
+
+async fn pool_until_up(url: &str, schema: &str, name: &str, max: u32) -> PgPool {
+    loop {
+        match pool(url, schema, name, max).await {
+            Ok(pool) => return pool,
+            Err(e) => {
+                eprintln!("{name}: database not reachable yet: {e}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+}
+
+/// `relay ...`: runs until killed.
+pub async fn relay(args: &[String]) -> Result<(), String> {
+    let [broker_kind, url, schema, broker, destination, name] = args else {
+        return Err(
+            "usage: outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name>"
+                .to_owned(),
+        );
+    };
+    outbox_tests::init_tracing();
+    let pool = pool_until_up(url, schema, name, 4).await;
+    let outbox: Outbox<Postgres> = Outbox::new(pool);
+    fn configure<P: Publisher>(
+        builder: RelayBuilder<P, Postgres>,
+        name: &str,
+    ) -> RelayBuilder<P, Postgres> {
+        builder
+            .application_name(name)
+            .poll_interval(Duration::from_millis(200))
+            .publish_timeout(PUBLISH_TIMEOUT)
+            .session_timeout(SESSION_TIMEOUT)
+            .connect_timeout(Duration::from_secs(3))
+            .reconnect_delay(Duration::from_millis(200))
+            .rebalance_interval(Duration::from_millis(500))
+            .backoff(Duration::from_millis(100), Duration::from_secs(2))
+    }
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    match broker_kind.as_str() {
+        "kafka" => {
+            let publisher = loop {
+                match KafkaPublisher::builder(broker.as_str())
+                    .skip_catalog_check()
+                    .destination(destination.as_str())
+                    .delivery_wait(Duration::from_millis(1500))
+                    .build()
+                    .await
+                {
+                    Ok(p) => break p,
+                    Err(e) => {
+                        eprintln!("{name}: Kafka not ready: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            configure(Relay::builder(outbox, publisher), name)
+                .build()
+                .run(shutdown)
+                .await;
+        }
+        "nats" => {
+            let (_, subject) = destination
+                .split_once('/')
+                .ok_or("the NATS destination is <stream>/<subject>")?;
+            let publisher = loop {
+                match NatsPublisher::builder(broker.as_str())
+                    .skip_catalog_check()
+                    .destination(subject)
+                    .ack_timeout(Duration::from_secs(1))
+                    .batch_budget(Duration::from_secs(3))
+                    .build()
+                    .await
+                {
+                    Ok(p) => break p,
+                    Err(e) => {
+                        eprintln!("{name}: NATS not ready: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            configure(Relay::builder(outbox, publisher), name)
+                .build()
+                .run(shutdown)
+                .await;
+        }
+        other => return Err(format!("unknown broker {other:?}: kafka or nats")),
+    }
+    Ok(())
+}
+
+/// Applies one event: the business effect of the consumer, in the inbox's transaction.
+async fn apply(
+    conn: &mut sqlx::PgConnection,
+    id: uuid::Uuid,
+    tick: &Tick,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO chaos_consumed (id, key, n) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(&tick.key)
+        .bind(tick.n)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// Records the consumer's counters (the rig reads them for the duplicates figure).
+async fn record_stats(pool: &PgPool, group: &str, handled: u64, duplicates: u64) {
+    let _ = sqlx::query(
+        "INSERT INTO chaos_stats (consumer, pid, handled, duplicates) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (consumer, pid) DO UPDATE SET handled = $3, duplicates = $4",
+    )
+    .bind(group)
+    .bind(i64::from(std::process::id()))
+    .bind(handled as i64)
+    .bind(duplicates as i64)
+    .execute(pool)
+    .await;
+}
+
+/// `consume ...`: runs until killed (or its consumer stops, with an error).
+pub async fn consume(args: &[String]) -> Result<(), String> {
+    let [broker_kind, url, schema, broker, destination, group] = args else {
+        return Err(
+            "usage: outbox-chaos consume <kafka|nats> <database url> <schema> <broker> <destination> <group>"
+                .to_owned(),
+        );
+    };
+    outbox_tests::init_tracing();
+    let pool = pool_until_up(url, schema, "chaos-consumer", 4).await;
+    let outbox: Outbox<Postgres> = Outbox::new(pool.clone());
+    let inbox = Inbox::new(&outbox, group.as_str());
+    match broker_kind.as_str() {
+        "kafka" => {
+            let mut builder = KafkaConsumer::builder(broker.as_str(), group.as_str(), inbox)
+                .topic(destination.as_str())
+                .on_event_type::<Tick, _>("Tick", |tx, msg| {
+                    Box::pin(async move { Ok(apply(tx, msg.id, &msg.event).await?) })
+                });
+            for (k, v) in [
+                ("session.timeout.ms", "3000"),
+                ("heartbeat.interval.ms", "500"),
+                ("auto.commit.interval.ms", "1000"),
+            ] {
+                builder = builder.set(k, v);
+            }
+            let consumer = builder.build().map_err(|e| e.to_string())?.spawn();
+            loop {
+                let stats = consumer.stats();
+                record_stats(&pool, group, stats.handled, stats.duplicates).await;
+                if consumer.is_finished() {
+                    return consumer.join().await.map_err(|e| e.to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+        "nats" => {
+            let (stream, _) = destination
+                .split_once('/')
+                .ok_or("the NATS destination is <stream>/<subject>")?;
+            consume_nats(&pool, &inbox, broker, stream, group).await
+        }
+        other => Err(format!("unknown broker {other:?}: kafka or nats")),
+    }
+}
+
+/// A JetStream durable pull consumer, acknowledged after the inbox's commit.
+async fn consume_nats(
+    pool: &PgPool,
+    inbox: &Inbox<Postgres>,
+    url: &str,
+    stream: &str,
+    group: &str,
+) -> Result<(), String> {
+    use async_nats::jetstream::{self, consumer};
+    let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+    let js = jetstream::new(client);
+    let consumer = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| e.to_string())?
+        .get_or_create_consumer(
+            group,
+            consumer::pull::Config {
+                durable_name: Some(group.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(5),
+                max_ack_pending: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    let (mut handled, mut duplicates) = (0u64, 0u64);
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
+        let Ok(next) = next else {
+            record_stats(pool, group, handled, duplicates).await;
+            continue;
+        };
+        let Some(message) = next else { break };
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("nats consumer: {e}");
+                continue;
+            }
+        };
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(outbox_nats::headers::MESSAGE_ID))
+            .and_then(|v| uuid::Uuid::parse_str(v.as_str()).ok())
+            .ok_or("a message without a message-id header")?;
+        let tick: Tick = serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?;
+        let result = inbox
+            .process(id, |tx| Box::pin(async move { apply(tx, id, &tick).await }))
+            .await;
+        match result {
+            Ok(processed) => {
+                if processed.is_duplicate() {
+                    duplicates += 1;
+                } else {
+                    handled += 1;
+                }
+                if (handled + duplicates) % 200 == 0 {
+                    record_stats(pool, group, handled, duplicates).await;
+                }
+                // Acknowledged after the commit; a lost ack only redelivers it.
+                let _ = message.ack().await;
+            }
+            Err(InboxError::Database(e)) => eprintln!("nats consumer: database: {e}"),
+            Err(InboxError::Handler(e)) => eprintln!("nats consumer: handler: {e}"),
+        }
+    }
+    Err("the NATS message stream ended".to_owned())
+}
