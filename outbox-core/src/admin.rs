@@ -40,6 +40,7 @@ use crate::model::Which;
 pub use crate::model::{
     DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport, Status,
 };
+use crate::store::ops::Behind;
 use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
 
@@ -205,6 +206,9 @@ impl<DB: Backend> Admin<DB> {
                 context,
             )
             .await?;
+        DB::unpark(&mut tx, self.outbox.tables(), Behind::Ids(ids))
+            .await
+            .map_err(self.err(context))?;
         let n = DB::delete_ids(&mut tx, self.outbox.tables(), ids, Which::Dead)
             .await
             .map_err(self.err(context))?;
@@ -217,6 +221,9 @@ impl<DB: Backend> Admin<DB> {
     pub async fn release_key(&self, key: &str) -> Result<u64> {
         let context = "releasing dead-lettered messages";
         let mut tx = self.begin(context).await?;
+        DB::unpark(&mut tx, self.outbox.tables(), Behind::Key(key))
+            .await
+            .map_err(self.err(context))?;
         let n = DB::release_key(&mut tx, self.outbox.tables(), key)
             .await
             .map_err(self.err(context))?;
@@ -288,6 +295,11 @@ impl<DB: Backend> Admin<DB> {
         let mut tx = self
             .locked_in_state(ids, wanted, operation, hint, context)
             .await?;
+        if from == Which::Dead {
+            DB::unpark(&mut tx, self.outbox.tables(), Behind::Ids(ids))
+                .await
+                .map_err(self.err(context))?;
+        }
         let n = DB::requeue_ids(&mut tx, self.outbox.tables(), ids, from)
             .await
             .map_err(self.err(context))?;

@@ -851,3 +851,120 @@ async fn a_rescheduled_message_is_tried_when_it_is_due_not_at_the_next_poll() {
     relay.shutdown().await;
     db.cleanup().await;
 }
+
+/// Found by the chaos rig (`oversized`, Kafka): a key's messages parked behind its dead
+/// letter lie behind the busy relay's claim cursor; once the dead letter was discarded,
+/// a later message of the key, claimed by the next prefetch, went out before them.
+/// Here a writer keeps the relay busy with other keys while key `p`'s dead letter is
+/// discarded and `p` gets more messages: `p` must still arrive in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_parked_behind_a_discarded_dead_letter_are_not_overtaken() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let db = TestDb::with_max_connections(8).await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::permanent("too large"),
+    );
+    // A broker slower than the writer: the relay drains a backlog, claim after claim,
+    // without going back to the start.
+    publisher.set_delay(Duration::from_millis(5));
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(5)
+        .spawn();
+    let busy = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (outbox, busy) = (outbox.clone(), Arc::clone(&busy));
+        tokio::spawn(async move {
+            let mut n = 0;
+            while busy.load(Ordering::SeqCst) {
+                let mut tx = outbox.begin().await.expect("begin");
+                for k in 0..3 {
+                    tx.emit_message(message(&format!("busy-{k}"), n))
+                        .expect("emit");
+                }
+                tx.commit().await.expect("commit");
+                n += 1;
+            }
+        })
+    };
+    let emit = |m: OutboxMessage| {
+        let outbox = outbox.clone();
+        async move {
+            let mut tx = outbox.begin().await.expect("begin");
+            tx.emit_message(m).expect("emit");
+            tx.commit().await.expect("commit");
+        }
+    };
+    let admin = outbox_core::admin::Admin::new(outbox.clone());
+    // Each round overtakes with some luck (the cursor must be past the parked messages
+    // and the drain still going): five keys, one after the other.
+    const ROUNDS: usize = 5;
+    for round in 0..ROUNDS {
+        let p = format!("p{round}");
+        emit(message(&p, 0)).await;
+        emit(
+            OutboxMessage::new("Poison", "counts", format!(r#"{{"key":"{p}","n":1}}"#))
+                .with_key(p.as_str()),
+        )
+        .await;
+        emit(message(&p, 2)).await;
+        emit(message(&p, 3)).await;
+        let filter = outbox_core::admin::ListFilter {
+            key: Some(p.clone()),
+            ..Default::default()
+        };
+        let dead = loop {
+            let dead = admin.dead(&filter).await.expect("dead letters");
+            if let Some(m) = dead.first() {
+                break m.id;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // Let the busy relay's cursor move past the parked messages.
+        let published = publisher.published_count();
+        wait_until("the relay moves on", WAIT, || async {
+            publisher.published_count() > published + 100
+        })
+        .await;
+        admin.discard(&[dead]).await.expect("discard");
+        for n in 4..8 {
+            emit(message(&p, n)).await;
+        }
+        wait_until("every message of the key is published", WAIT, || async {
+            publisher
+                .published()
+                .iter()
+                .filter(|r| r.partition_key.as_deref() == Some(p.as_str()))
+                .count()
+                >= 7
+        })
+        .await;
+    }
+    busy.store(false, Ordering::SeqCst);
+    writer.await.expect("writer");
+    relay.shutdown().await;
+    let mut orders: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in publisher.published() {
+        let key = r.partition_key.clone().unwrap_or_default();
+        if key.starts_with('p') {
+            let n = serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                .as_i64()
+                .expect("n");
+            orders.entry(key).or_default().push(n);
+        }
+    }
+    let out_of_order: Vec<_> = orders
+        .iter()
+        .filter(|(_, ns)| **ns != vec![0, 2, 3, 4, 5, 6, 7])
+        .collect();
+    assert!(
+        out_of_order.is_empty(),
+        "keys out of order after their dead letter was discarded: {out_of_order:?}"
+    );
+    assert_eq!(orders.len(), ROUNDS);
+    db.cleanup().await;
+}

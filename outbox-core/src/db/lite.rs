@@ -168,7 +168,7 @@ macro_rules! lite_backend {
             DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which,
             count, requeue_reset, total,
         };
-        use $crate::store::ops::{Ops, SqlResult};
+        use $crate::store::ops::{Behind, Ops, SqlResult};
 
         type Conn = <$db as sqlx::Database>::Connection;
         type Pool = sqlx::Pool<$db>;
@@ -508,6 +508,33 @@ macro_rules! lite_backend {
                     );
                     Ok(sqlx::query(&sql).bind(key).execute(conn).await?.rows_affected())
                 })
+            }
+
+            fn unpark<'c>(
+                conn: &'c mut Conn,
+                tables: &'c Tables,
+                behind: Behind<'c>,
+            ) -> BoxFuture<'c, SqlResult<u64>> {
+                let t = <$db as Lite>::quote(&tables.outbox);
+                let update = format!(
+                    "UPDATE {t} SET next_attempt_at = {now} \
+                     WHERE {pending} AND next_attempt_at IS NULL AND partition_key IN ",
+                    now = <$db as Lite>::NOW,
+                    pending = $crate::model::state::PENDING,
+                );
+                match behind {
+                    // A derived table: MySQL may not read the table it updates directly.
+                    Behind::Ids(ids) => Box::pin(by_id_chunks(conn, ids, move |list| {
+                        format!(
+                            "{update}(SELECT k FROM (SELECT partition_key AS k FROM {t} \
+                             WHERE id IN ({list})) AS dead)"
+                        )
+                    })),
+                    Behind::Key(key) => Box::pin(async move {
+                        let sql = format!("{update}(?)");
+                        Ok(sqlx::query(&sql).bind(key).execute(conn).await?.rows_affected())
+                    }),
+                }
             }
 
             fn purge<'c>(

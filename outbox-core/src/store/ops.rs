@@ -11,6 +11,16 @@ use crate::config::Tables;
 use crate::model::{ListFilter, MessageInfo, MessageState, Status};
 pub use crate::model::{SentBatch, Which};
 
+/// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
+/// these ids, or behind every dead letter of this key.
+#[derive(Debug, Clone, Copy)]
+pub enum Behind<'a> {
+    /// The keys of these dead letters.
+    Ids(&'a [Uuid]),
+    /// This key.
+    Key(&'a str),
+}
+
 /// A statement's result.
 pub type SqlResult<T> = std::result::Result<T, sqlx::Error>;
 
@@ -131,6 +141,18 @@ pub trait Ops: sqlx::Database {
         conn: &'c mut Self::Connection,
         tables: &'c Tables,
         key: &'c str,
+    ) -> BoxFuture<'c, SqlResult<u64>>;
+
+    /// Re-queues (`next_attempt_at` = now) the never-tried pending messages of the keys
+    /// of the dead letters `behind`, in the transaction that releases or discards them.
+    /// Their dead letter no longer parks them, but a busy relay's claim cursor may be past
+    /// them already; a re-queued row at or below the cursor blocks the later rows of its
+    /// key (`model::state::blocker`), so nothing written after them overtakes them. Run it
+    /// before the dead letters change. Returns how many.
+    fn unpark<'c>(
+        conn: &'c mut Self::Connection,
+        tables: &'c Tables,
+        behind: Behind<'c>,
     ) -> BoxFuture<'c, SqlResult<u64>>;
 
     /// Deletes (or with `dry_run` counts) sent messages sent before `sent_before` and

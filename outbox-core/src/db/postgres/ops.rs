@@ -13,7 +13,7 @@ use crate::model::{
     DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which, count,
     requeue_reset, total,
 };
-use crate::store::ops::{Ops, SqlResult};
+use crate::store::ops::{Behind, Ops, SqlResult};
 
 impl Ops for Postgres {
     fn record_processed<'c>(
@@ -327,6 +327,37 @@ impl Ops for Postgres {
             .bind(key)
             .execute(conn)
             .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn unpark<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        behind: Behind<'c>,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let t = tables.outbox.quoted();
+            let update = format!(
+                "UPDATE {t} SET next_attempt_at = now() \
+                 WHERE {PENDING} AND next_attempt_at IS NULL AND partition_key IN "
+            );
+            let done = match behind {
+                Behind::Ids(ids) => {
+                    sqlx::query(&format!(
+                        "{update}(SELECT partition_key FROM {t} WHERE id = ANY($1))"
+                    ))
+                    .bind(ids)
+                    .execute(conn)
+                    .await?
+                }
+                Behind::Key(key) => {
+                    sqlx::query(&format!("{update}($1)"))
+                        .bind(key)
+                        .execute(conn)
+                        .await?
+                }
+            };
             Ok(done.rows_affected())
         })
     }
