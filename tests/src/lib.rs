@@ -8,6 +8,7 @@
 pub mod kafka;
 pub mod logs;
 pub mod nats;
+pub mod order;
 pub mod proxy;
 
 use std::str::FromStr;

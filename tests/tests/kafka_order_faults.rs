@@ -4,17 +4,15 @@
 //! Read back afterwards and deduplicated by message id, as a consumer with an inbox
 //! would, every key's events are in the order they were written, and none is missing.
 
-use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use outbox_core::relay::Relay;
-use outbox_core::{OutboxMessage, sqlx};
 use outbox_kafka::KafkaPublisher;
-use outbox_tests::TestDb;
 use outbox_tests::kafka::{self, OwnBroker};
 use outbox_tests::proxy::Mode;
-
-const KEYS: usize = 12;
+use outbox_tests::{TestDb, order};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
@@ -41,118 +39,52 @@ async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
         .backoff(Duration::from_millis(100), Duration::from_millis(500))
         .publish_timeout(Duration::from_secs(10))
         .spawn();
-
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (outbox, topic, stop) = (outbox.clone(), topic.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut rounds = 0usize;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let mut tx = outbox.begin().await.expect("begin");
-                for k in 0..KEYS {
-                    tx.emit_message(
-                        OutboxMessage::new("Tick", topic.as_str(), format!("{rounds}"))
-                            .with_key(format!("key-{k}")),
-                    )
-                    .expect("emit");
-                }
-                tx.commit().await.expect("commit");
-                rounds += 1;
-                tokio::time::sleep(Duration::from_millis(15)).await;
-            }
-            rounds
-        })
-    };
-
-    // Stalls around the 1 s request and 2 s message timeouts; every other one ends in
-    // a reset of every connection.
-    for (i, stall_ms) in [1_500u64, 2_300, 900, 3_100, 2_000, 4_200, 1_200, 2_700]
-        .into_iter()
-        .enumerate()
-    {
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
-        proxy.set(Mode::Stall);
-        tokio::time::sleep(Duration::from_millis(stall_ms)).await;
-        if i % 2 == 1 {
-            proxy.reset();
-        }
-        proxy.set(Mode::Forward);
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = order::spawn_rounds(outbox.clone(), topic.clone(), Arc::clone(&stop));
+    // Stalls around the 1 s request timeout and the 2 s delivery wait.
+    order::stalls_and_resets(
+        &proxy,
+        &[1_500, 2_300, 900, 3_100, 2_000, 4_200, 1_200, 2_700],
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
     let rounds = writer.await.expect("writer");
-    let total = rounds * KEYS;
-
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-            .fetch_one(&db.pool)
-            .await
-            .expect("pending");
-        if pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pending} rows still pending 120 s after the last fault; relay {:?}",
-            relay.stats()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let total = rounds * order::KEYS;
+    order::wait_drained(&db, Duration::from_secs(120), || {
+        format!("relay {:?}", relay.stats())
+    })
+    .await;
     let stats = relay.stats();
     relay.shutdown().await;
 
     let read = {
-        let brokers = brokers.clone();
-        let topic = topic.clone();
+        let (brokers, topic) = (brokers.clone(), topic.clone());
         tokio::task::spawn_blocking(move || {
             kafka::read_topic(&brokers, &topic, total, Duration::from_secs(60))
         })
         .await
         .expect("read the topic")
     };
-    // What a consumer with an inbox applies: the first copy of each id, in log order.
-    let mut seen = HashSet::new();
-    let mut applied: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let mut duplicates = 0usize;
-    for message in &read {
-        if !seen.insert(message.id.clone()) {
-            duplicates += 1;
-            continue;
-        }
-        let key = message.key.clone().expect("a key");
-        applied
-            .entry(key)
-            .or_default()
-            .push(message.payload.parse().expect("a round number"));
-    }
-    let mut violations = Vec::new();
-    for (key, ns) in &applied {
-        for pair in ns.windows(2) {
-            if pair[1] != pair[0] + 1 {
-                violations.push(format!("{key}: {} after {}", pair[1], pair[0]));
-            }
-        }
-        assert_eq!(ns.first(), Some(&0), "{key} starts at round 0");
-    }
+    let (applied, duplicates) = order::applied(read.iter().map(|m| {
+        (
+            m.id.as_str(),
+            m.key.as_deref().expect("a key"),
+            m.payload.parse().expect("a round number"),
+        )
+    }));
     eprintln!(
         "measured: {total} events in {rounds} rounds; {} copies read, {duplicates} duplicates; \
-         relay {:?}; producer rebuilds {}",
+         relay {stats:?}; producer rebuilds {}",
         read.len(),
-        stats,
         publisher.rebuilds()
     );
-    assert!(
-        violations.is_empty(),
-        "{} per-key order violations after dedup, first: {:?}",
-        violations.len(),
-        &violations[..violations.len().min(10)]
+    order::assert_in_order(&applied);
+    assert_eq!(
+        applied.values().map(Vec::len).sum::<usize>(),
+        total,
+        "every event is in the topic"
     );
-    assert_eq!(seen.len(), total, "every event is in the topic");
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL")
-        .fetch_one(&db.pool)
-        .await
-        .expect("dead");
-    assert_eq!(dead, 0, "network faults dead-letter nothing");
+    order::assert_no_dead_letter(&db).await;
     db.cleanup().await;
 }
 

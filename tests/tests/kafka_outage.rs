@@ -133,23 +133,14 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
             .collect();
     let total = (KEYS * ROUNDS) as i64;
 
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-            .fetch_one(&db.pool)
-            .await
-            .expect("pending");
-        if pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pending} rows still pending 120 s after the broker came back; relay {:?}, producer rebuilds {}",
+    outbox_tests::order::wait_drained(&db, Duration::from_secs(120), || {
+        format!(
+            "relay {:?}, producer rebuilds {}",
             relay.stats(),
             publisher.rebuilds()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        )
+    })
+    .await;
     let drained_in = restarted_at.elapsed();
     assert!(
         relay.stats().failed > before_kill.failed,

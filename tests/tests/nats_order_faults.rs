@@ -6,19 +6,18 @@
 //! The publisher keeps one message of a key in flight at a time, so a lost or late
 //! acknowledgement can only repeat a message, never let a later one overtake it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use outbox_core::relay::Relay;
-use outbox_core::{OutboxMessage, sqlx};
 use outbox_nats::{NatsPublisher, headers};
-use outbox_tests::TestDb;
 use outbox_tests::nats::{fresh_stream, nats_url};
-use outbox_tests::proxy::{Mode, Proxy};
-
-const KEYS: usize = 12;
+use outbox_tests::proxy::Proxy;
+use outbox_tests::{TestDb, order};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalls_and_resets_between_relay_and_server_keep_every_key_in_order() {
@@ -47,59 +46,17 @@ async fn stalls_and_resets_between_relay_and_server_keep_every_key_in_order() {
         .publish_timeout(Duration::from_secs(20))
         .spawn();
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (outbox, subject, stop) = (outbox.clone(), subject.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut rounds = 0usize;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let mut tx = outbox.begin().await.expect("begin");
-                for k in 0..KEYS {
-                    tx.emit_message(
-                        OutboxMessage::new("Tick", subject.as_str(), format!("{rounds}"))
-                            .with_key(format!("key-{k}")),
-                    )
-                    .expect("emit");
-                }
-                tx.commit().await.expect("commit");
-                rounds += 1;
-                tokio::time::sleep(Duration::from_millis(15)).await;
-            }
-            rounds
-        })
-    };
-    for (i, stall_ms) in [700u64, 1_300, 400, 2_100, 1_000, 2_600, 600, 1_700]
-        .into_iter()
-        .enumerate()
-    {
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
-        proxy.set(Mode::Stall);
-        tokio::time::sleep(Duration::from_millis(stall_ms)).await;
-        if i % 2 == 1 {
-            proxy.reset();
-        }
-        proxy.set(Mode::Forward);
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = order::spawn_rounds(outbox.clone(), subject.clone(), Arc::clone(&stop));
+    // Stalls around the 1 s acknowledgement timeout.
+    order::stalls_and_resets(&proxy, &[700, 1_300, 400, 2_100, 1_000, 2_600, 600, 1_700]).await;
+    stop.store(true, Ordering::SeqCst);
     let rounds = writer.await.expect("writer");
-    let total = rounds * KEYS;
-
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-            .fetch_one(&db.pool)
-            .await
-            .expect("pending");
-        if pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pending} rows still pending 120 s after the last fault; relay {:?}",
-            relay.stats()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let total = rounds * order::KEYS;
+    order::wait_drained(&db, Duration::from_secs(120), || {
+        format!("relay {:?}", relay.stats())
+    })
+    .await;
     let stats = relay.stats();
     relay.shutdown().await;
 
@@ -114,57 +71,37 @@ async fn stalls_and_resets_between_relay_and_server_keep_every_key_in_order() {
         .await
         .expect("consumer");
     let mut messages = reader.messages().await.expect("messages");
-    let mut seen = HashSet::new();
-    let mut applied: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let (mut copies, mut duplicates) = (0usize, 0usize);
+    let mut copies: Vec<(String, String, usize)> = Vec::new();
+    let mut ids = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.len() < total {
+    while ids.len() < total {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok(Some(message)) = tokio::time::timeout(left, messages.next()).await else {
-            panic!("read {} of {total} distinct events from {name}", seen.len());
+            panic!("read {} of {total} distinct events from {name}", ids.len());
         };
         let message = message.expect("message");
-        copies += 1;
         let h = message.headers.clone().expect("headers");
         let id = h.get(headers::MESSAGE_ID).expect("message id").to_string();
-        if !seen.insert(id) {
-            duplicates += 1;
-            continue;
-        }
         let key = h
             .get(headers::PARTITION_KEY)
             .expect("partition key")
             .to_string();
-        let n: usize = std::str::from_utf8(&message.payload)
+        let round = std::str::from_utf8(&message.payload)
             .expect("text")
             .parse()
             .expect("a round number");
-        applied.entry(key).or_default().push(n);
+        ids.insert(id.clone());
+        copies.push((id, key, round));
     }
-    let mut violations = Vec::new();
-    for (key, ns) in &applied {
-        assert_eq!(ns.first(), Some(&0), "{key} starts at round 0");
-        for pair in ns.windows(2) {
-            if pair[1] != pair[0] + 1 {
-                violations.push(format!("{key}: {} after {}", pair[1], pair[0]));
-            }
-        }
-    }
+    let (applied, duplicates) =
+        order::applied(copies.iter().map(|(i, k, r)| (i.as_str(), k.as_str(), *r)));
     eprintln!(
-        "measured: {total} events in {rounds} rounds; {copies} copies read, {duplicates} duplicates \
-         (JetStream deduplicates by Nats-Msg-Id within its window); relay {stats:?}"
+        "measured: {total} events in {rounds} rounds; {} copies read, {duplicates} duplicates \
+         (JetStream deduplicates by Nats-Msg-Id within its window); relay {stats:?}",
+        copies.len()
     );
-    assert!(
-        violations.is_empty(),
-        "{} per-key order violations after dedup, first: {:?}",
-        violations.len(),
-        &violations[..violations.len().min(10)]
-    );
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL")
-        .fetch_one(&db.pool)
-        .await
-        .expect("dead");
-    assert_eq!(dead, 0, "network faults dead-letter nothing");
+    order::assert_in_order(&applied);
+    order::assert_no_dead_letter(&db).await;
     js.delete_stream(&name).await.expect("delete stream");
     db.cleanup().await;
 }
