@@ -210,13 +210,33 @@ async fn scenario(
     };
     log("confirming an unknown order failed: rolled back, no event written");
 
-    let reserved = wait_until(Duration::from_secs(120), || async {
+    let reserved = match wait_until(Duration::from_secs(120), || async {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations")
             .fetch_one(&pool)
             .await?;
         Ok((n >= ids.len() as i64).then_some(n))
     })
-    .await?;
+    .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            // Say where the events stopped: in the outbox, or between broker and consumer.
+            let (pending, reserved): (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM outbox WHERE sent_at IS NULL), \
+                        (SELECT count(*) FROM reservations)",
+            )
+            .fetch_one(&pool)
+            .await?;
+            return Err(format!(
+                "waiting for {} reservations: {e}; {reserved} reserved, {pending} events still \
+                 in the outbox; relay {:?}; consumer {:?}",
+                ids.len(),
+                relay.stats(),
+                consumer.stats()
+            )
+            .into());
+        }
+    };
     log(&format!(
         "relay published them to {}; the inventory reserved stock for {reserved} orders",
         ORDER_EVENTS

@@ -431,6 +431,10 @@ fn is_unavailable(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
             | RDKafkaErrorCode::KafkaStorageError
             | RDKafkaErrorCode::ClusterAuthorizationFailed
+            // Purged by us (a replaced producer) or by librdkafka while it resets the
+            // idempotent producer's state: nothing about the message.
+            | RDKafkaErrorCode::PurgeQueue
+            | RDKafkaErrorCode::PurgeInflight
     )
 }
 
@@ -945,6 +949,8 @@ mod tests {
             RDKafkaErrorCode::QueueFull,
             RDKafkaErrorCode::UnknownProducerId,
             RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::PurgeQueue,
+            RDKafkaErrorCode::PurgeInflight,
         ] {
             assert_eq!(
                 classify(&e(code)).0.kind(),
