@@ -525,13 +525,15 @@ impl KafkaPublisher {
         &self,
         id: Uuid,
         generation: u64,
-    ) -> Option<Shared<BoxFuture<'static, Outcome>>> {
+    ) -> Option<(Shared<BoxFuture<'static, Outcome>>, bool)> {
         let mut pending = self.lock_pending();
         let entry = pending.get(&id)?;
-        let usable = entry.generation == generation
-            && matches!(entry.report.peek(), None | Some(Outcome::Acked));
+        // Polled, not peeked: `peek` only sees a report some call has already polled,
+        // and a report that came after its call gave up was never polled.
+        let now = entry.report.clone().now_or_never();
+        let usable = entry.generation == generation && matches!(now, None | Some(Outcome::Acked));
         if usable {
-            Some(entry.report.clone())
+            Some((entry.report.clone(), now.is_none()))
         } else {
             pending.remove(&id);
             None
@@ -549,7 +551,9 @@ impl KafkaPublisher {
             }
         }
         let now = Instant::now();
-        pending.retain(|_, p| p.report.peek().is_none() || now - p.since < KEEP_RESOLVED);
+        pending.retain(|_, p| {
+            p.report.clone().now_or_never().is_none() || now - p.since < KEEP_RESOLVED
+        });
     }
 
     /// Replaces the producer of `generation` (unless someone else already did).
@@ -573,6 +577,8 @@ impl KafkaPublisher {
             current.generation += 1;
             std::mem::replace(&mut current.producer, fresh)
         };
+        // What the old producer held is purged with it: never waited for again.
+        self.lock_pending().retain(|_, p| p.generation > generation);
         self.inner.rebuilds.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("outbox_kafka_producer_rebuilds_total").increment(1);
         tracing::warn!(
@@ -666,8 +672,13 @@ impl KafkaPublisher {
                 outcomes[i] = Some(Outcome::NotAttempted);
                 continue;
             }
-            if let Some(report) = self.in_producer(record.id, generation) {
+            if let Some((report, unresolved)) = self.in_producer(record.id, generation) {
                 in_flight.push((i, report));
+                if unresolved {
+                    // It may still fail (a purge, a reset producer): nothing later of its
+                    // key goes into the producer behind it in this call.
+                    refused_keys.extend(key);
+                }
                 continue;
             }
             match self.enqueue(producer, record, deadline).await {
@@ -709,7 +720,8 @@ impl KafkaPublisher {
         outcomes: &mut [Option<Outcome>],
         started: Instant,
     ) -> Waited {
-        let round = Instant::now();
+        // One deadline for the whole call, replacement round included.
+        let deadline = started + self.inner.enqueue_timeout + self.inner.delivery_wait;
         let mut topics: Vec<String> = in_flight
             .iter()
             .map(|(i, _)| batch[*i].destination.clone())
@@ -725,7 +737,7 @@ impl KafkaPublisher {
             let wait = if answered {
                 started.elapsed().max(STRAGGLER_GRACE)
             } else {
-                let left = self.inner.delivery_wait.saturating_sub(round.elapsed());
+                let left = deadline.saturating_duration_since(Instant::now());
                 left.min(PROBE_EVERY)
             };
             match tokio::time::timeout(wait, futures_util::StreamExt::next(&mut reports)).await {
@@ -750,7 +762,7 @@ impl KafkaPublisher {
                     } else {
                         *since = None;
                     }
-                    if round.elapsed() >= self.inner.delivery_wait {
+                    if Instant::now() >= deadline {
                         return Waited::Nothing;
                     }
                 }
@@ -798,10 +810,15 @@ impl KafkaPublisher {
 async fn leaders_answer(probe: &Arc<FutureProducer>, topics: &[String]) -> bool {
     let (client, topics) = (Arc::clone(probe), topics.to_vec());
     tokio::task::spawn_blocking(move || {
+        // One request: for the one topic, or for all of them.
+        let only = match topics.as_slice() {
+            [one] => Some(one.as_str()),
+            _ => None,
+        };
+        let Ok(metadata) = client.client().fetch_metadata(only, PROBE_EVERY) else {
+            return false;
+        };
         topics.iter().all(|name| {
-            let Ok(metadata) = client.client().fetch_metadata(Some(name), PROBE_EVERY) else {
-                return false;
-            };
             metadata.topics().iter().any(|t| {
                 t.name() == name
                     && t.error().is_none()

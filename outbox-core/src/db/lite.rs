@@ -523,10 +523,11 @@ macro_rules! lite_backend {
                     pending = $crate::model::state::PENDING,
                 );
                 match behind {
-                    // A derived table: MySQL may not read the table it updates directly.
+                    // A derived table (DISTINCT keeps it from being merged away): MySQL
+                    // may not read the table it updates directly (error 1093).
                     Behind::Ids(ids) => Box::pin(by_id_chunks(conn, ids, move |list| {
                         format!(
-                            "{update}(SELECT k FROM (SELECT partition_key AS k FROM {t} \
+                            "{update}(SELECT k FROM (SELECT DISTINCT partition_key AS k FROM {t} \
                              WHERE id IN ({list})) AS dead)"
                         )
                     })),
