@@ -59,6 +59,23 @@ async fn pool_until_up(url: &str, schema: &str, name: &str, max: u32) -> PgPool 
     }
 }
 
+/// Builds a publisher, again every 500 ms while its broker is not there yet (the rig
+/// starts relays while it kills and restarts brokers).
+async fn until_built<P, E: std::fmt::Display, F: std::future::Future<Output = Result<P, E>>>(
+    name: &str,
+    build: impl Fn() -> F,
+) -> P {
+    loop {
+        match build().await {
+            Ok(p) => return p,
+            Err(e) => {
+                eprintln!("{name}: broker not ready: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 /// `relay ...`: runs until killed.
 pub async fn relay(args: &[String]) -> Result<(), String> {
     let [broker_kind, url, schema, broker, destination, name] = args else {
@@ -87,21 +104,14 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     match broker_kind.as_str() {
         "kafka" => {
-            let publisher = loop {
-                match KafkaPublisher::builder(broker.as_str())
+            let publisher = until_built(name, || {
+                KafkaPublisher::builder(broker.as_str())
                     .skip_catalog_check()
                     .destination(destination.as_str())
                     .delivery_wait(Duration::from_millis(1500))
                     .build()
-                    .await
-                {
-                    Ok(p) => break p,
-                    Err(e) => {
-                        eprintln!("{name}: Kafka not ready: {e}");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            };
+            })
+            .await;
             configure(Relay::builder(outbox, publisher), name)
                 .build()
                 .run(shutdown)
@@ -111,22 +121,15 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
             let (_, subject) = destination
                 .split_once('/')
                 .ok_or("the NATS destination is <stream>/<subject>")?;
-            let publisher = loop {
-                match NatsPublisher::builder(broker.as_str())
+            let publisher = until_built(name, || {
+                NatsPublisher::builder(broker.as_str())
                     .skip_catalog_check()
                     .destination(subject)
                     .ack_timeout(Duration::from_secs(1))
                     .batch_budget(Duration::from_secs(3))
                     .build()
-                    .await
-                {
-                    Ok(p) => break p,
-                    Err(e) => {
-                        eprintln!("{name}: NATS not ready: {e}");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            };
+            })
+            .await;
             configure(Relay::builder(outbox, publisher), name)
                 .build()
                 .run(shutdown)

@@ -14,6 +14,18 @@ use outbox_tests::kafka::{self, OwnBroker};
 use outbox_tests::proxy::Mode;
 use outbox_tests::{TestDb, order};
 
+/// A publisher tuned as a new user would for fast failover: short timeouts everywhere.
+async fn short_timeouts(brokers: &str, topic: &str) -> KafkaPublisher {
+    KafkaPublisher::builder(brokers)
+        .skip_catalog_check()
+        .destination(topic)
+        .delivery_wait(Duration::from_secs(2))
+        .request_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("publisher")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
     outbox_tests::init_tracing();
@@ -24,15 +36,7 @@ async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
     let topic = kafka::unique("order-faults");
     kafka::create_topic(&brokers, &topic, 2).await;
 
-    // As a new user would tune it for fast failover: short timeouts everywhere.
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .delivery_wait(Duration::from_secs(2))
-        .request_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = short_timeouts(&brokers, &topic).await;
     let relay = Relay::builder(outbox.clone(), publisher.clone())
         .batch_size(50)
         .max_attempts(3)
@@ -102,14 +106,7 @@ async fn a_stall_longer_than_the_delivery_timeout_leaves_no_gap_in_a_key() {
     let brokers = proxy.addr().to_string();
     let topic = kafka::unique("gap");
     kafka::create_topic(&brokers, &topic, 1).await;
-    let publisher = KafkaPublisher::builder(&brokers)
-        .skip_catalog_check()
-        .destination(&topic)
-        .delivery_wait(Duration::from_secs(2))
-        .request_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("publisher");
+    let publisher = short_timeouts(&brokers, &topic).await;
     // Connections are up (metadata fetched at build); from now on nothing moves.
     proxy.set(Mode::Stall);
     let first = {
