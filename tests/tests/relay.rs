@@ -877,10 +877,15 @@ async fn messages_parked_behind_a_discarded_dead_letter_are_not_overtaken() {
         .spawn();
     let busy = Arc::new(AtomicBool::new(true));
     let writer = {
-        let (outbox, busy) = (outbox.clone(), Arc::clone(&busy));
+        let (outbox, busy, publisher) = (outbox.clone(), Arc::clone(&busy), publisher.clone());
         tokio::spawn(async move {
             let mut n = 0;
             while busy.load(Ordering::SeqCst) {
+                // A backlog the relay works through, but a bounded one: a writer faster
+                // than the slow broker would bury each round's messages ever deeper.
+                while n * 3 > publisher.published_count() + 300 && busy.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
                 let mut tx = outbox.begin().await.expect("begin");
                 for k in 0..3 {
                     tx.emit_message(message(&format!("busy-{k}"), n))

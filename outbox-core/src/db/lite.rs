@@ -34,8 +34,6 @@ pub(crate) trait Lite: sqlx::Database {
     const CLAIM_PARAMS: [&'static str; 4];
     /// The byte length of text `%`.
     const LENGTH: &'static str;
-    /// A sub-select of the seqs in one bound JSON array.
-    const SEQS_FROM_JSON: &'static str;
     /// A bound timestamp.
     type Ts;
     /// `t` as bound.
@@ -55,9 +53,10 @@ pub(crate) trait Lite: sqlx::Database {
     ) -> Query<'q, Self, <Self as sqlx::Database>::Arguments<'q>>;
     /// Deletes up to `?` processed ids older than `?`, oldest first.
     fn delete_processed(table: &str) -> String;
-    /// Has the server end this connection's session once it is idle for `timeout`
-    /// (MySQL: `wait_timeout`, which releases the relay's named lock; SQLite: nothing).
-    fn limit_idle(
+    /// Sets up the relay's connection. MySQL: the server ends the session once it is idle
+    /// for `timeout` (`wait_timeout`, which releases the relay's named lock), and the
+    /// session reads committed (see the MySQL dialect). SQLite: nothing.
+    fn prepare_session(
         conn: &mut Self::Connection,
         timeout: std::time::Duration,
     ) -> BoxFuture<'_, sqlx::Result<()>>;
@@ -77,6 +76,7 @@ pub(crate) trait Lite: sqlx::Database {
 /// A relay session's statements, rendered once per session.
 pub(crate) struct Statements {
     pub(crate) claim: String,
+    /// The marking statement up to its `IN (` list: see [`mark_list`].
     pub(crate) mark: String,
     pub(crate) fail: String,
     pub(crate) retrying: String,
@@ -89,7 +89,6 @@ impl Statements {
         let outbox = D::quote(table);
         let parked = state::parked(&outbox, config.on_dead_letter == OnDeadLetter::ParkKey);
         let [after, after_again, limit, budget] = D::CLAIM_PARAMS;
-        let seqs = D::SEQS_FROM_JSON;
         Statements {
             claim: budgeted(
                 &format!(
@@ -109,12 +108,14 @@ impl Statements {
                 D::LENGTH,
                 budget,
             ),
+            // A bound list, not a sub-select: MariaDB runs `UPDATE .. WHERE seq IN
+            // (SELECT ..)` as a scan of the whole table, locking every row.
             mark: match on_sent {
                 OnSent::Mark => format!(
-                    "UPDATE {outbox} SET sent_at = {now} WHERE seq IN ({seqs})",
+                    "UPDATE {outbox} SET sent_at = {now} WHERE seq IN (",
                     now = D::NOW
                 ),
-                OnSent::Delete => format!("DELETE FROM {outbox} WHERE seq IN ({seqs})"),
+                OnSent::Delete => format!("DELETE FROM {outbox} WHERE seq IN ("),
             },
             fail: D::fail(&outbox),
             retrying: state::retrying(&D::text("partition_key"), &outbox),
@@ -136,6 +137,17 @@ pub(crate) fn retry_plan(config: &RelayConfig, attempts: i32, permanent: bool) -
 
 /// Ids per `IN (?, ...)` list: well under both databases' placeholder limits.
 pub(crate) const IDS_PER_STATEMENT: usize = 500;
+
+/// Seqs per marking statement: under SQLite's 32,766 and MySQL's 65,535 placeholders.
+pub(crate) const MARK_CHUNK: usize = 4096;
+
+/// The `?, ?, ..)` list closing a marking statement for `n` seqs (1 ≤ n ≤
+/// [`MARK_CHUNK`]), rounded up to a power of two (at least 8) so a connection prepares
+/// a dozen statements at most; the caller binds its last seq again to fill the list.
+pub(crate) fn mark_list(n: usize) -> (usize, String) {
+    let slots = n.next_power_of_two().max(8);
+    (slots, format!("{})", placeholders(slots)))
+}
 
 /// `?, ?, ?` for `n` values.
 pub(crate) fn placeholders(n: usize) -> String {
@@ -515,27 +527,48 @@ macro_rules! lite_backend {
                 tables: &'c Tables,
                 behind: Behind<'c>,
             ) -> BoxFuture<'c, SqlResult<u64>> {
-                let t = <$db as Lite>::quote(&tables.outbox);
-                let update = format!(
-                    "UPDATE {t} SET next_attempt_at = {now} \
-                     WHERE {pending} AND next_attempt_at IS NULL AND partition_key IN ",
-                    now = <$db as Lite>::NOW,
-                    pending = $crate::model::state::PENDING,
-                );
-                match behind {
-                    // A derived table (DISTINCT keeps it from being merged away): MySQL
-                    // may not read the table it updates directly (error 1093).
-                    Behind::Ids(ids) => Box::pin(by_id_chunks(conn, ids, move |list| {
-                        format!(
-                            "{update}(SELECT k FROM (SELECT DISTINCT partition_key AS k FROM {t} \
-                             WHERE id IN ({list})) AS dead)"
-                        )
-                    })),
-                    Behind::Key(key) => Box::pin(async move {
-                        let sql = format!("{update}(?)");
-                        Ok(sqlx::query(&sql).bind(key).execute(conn).await?.rows_affected())
-                    }),
-                }
+                Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.outbox);
+                    // One statement per key, through the `(partition_key, seq)` index: it
+                    // locks that key's rows only (MariaDB runs `partition_key IN
+                    // (SELECT ..)` as a scan of the whole table).
+                    let keys: Vec<String> = match behind {
+                        Behind::Key(key) => vec![key.to_owned()],
+                        Behind::Ids(ids) => {
+                            let mut keys = Vec::new();
+                            for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                                let sql = format!(
+                                    "SELECT DISTINCT partition_key FROM {t} \
+                                     WHERE partition_key IS NOT NULL AND id IN ({})",
+                                    placeholders(chunk.len())
+                                );
+                                let mut query = sqlx::query(&sql);
+                                for id in chunk {
+                                    query = query.bind(id.to_string());
+                                }
+                                for row in query.fetch_all(&mut *conn).await? {
+                                    // MySQL reports the column as binary: the text is the
+                                    // key the writer bound.
+                                    keys.push(row.try_get_unchecked::<String, _>(0)?);
+                                }
+                            }
+                            keys.sort_unstable();
+                            keys.dedup();
+                            keys
+                        }
+                    };
+                    let sql = format!(
+                        "UPDATE {t} SET next_attempt_at = {now} \
+                         WHERE {pending} AND next_attempt_at IS NULL AND partition_key = ?",
+                        now = <$db as Lite>::NOW,
+                        pending = $crate::model::state::PENDING,
+                    );
+                    let mut n = 0;
+                    for key in &keys {
+                        n += sqlx::query(&sql).bind(key).execute(&mut *conn).await?.rows_affected();
+                    }
+                    Ok(n)
+                })
             }
 
             fn purge<'c>(
@@ -625,9 +658,6 @@ macro_rules! lite_backend {
             Ok(())
         }
 
-        /// Seqs per marking statement.
-        const MARK_CHUNK: usize = 5000;
-
         /// The relay session: its own connection, polling; ownership per the dialect's
         /// `acquire`.
         pub struct LiteSession<'a> {
@@ -660,7 +690,7 @@ macro_rules! lite_backend {
                 // A relay process that stops answering keeps its connection (and its
                 // lock) open: the server ends an idle session after this long.
                 cx.count_queries(1);
-                <$db as Lite>::limit_idle(&mut conn, cx.config.effective_session_timeout()).await?;
+                <$db as Lite>::prepare_session(&mut conn, cx.config.effective_session_timeout()).await?;
                 let sql = $crate::db::lite::Statements::new::<$db>(&cx.tables.outbox, cx.config);
                 tracing::info!(
                     outbox = %cx.tables.outbox,
@@ -749,15 +779,17 @@ macro_rules! lite_backend {
                 &mut self,
                 outcome: &$crate::store::session::Outcome,
             ) -> $crate::store::session::SessionResult<()> {
-                // The seqs go as one bound JSON array per statement.
-                for chunk in outcome.sent.chunks(MARK_CHUNK) {
+                // The seqs as a bound list: a lookup by primary key.
+                for chunk in outcome.sent.chunks($crate::db::lite::MARK_CHUNK) {
                     self.cx.count_queries(1);
-                    let list = serde_json::to_string(chunk)
-                        .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-                    sqlx::query(&self.sql.mark)
-                        .bind(list)
-                        .execute(&mut self.conn)
-                        .await?;
+                    let (slots, list) = $crate::db::lite::mark_list(chunk.len());
+                    let sql = format!("{}{list}", self.sql.mark);
+                    let mut query = sqlx::query(&sql);
+                    let last = chunk[chunk.len() - 1];
+                    for seq in chunk.iter().copied().chain(std::iter::repeat(last)).take(slots) {
+                        query = query.bind(seq);
+                    }
+                    query.execute(&mut self.conn).await?;
                 }
                 Ok(())
             }

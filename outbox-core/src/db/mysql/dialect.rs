@@ -29,9 +29,6 @@ impl Lite for MySql {
         "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
     const CLAIM_PARAMS: [&'static str; 4] = ["?", "?", "?", "?"];
     const LENGTH: &'static str = "LENGTH(%)";
-    /// MariaDB >= 10.6, MySQL >= 8.0.
-    const SEQS_FROM_JSON: &'static str =
-        "SELECT j.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j";
 
     type Ts = DateTime<Utc>;
     fn ts(t: DateTime<Utc>) -> DateTime<Utc> {
@@ -66,13 +63,21 @@ impl Lite for MySql {
         format!("DELETE FROM {table} WHERE processed_at < ? ORDER BY processed_at LIMIT ?")
     }
 
-    fn limit_idle(
+    fn prepare_session(
         conn: &mut MySqlConnection,
         timeout: std::time::Duration,
     ) -> BoxFuture<'_, sqlx::Result<()>> {
         Box::pin(async move {
             sqlx::query("SET SESSION wait_timeout = ?")
                 .bind(timeout.as_secs().max(1))
+                .execute(&mut *conn)
+                .await?;
+            // Under REPEATABLE READ an `UPDATE` the optimizer runs as a scan (a batch
+            // covering most of a small table) locks every row it reads, gaps included:
+            // the mark would wait for an operator holding a dead letter, deadlock with
+            // admin transactions and hold back writers' inserts. READ COMMITTED locks the
+            // rows it changes only, and the relay reads nothing twice in a transaction.
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                 .execute(conn)
                 .await?;
             Ok(())

@@ -26,7 +26,6 @@ impl Lite for Sqlite {
     const ADMIN_BEGIN: &'static str = "BEGIN IMMEDIATE";
     const CLAIM_PARAMS: [&'static str; 4] = ["?1", "?2", "?3", "?4"];
     const LENGTH: &'static str = "length(CAST(% AS BLOB))";
-    const SEQS_FROM_JSON: &'static str = "SELECT value FROM json_each(?1)";
 
     type Ts = String;
     fn ts(t: DateTime<Utc>) -> String {
@@ -66,7 +65,7 @@ impl Lite for Sqlite {
     }
 
     /// Nothing to end: one relay per file, no server.
-    fn limit_idle(
+    fn prepare_session(
         _conn: &mut SqliteConnection,
         _timeout: std::time::Duration,
     ) -> BoxFuture<'_, sqlx::Result<()>> {
