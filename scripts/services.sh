@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure every service the tests need is up. Idempotent: safe to run twice.
 #
-#   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down)
+#   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down), with
+#   wal_level = logical (set and restarted once, only when it is not)
 #   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
@@ -46,6 +47,28 @@ ensure_postgres() {
   pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
   wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not start listening on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/"
   log "PostgreSQL is up on 127.0.0.1:5432"
+}
+
+# WAL mode (docs/wal.md) decodes the WAL: the cluster needs `wal_level = logical`.
+# Changed with ALTER SYSTEM and a restart, only when it is not set yet.
+ensure_wal_level() {
+  local psql=(psql -h 127.0.0.1 -U postgres -d postgres -XAtq)
+  local level
+  level=$("${psql[@]}" -c "SHOW wal_level") || die "cannot ask PostgreSQL for wal_level (psql -h 127.0.0.1 -U postgres)"
+  if [ "$level" = logical ]; then
+    log "PostgreSQL has wal_level = logical"
+    return 0
+  fi
+  command -v pg_ctlcluster >/dev/null || die "PostgreSQL has wal_level = $level; WAL mode needs logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL"
+  local ver
+  ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  log "PostgreSQL has wal_level = $level; setting logical and restarting PostgreSQL $ver"
+  "${psql[@]}" -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
+  pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+  wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not come back on 127.0.0.1:5432 within 30 s after the restart; see /var/log/postgresql/"
+  level=$("${psql[@]}" -c "SHOW wal_level")
+  [ "$level" = logical ] || die "PostgreSQL still has wal_level = $level after the restart"
+  log "PostgreSQL has wal_level = logical"
 }
 
 # ------------------------------------------------------------------- MariaDB
@@ -134,6 +157,7 @@ ensure_nats() {
 }
 
 ensure_postgres
+ensure_wal_level
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 ensure_kafka
