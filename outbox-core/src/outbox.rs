@@ -68,6 +68,7 @@ impl<DB: Backend> Outbox<DB> {
             pool,
             outbox: None,
             processed: None,
+            wal: None,
         }
     }
 
@@ -153,9 +154,11 @@ impl<DB: Backend> Outbox<DB> {
 /// [`build`](Self::build).
 #[derive(Debug)]
 pub struct OutboxBuilder<DB: Backend = crate::store::DefaultBackend> {
-    pool: Pool<DB>,
+    pub(crate) pool: Pool<DB>,
     outbox: Option<String>,
     processed: Option<String>,
+    /// WAL mode (PostgreSQL only): the slot name asked for, and the password.
+    pub(crate) wal: Option<(Option<String>, Option<crate::config::Secret>)>,
 }
 
 impl<DB: Backend> OutboxBuilder<DB> {
@@ -181,6 +184,11 @@ impl<DB: Backend> OutboxBuilder<DB> {
         };
         if let Some(name) = &self.processed {
             tables.processed = TableName::parse("processed-messages table name", name)?;
+        }
+        if let Some((slot, password)) = self.wal {
+            let mut wal = crate::config::Wal::new(&tables.outbox, slot.as_deref())?;
+            wal.password = password;
+            tables.wal = Some(wal);
         }
         Ok(Outbox {
             inner: Arc::new(Inner {

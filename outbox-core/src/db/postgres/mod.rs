@@ -5,6 +5,7 @@
 mod horizon;
 mod ops;
 mod session;
+mod wal;
 
 use futures_util::future::BoxFuture;
 use sqlx::{Executor, PgConnection, Postgres};
@@ -107,8 +108,16 @@ impl Schema for Postgres {
         })
     }
 
+    /// In WAL mode, also creates the publication and the replication slot: before the
+    /// first event is written, since a slot sees only what is written after it.
     fn migrate<'c>(pool: &'c sqlx::PgPool, tables: &'c Tables) -> BoxFuture<'c, Result<Vec<i64>>> {
-        Box::pin(schema::run(pool, tables))
+        Box::pin(async move {
+            let applied = schema::run(pool, tables).await?;
+            if let Some(w) = &tables.wal {
+                wal::ensure_slot(pool, tables, w).await?;
+            }
+            Ok(applied)
+        })
     }
 }
 
@@ -340,6 +349,8 @@ async fn write_commit_and_begin(
     // runs: `COMMIT` alone would answer `ROLLBACK` without an error.
     let mut sql = if messages.is_empty() {
         "SELECT 1".to_owned()
+    } else if let Some(w) = &tables.wal {
+        wal::commit_sql(w, messages)?
     } else {
         commit_sql(tables, messages)?
     };
@@ -359,6 +370,9 @@ async fn insert_messages(
 ) -> Result<()> {
     if messages.is_empty() {
         return Ok(());
+    }
+    if let Some(w) = &tables.wal {
+        return wal::emit(conn, tables, w, messages).await;
     }
     let n = messages.len();
     let mut ids = Vec::with_capacity(n);

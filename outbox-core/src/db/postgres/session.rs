@@ -211,12 +211,65 @@ impl std::fmt::Debug for PgSession<'_> {
 impl Source for Postgres {
     const POLL_INTERVAL: Duration = Duration::from_secs(5);
 
-    type Session<'a> = PgSession<'a>;
+    type Session<'a> = Either<PgSession<'a>, super::wal::WalSession<'a>>;
 
-    fn open<'a>(
-        cx: Context<'a, Self>,
-    ) -> impl Future<Output = SessionResult<PgSession<'a>>> + Send + 'a {
-        PgSession::connect(cx)
+    async fn open<'a>(cx: Context<'a, Self>) -> SessionResult<Self::Session<'a>> {
+        Ok(match &cx.tables.wal {
+            None => Either::Table(PgSession::connect(cx).await?),
+            Some(wal) => Either::Wal(super::wal::WalSession::open(cx, wal).await?),
+        })
+    }
+}
+
+/// Table mode's session or WAL mode's, as the outbox was built.
+#[derive(Debug)]
+pub enum Either<T, W> {
+    /// Table mode.
+    Table(T),
+    /// WAL mode.
+    Wal(W),
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            Either::Table($s) => $e,
+            Either::Wal($s) => $e,
+        }
+    };
+}
+
+impl<T: Session, W: Session> Session for Either<T, W> {
+    async fn probe(&mut self) -> SessionResult<Option<Probe>> {
+        both!(self, s => s.probe().await)
+    }
+    fn probe_interval(&self) -> Duration {
+        both!(self, s => s.probe_interval())
+    }
+    async fn own(&mut self) -> SessionResult<bool> {
+        both!(self, s => s.own().await)
+    }
+    async fn wait(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        until: Instant,
+    ) -> SessionResult<()> {
+        both!(self, s => s.wait(shutdown, until).await)
+    }
+    async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
+        both!(self, s => s.retrying_keys().await)
+    }
+    async fn claim(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
+        both!(self, s => s.claim(after).await)
+    }
+    async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
+        both!(self, s => s.acknowledge(outcome).await)
+    }
+    async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
+        both!(self, s => s.fail(outcome).await)
+    }
+    async fn close(self) {
+        both!(self, s => s.close().await)
     }
 }
 

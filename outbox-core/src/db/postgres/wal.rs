@@ -1,0 +1,779 @@
+//! WAL mode (`docs/wal.md`): commits write each event into the write-ahead log with
+//! `pg_logical_emit_message(true, prefix, envelope)`, with no row and no `NOTIFY`; the
+//! relay reads them, in commit order, from a logical replication slot (pgoutput with
+//! `messages 'true'`, through `pgwire-replication`), and confirms the slot's position
+//! only up to the last commit whose events the broker has all acknowledged.
+//!
+//! Positions: the session numbers the messages it receives (`seq` of the records it
+//! hands out) and remembers, per commit, the last number and the commit's end LSN.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sqlx::{Executor, PgConnection, Postgres};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::{Secret, Tables, Wal};
+use crate::error::DbContext;
+use crate::publisher::OutboxRecord;
+use crate::store::session::{Context, Outcome, Probe, Session, SessionError, SessionResult};
+use crate::task::stopped;
+use crate::{Error, OutboxBuilder, OutboxMessage, Result};
+
+/// The envelope's format version (its `v`).
+pub(crate) const ENVELOPE_VERSION: u8 = 1;
+
+/// One event as written into the WAL: a JSON object, `payload` last and verbatim.
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    v: u8,
+    id: Uuid,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<i32>,
+    destination: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: &'a BTreeMap<String, String>,
+    created_at: DateTime<Utc>,
+    payload: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    v: u8,
+    id: Uuid,
+    #[serde(rename = "type")]
+    event_type: String,
+    #[serde(default)]
+    version: Option<i32>,
+    destination: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    created_at: DateTime<Utc>,
+    payload: Box<RawValue>,
+}
+
+/// `message` as its WAL envelope.
+pub(crate) fn envelope(message: &OutboxMessage, created_at: DateTime<Utc>) -> Result<String> {
+    let payload: &RawValue = serde_json::from_str(&message.payload).map_err(|e| {
+        Error::InvalidMessage(
+            format!(
+                "message {} (`{}`): the payload is not JSON ({e}); WAL mode carries it verbatim",
+                message.id, message.event_type
+            )
+            .into(),
+        )
+    })?;
+    let out = EnvelopeOut {
+        v: ENVELOPE_VERSION,
+        id: message.id,
+        event_type: &message.event_type,
+        version: message.event_version,
+        destination: &message.destination,
+        key: message.partition_key.as_deref(),
+        headers: &message.headers,
+        created_at,
+        payload,
+    };
+    serde_json::to_string(&out).map_err(|e| Error::InvalidMessage(e.to_string().into()))
+}
+
+/// The record an envelope holds, at position `seq`.
+pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxRecord, String> {
+    let e: EnvelopeIn = serde_json::from_slice(content).map_err(|e| e.to_string())?;
+    if e.v != ENVELOPE_VERSION {
+        return Err(format!(
+            "envelope version {} (this relay reads version {ENVELOPE_VERSION}): upgrade the relay",
+            e.v
+        ));
+    }
+    Ok(OutboxRecord {
+        seq,
+        id: e.id,
+        event_type: e.event_type,
+        event_version: e.version,
+        destination: e.destination,
+        partition_key: e.key,
+        payload: e.payload.get().to_owned(),
+        headers: e.headers,
+        created_at: e.created_at,
+        attempts: 0,
+    })
+}
+
+/// The statement that writes `messages` into the WAL, as literals (sent with `COMMIT` in
+/// one round trip, like table mode's): one `pg_logical_emit_message` per event, in emit
+/// order (a `VALUES` list is scanned in order). The UTF-8 guard runs first.
+pub(crate) fn commit_sql(wal: &Wal, messages: &[OutboxMessage]) -> Result<String> {
+    let now = Utc::now();
+    let mut sql = String::with_capacity(messages.iter().map(|m| m.payload.len() + 200).sum());
+    sql.push_str("SELECT pg_logical_emit_message(true, ");
+    let tag = super::dollar_tag(&wal.prefix);
+    sql.push_str(&tag);
+    sql.push_str(&wal.prefix);
+    sql.push_str(&tag);
+    sql.push_str(&format!(
+        ", m) FROM (SELECT {} AS utf8) AS g, (VALUES ",
+        super::UTF8_GUARD
+    ));
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        super::literal(&mut sql, &envelope(m, now)?, m)?;
+        sql.push(')');
+    }
+    sql.push_str(") AS v(m)");
+    Ok(sql)
+}
+
+/// Writes `messages` into the WAL inside the caller's transaction (bound parameters).
+pub(crate) async fn emit(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    wal: &Wal,
+    messages: &[OutboxMessage],
+) -> Result<()> {
+    let now = Utc::now();
+    let envelopes = messages
+        .iter()
+        .map(|m| envelope(m, now))
+        .collect::<Result<Vec<_>>>()?;
+    sqlx::query(&format!(
+        "SELECT pg_logical_emit_message(true, $1, m) FROM (SELECT {} AS utf8) AS g, unnest($2::text[]) AS u(m)",
+        super::UTF8_GUARD
+    ))
+    .bind(&wal.prefix)
+    .bind(&envelopes)
+    .execute(conn)
+    .await
+    .context("writing events to the WAL", &tables.outbox)?;
+    Ok(())
+}
+
+/// Creates the publication and the slot if they do not exist, after checking
+/// `wal_level`. The slot must exist before the first event is written: a slot sees only
+/// what is written after it was created.
+pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) -> Result<()> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("creating the replication slot", &tables.outbox)?;
+    check_wal_level(&mut conn, tables).await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(&wal.publication)
+            .fetch_one(&mut *conn)
+            .await
+            .context("creating the publication", &tables.outbox)?;
+    if !exists {
+        // A publication of no table: pgoutput needs one, the relay reads only messages.
+        let created = conn
+            .execute(format!("CREATE PUBLICATION \"{}\"", wal.publication).as_str())
+            .await;
+        if let Err(e) = created {
+            if !is_duplicate(&e) {
+                return Err(e).context("creating the publication", &tables.outbox);
+            }
+        }
+    }
+    let slot: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT plugin::text, database::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(&wal.slot)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("creating the replication slot", &tables.outbox)?;
+    match slot {
+        Some((plugin, database)) => {
+            let here: String = sqlx::query_scalar("SELECT current_database()::text")
+                .fetch_one(&mut *conn)
+                .await
+                .context("creating the replication slot", &tables.outbox)?;
+            if plugin.as_deref() != Some("pgoutput") || database.as_deref() != Some(&here) {
+                return Err(Error::InvalidArgument(
+                    format!(
+                        "replication slot {:?} exists but is not a pgoutput slot of database {here:?} \
+                         (plugin {plugin:?}, database {database:?}): choose another slot name \
+                         (OutboxBuilder::wal_slot) or drop that slot",
+                        wal.slot
+                    )
+                    .into(),
+                ));
+            }
+        }
+        None => {
+            let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+                .bind(&wal.slot)
+                .execute(&mut *conn)
+                .await;
+            if let Err(e) = created {
+                if !is_duplicate(&e) {
+                    return Err(e).context("creating the replication slot", &tables.outbox);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "42710" || c == "23505")
+}
+
+async fn check_wal_level(conn: &mut PgConnection, tables: &Tables) -> Result<()> {
+    let level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&mut *conn)
+        .await
+        .context("reading wal_level", &tables.outbox)?;
+    if level != "logical" {
+        return Err(Error::InvalidArgument(
+            format!(
+                "WAL mode needs wal_level = logical, and this server has wal_level = {level}: \
+                 run `ALTER SYSTEM SET wal_level = logical` and restart PostgreSQL \
+                 (or use table mode: drop `.wal()` from the Outbox builder)"
+            )
+            .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl OutboxBuilder<Postgres> {
+    /// WAL mode: commits write events into PostgreSQL's write-ahead log
+    /// (`pg_logical_emit_message`), not into the outbox table, and the relay reads them
+    /// from a logical replication slot. Needs `wal_level = logical` and a user with the
+    /// `REPLICATION` attribute; [`Outbox::migrate`](crate::Outbox::migrate) creates the
+    /// slot (before the first event: a slot sees only what is written after it). See
+    /// `docs/wal.md`.
+    pub fn wal(mut self) -> Self {
+        self.wal.get_or_insert((None, None));
+        self
+    }
+
+    /// WAL mode with the replication slot `name` (default `outbox_<table>`).
+    pub fn wal_slot(mut self, name: impl Into<String>) -> Self {
+        self.wal.get_or_insert((None, None)).0 = Some(name.into());
+        self
+    }
+
+    /// The password of the relay's replication connection, when the pool's connect
+    /// options hold one ([`Outbox::connect_wal`](crate::Outbox::connect_wal) takes it
+    /// from the URL). Without it, the relay uses `PGPASSWORD`, if set.
+    pub fn wal_password(mut self, password: impl Into<String>) -> Self {
+        self.wal.get_or_insert((None, None)).1 = Some(Secret(password.into()));
+        self
+    }
+}
+
+impl crate::Outbox<Postgres> {
+    /// Connects to PostgreSQL at `url` in WAL mode (see [`OutboxBuilder::wal`]), with the
+    /// default table names; the relay's replication connection uses the URL's password.
+    pub async fn connect_wal(url: &str) -> Result<Self> {
+        let pool = super::super::connect::pool(url).await?;
+        let mut builder = crate::Outbox::builder(pool).wal();
+        if let Some(password) = url_password(url) {
+            builder = builder.wal_password(password);
+        }
+        builder.build()
+    }
+}
+
+/// The percent-decoded password of a `postgres://user:password@host/db` URL.
+fn url_password(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let userinfo = authority.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':')?.1;
+    let bytes = password.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&password[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// How long a replication connection may stay silent before the server ends it
+/// (`wal_sender_timeout`): a relay that stopped answering (SIGSTOP, a frozen VM) gives
+/// the slot up after that long, and a standby takes it.
+pub(crate) const SENDER_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct Entry {
+    record: OutboxRecord,
+    sent: bool,
+    /// Failed: not before this instant.
+    due: Option<Instant>,
+}
+
+/// The WAL relay session (WAL mode, `docs/wal.md`).
+pub struct WalSession<'a> {
+    cx: Context<'a, Postgres>,
+    wal: &'a Wal,
+    /// `None` while another relay holds the slot.
+    client: Option<ReplicationClient>,
+    /// Received and not yet acknowledged, in commit order.
+    buffer: VecDeque<Entry>,
+    next_seq: i64,
+    /// Per received commit: the last `seq` at or before it, and its end LSN.
+    commits: VecDeque<(i64, Lsn)>,
+    /// Inside a transaction (between `Begin` and `Commit`).
+    in_tx: bool,
+    confirmed: Lsn,
+}
+
+impl std::fmt::Debug for WalSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSession")
+            .field("slot", &self.wal.slot)
+            .field("buffered", &self.buffer.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn refused(e: PgWireError, wal: &Wal) -> SessionError {
+    SessionError::Refused(format!("WAL relay: replication slot {:?}: {e}", wal.slot))
+}
+
+impl<'a> WalSession<'a> {
+    pub(crate) async fn open(
+        cx: Context<'a, Postgres>,
+        wal: &'a Wal,
+    ) -> SessionResult<WalSession<'a>> {
+        use sqlx::postgres::PgSslMode;
+        if matches!(
+            cx.pool.connect_options().get_ssl_mode(),
+            PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+        ) {
+            return Err(SessionError::Refused(
+                "WAL relay: the connection asks for TLS (sslmode require/verify-*), and the \
+                 replication connection does not speak TLS yet: use table mode, or reach \
+                 PostgreSQL over a trusted network or a Unix socket with sslmode=prefer/disable"
+                    .to_owned(),
+            ));
+        }
+        ensure_slot(cx.pool, cx.tables, wal)
+            .await
+            .map_err(|e| SessionError::Refused(e.to_string()))?;
+        Ok(WalSession {
+            cx,
+            wal,
+            client: None,
+            buffer: VecDeque::new(),
+            next_seq: 1,
+            commits: VecDeque::new(),
+            in_tx: false,
+            confirmed: Lsn(0),
+        })
+    }
+
+    fn config(&self) -> ReplicationConfig {
+        let options = self.cx.pool.connect_options();
+        let password = self
+            .wal
+            .password
+            .as_ref()
+            .map(|s| s.0.clone())
+            .or_else(|| std::env::var("PGPASSWORD").ok())
+            .unwrap_or_default();
+        let host = match options.get_socket() {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => options.get_host().to_owned(),
+        };
+        ReplicationConfig::new(
+            host,
+            options.get_username(),
+            password,
+            options.get_database().unwrap_or(options.get_username()),
+            &self.wal.slot,
+            self.wal.publication.as_str(),
+        )
+        .with_port(options.get_port())
+        .with_application_name(&self.cx.config.application_name)
+        .with_options(format!(
+            "-c wal_sender_timeout={}ms",
+            SENDER_TIMEOUT.as_millis()
+        ))
+        .with_status_interval(Duration::from_millis(100))
+        .with_buffer_size(8192)
+        // Makes `feedback_pending_since` report: `close` waits for the last confirmation.
+        .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {}))
+    }
+
+    /// Takes the slot if it is free: `Ok(false)` while another relay holds it.
+    async fn start(&mut self) -> SessionResult<bool> {
+        let mut client = ReplicationClient::connect(self.config())
+            .await
+            .map_err(|e| refused(e, self.wal))?;
+        let timeout = self.cx.config.connect_timeout;
+        match tokio::time::timeout(timeout, client.wait_started()).await {
+            Err(_) => Err(SessionError::TimedOut(timeout)),
+            Ok(Ok(())) => {
+                self.client = Some(client);
+                Ok(true)
+            }
+            Ok(Err(e)) if e.to_string().contains("is active for PID") => Ok(false),
+            Ok(Err(e)) => Err(refused(e, self.wal)),
+        }
+    }
+
+    /// Takes in one event.
+    fn take(&mut self, event: ReplicationEvent) -> SessionResult<()> {
+        match event {
+            ReplicationEvent::Begin { .. } => self.in_tx = true,
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.in_tx = false;
+                self.commits.push_back((self.next_seq - 1, end_lsn));
+                self.confirm();
+            }
+            ReplicationEvent::Message {
+                prefix, content, ..
+            } if prefix == self.wal.prefix => {
+                let record = decode(&content, self.next_seq).map_err(|e| {
+                    // Never skipped: a message this relay cannot read stops it, and
+                    // the slot keeps it for a relay that can.
+                    SessionError::Refused(format!(
+                        "WAL relay: a message of slot {:?} cannot be read: {e}",
+                        self.wal.slot
+                    ))
+                })?;
+                self.next_seq += 1;
+                self.buffer.push_back(Entry {
+                    record,
+                    sent: false,
+                    due: None,
+                });
+            }
+            // Everything decoded up to `wal_end` has been received: with nothing
+            // unacknowledged, the slot may move on (WAL of other activity is freed).
+            ReplicationEvent::KeepAlive { wal_end, .. }
+                if !self.in_tx && self.buffer.is_empty() && self.commits.is_empty() =>
+            {
+                self.advance(wal_end);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Takes in what the stream holds now, without waiting, up to `limit` new messages.
+    fn pull(&mut self, limit: usize) -> SessionResult<()> {
+        use futures_util::FutureExt as _;
+        let mut taken = 0;
+        while taken < limit {
+            let Some(client) = self.client.as_mut() else {
+                return Ok(());
+            };
+            match client.recv().now_or_never() {
+                None => return Ok(()),
+                Some(Ok(Some(event))) => {
+                    taken += usize::from(matches!(event, ReplicationEvent::Message { .. }));
+                    self.take(event)?;
+                }
+                Some(Ok(None)) => return Err(self.ended(None)),
+                Some(Err(e)) => return Err(self.ended(Some(e))),
+            }
+        }
+        Ok(())
+    }
+
+    fn ended(&mut self, e: Option<PgWireError>) -> SessionError {
+        self.client = None;
+        SessionError::Refused(match e {
+            Some(e) => format!(
+                "WAL relay: the replication stream of slot {:?} ended: {e}",
+                self.wal.slot
+            ),
+            None => format!(
+                "WAL relay: the replication stream of slot {:?} ended",
+                self.wal.slot
+            ),
+        })
+    }
+
+    /// Drops the acknowledged head of the buffer and confirms the last commit before
+    /// the first unacknowledged message.
+    fn confirm(&mut self) {
+        while self.buffer.front().is_some_and(|e| e.sent) {
+            self.buffer.pop_front();
+        }
+        let first_open = self.buffer.front().map_or(self.next_seq, |e| e.record.seq);
+        let mut lsn = None;
+        while let Some(&(last, end)) = self.commits.front() {
+            if last >= first_open {
+                break;
+            }
+            lsn = Some(end);
+            self.commits.pop_front();
+        }
+        if let Some(lsn) = lsn {
+            self.advance(lsn);
+        }
+    }
+
+    fn advance(&mut self, lsn: Lsn) {
+        if lsn > self.confirmed {
+            self.confirmed = lsn;
+            if let Some(client) = &self.client {
+                client.update_applied_lsn(lsn);
+            }
+        }
+    }
+
+    fn claimable(&self) -> bool {
+        !self.select(0, 1, usize::MAX).is_empty()
+    }
+
+    /// The oldest claimable messages after `after`: not acknowledged, not waiting for a
+    /// retry, and not behind a message of their key that waits for one.
+    fn select(&self, after: i64, limit: usize, max_bytes: usize) -> Vec<OutboxRecord> {
+        let now = Instant::now();
+        let mut held: HashSet<&str> = HashSet::new();
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for e in &self.buffer {
+            if e.sent {
+                continue;
+            }
+            let key = e.record.partition_key.as_deref();
+            if e.due.is_some_and(|d| d > now) {
+                if let Some(k) = key {
+                    held.insert(k);
+                }
+                continue;
+            }
+            if e.record.seq <= after || key.is_some_and(|k| held.contains(k)) {
+                continue;
+            }
+            if batch.len() >= limit || (bytes >= max_bytes && !batch.is_empty()) {
+                break;
+            }
+            bytes += e.record.payload.len();
+            batch.push(e.record.clone());
+        }
+        batch
+    }
+
+    fn entry(&mut self, seq: i64) -> Option<&mut Entry> {
+        let first = self.buffer.front()?.record.seq;
+        let i = usize::try_from(seq - first).ok()?;
+        self.buffer.get_mut(i).filter(|e| e.record.seq == seq)
+    }
+}
+
+impl Session for WalSession<'_> {
+    async fn probe(&mut self) -> SessionResult<Option<Probe>> {
+        if self.client.is_none() {
+            return Ok(None);
+        }
+        let now = Instant::now();
+        let open: Vec<&Entry> = self.buffer.iter().filter(|e| !e.sent).collect();
+        let oldest = open
+            .iter()
+            .map(|e| e.record.created_at)
+            .min()
+            .map_or(0.0, |t| {
+                (Utc::now() - t).num_milliseconds().max(0) as f64 / 1000.0
+            });
+        let next_due_in = open
+            .iter()
+            .filter_map(|e| e.due)
+            .filter(|d| *d > now)
+            .min()
+            .map(|d| d - now);
+        Ok(Some(Probe {
+            pending: open.len() as i64,
+            oldest_age_seconds: oldest,
+            due: None,
+            next_due_in,
+        }))
+    }
+
+    fn probe_interval(&self) -> Duration {
+        self.cx.config.poll_interval
+    }
+
+    async fn own(&mut self) -> SessionResult<bool> {
+        match &self.client {
+            Some(client) if client.is_running() => Ok(true),
+            Some(_) => Err(self.ended(None)),
+            None => self.start().await,
+        }
+    }
+
+    async fn wait(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        until: Instant,
+    ) -> SessionResult<()> {
+        if self.claimable() {
+            return Ok(());
+        }
+        let Some(client) = self.client.as_mut() else {
+            return Ok(());
+        };
+        let event = tokio::select! {
+            event = client.recv() => event,
+            () = tokio::time::sleep_until(until) => return Ok(()),
+            () = stopped(shutdown) => return Ok(()),
+        };
+        match event {
+            Ok(Some(event)) => self.take(event),
+            Ok(None) => Err(self.ended(None)),
+            Err(e) => Err(self.ended(Some(e))),
+        }
+    }
+
+    async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
+        Ok(self
+            .buffer
+            .iter()
+            .filter(|e| !e.sent && e.due.is_some())
+            .filter_map(|e| e.record.partition_key.clone())
+            .collect())
+    }
+
+    async fn claim(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
+        let config = self.cx.config;
+        self.pull(config.batch_size.max(1) * 2)?;
+        Ok(self.select(
+            after.unwrap_or(0),
+            config.batch_size,
+            config.max_batch_bytes,
+        ))
+    }
+
+    async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
+        for &seq in &outcome.sent {
+            if let Some(e) = self.entry(seq) {
+                e.sent = true;
+            }
+        }
+        self.confirm();
+        Ok(())
+    }
+
+    /// Failures wait in memory and are published again after their backoff (a broker
+    /// outage counts no attempt). The slot keeps them until then.
+    async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
+        let now = Instant::now();
+        for (i, &seq) in outcome.failed_seq.iter().enumerate() {
+            let unavailable = outcome.failed_unavailable[i];
+            let config = self.cx.config;
+            let Some(e) = self.entry(seq) else { continue };
+            let delay = if unavailable {
+                outcome.unavailable_delay
+            } else {
+                let (dead, secs) = crate::config::retry_plan(
+                    config,
+                    e.record.attempts,
+                    outcome.failed_permanent[i],
+                );
+                e.record.attempts = e.record.attempts.saturating_add(1);
+                if dead {
+                    // Not dead-lettered yet in WAL mode (docs/wal.md): the message and
+                    // its key wait, retried at the backoff cap; nothing is skipped.
+                    tracing::error!(
+                        id = %e.record.id,
+                        attempts = e.record.attempts,
+                        error = %outcome.failed_error[i],
+                        "outbox WAL relay: a message keeps failing; it and the later messages \
+                         of its key wait (WAL mode does not dead-letter yet)"
+                    );
+                }
+                Duration::from_secs_f64(secs)
+            };
+            e.due = Some(now + delay);
+        }
+        Ok(0)
+    }
+
+    /// Sends the last confirmation before it lets the slot go (the client stops without
+    /// one), so the next relay does not publish again what the broker acknowledged.
+    async fn close(mut self) {
+        if let Some(mut client) = self.client.take() {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while client.feedback_pending_since().is_some()
+                && client.is_running()
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = client.shutdown().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_envelope_round_trips_with_its_payload_verbatim() {
+        let m = OutboxMessage::new("OrderPlaced", "orders", r#"{"z":1, "a":[true]}"#)
+            .with_key("order-1")
+            .with_header("traceparent", "00-1-2-01");
+        let at = Utc::now();
+        let text = envelope(&m, at).expect("envelope");
+        assert!(text.starts_with(r#"{"v":1,"#), "{text}");
+        let r = decode(text.as_bytes(), 7).expect("decode");
+        assert_eq!(r.seq, 7);
+        assert_eq!(r.id, m.id);
+        assert_eq!(r.payload, r#"{"z":1, "a":[true]}"#);
+        assert_eq!(r.partition_key.as_deref(), Some("order-1"));
+        assert_eq!(r.headers, m.headers);
+        assert_eq!(r.created_at, at);
+        let future = text.replacen(r#""v":1"#, r#""v":2"#, 1);
+        let err = decode(future.as_bytes(), 1).expect_err("unknown version");
+        assert!(err.contains("upgrade the relay"), "{err}");
+        let bad = OutboxMessage::new("T", "d", "not json");
+        assert!(envelope(&bad, at).is_err());
+    }
+
+    #[test]
+    fn the_password_comes_from_the_url_decoded() {
+        assert_eq!(
+            url_password("postgres://app:s%40cr%2Ft@db:5432/x?sslmode=disable").as_deref(),
+            Some("s@cr/t")
+        );
+        assert_eq!(url_password("postgres://app@db/x"), None);
+        assert_eq!(url_password("postgres://db/x"), None);
+    }
+
+    #[test]
+    fn slot_names_are_checked_and_passwords_never_shown() {
+        let table = crate::config::TableName::parse("t", "billing.Outbox").expect("name");
+        let mut wal = Wal::new(&table, None).expect("default");
+        assert_eq!(wal.slot, "outbox_billing_outbox");
+        assert_eq!(wal.prefix, "outbox:outbox_billing_outbox");
+        let err = Wal::new(&table, Some("Bad-Name")).expect_err("refused");
+        assert!(err.to_string().contains("a-z, 0-9 and _"), "{err}");
+        wal.password = Some(Secret("hunter2".into()));
+        assert!(!format!("{wal:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,262 @@
+//! WAL mode (`docs/wal.md`) against the real PostgreSQL (`wal_level = logical`, set by
+//! `scripts/services.sh`): events reach the relay through a logical replication slot,
+//! in commit order, if and only if their transaction commits.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use outbox_core::publisher::{InMemoryPublisher, PublishError};
+use outbox_core::relay::Relay;
+use outbox_core::{Outbox, OutboxMessage};
+use outbox_tests::{TestDb, wait_until};
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Slots are server-wide, and one left behind keeps WAL forever: each test's slot is
+/// named after this process, and slots of processes that no longer run are dropped.
+fn slot_name() -> String {
+    format!(
+        "owt_{}_{}",
+        std::process::id(),
+        &Uuid::now_v7().simple().to_string()[20..]
+    )
+}
+
+async fn drop_stale_slots(db: &TestDb) {
+    let slots: Vec<String> = sqlx::query_scalar(
+        "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name LIKE 'owt\\_%' AND NOT active",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("list slots");
+    for slot in slots {
+        let pid = slot.split('_').nth(1).unwrap_or("");
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&slot)
+            .execute(&db.pool)
+            .await;
+        let _ = sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
+            .execute(&db.pool)
+            .await;
+    }
+}
+
+/// A migrated WAL-mode outbox in a fresh schema, with a slot of its own.
+async fn wal_outbox() -> (TestDb, Outbox, String) {
+    let db = TestDb::new().await;
+    drop_stale_slots(&db).await;
+    let slot = slot_name();
+    let outbox = Outbox::builder(db.pool.clone())
+        .wal_slot(&slot)
+        .build()
+        .expect("build");
+    outbox.migrate().await.expect("migrate creates the slot");
+    (db, outbox, slot)
+}
+
+async fn cleanup(db: TestDb, slot: &str) {
+    wait_until("the slot is released", WAIT, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT NOT active FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .fetch_optional(&db.pool)
+        .await
+        .expect("slot state")
+        .unwrap_or(true)
+    })
+    .await;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(slot)
+        .execute(&db.pool)
+        .await
+        .expect("drop the slot");
+    sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
+        .execute(&db.pool)
+        .await
+        .expect("drop the publication");
+    db.cleanup().await;
+}
+
+fn message(key: &str, n: usize) -> OutboxMessage {
+    OutboxMessage::new("Counted", "counts", format!(r#"{{"key":"{key}","n":{n}}}"#)).with_key(key)
+}
+
+/// Committed events arrive, in commit order (not start order), with their ids, types,
+/// keys, headers and payloads; rolled-back and dropped transactions leave nothing; the
+/// outbox table stays empty and no notification is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_relay_in_commit_order_iff_committed() {
+    let (db, outbox, slot) = wal_outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+
+    // Started first, committed second.
+    let mut early = outbox.begin().await.expect("begin");
+    let late_id = early.emit_message(message("a", 1)).expect("emit");
+    let mut tx = outbox.begin().await.expect("begin");
+    let first_id = tx
+        .emit_message(message("a", 0).with_header("traceparent", "00-abc-def-01"))
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    early.commit().await.expect("commit");
+
+    let mut rolled = outbox.begin().await.expect("begin");
+    rolled.emit_message(message("gone", 0)).expect("emit");
+    rolled.rollback().await.expect("rollback");
+    let mut dropped = outbox.begin().await.expect("begin");
+    dropped.emit_message(message("gone", 1)).expect("emit");
+    drop(dropped);
+
+    // Through the caller's own transaction (`enqueue`), bound parameters.
+    let mut own = db.pool.begin().await.expect("begin");
+    let enqueued = outbox
+        .enqueue_messages(&mut own, &[message("b", 0), message("b", 1)])
+        .await;
+    enqueued.expect("enqueue");
+    own.commit().await.expect("commit");
+
+    assert!(publisher.wait_for(4, WAIT).await, "4 events published");
+    let published = publisher.published();
+    let ids: Vec<Uuid> = published.iter().map(|r| r.id).collect();
+    assert_eq!(&ids[..2], &[first_id, late_id], "commit order");
+    assert_eq!(
+        published[0].headers.get("traceparent").map(String::as_str),
+        Some("00-abc-def-01")
+    );
+    assert_eq!(
+        published[0].payload, r#"{"key":"a","n":0}"#,
+        "the payload verbatim"
+    );
+    assert_eq!(published[0].partition_key.as_deref(), Some("a"));
+    assert_eq!(published[0].event_type, "Counted");
+    let keys: Vec<&str> = published
+        .iter()
+        .filter_map(|r| r.partition_key.as_deref())
+        .collect();
+    assert_eq!(
+        keys,
+        ["a", "a", "b", "b"],
+        "nothing rolled back or dropped arrives"
+    );
+    assert_eq!(db.count("outbox").await, 0, "no row in WAL mode");
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// The slot's position is confirmed only for what the broker acknowledged: a relay that
+/// stops and a new one that starts publish every event (duplicates only of what was
+/// acknowledged and not yet confirmed), and a failing key waits while others flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_relay_resumes_where_the_broker_acknowledged() {
+    let (db, outbox, slot) = wal_outbox().await;
+    let emit = |from: usize, to: usize| {
+        let outbox = outbox.clone();
+        async move {
+            for n in from..to {
+                let mut tx = outbox.begin().await.expect("begin");
+                for k in 0..4 {
+                    tx.emit_message(message(&format!("k{k}"), n)).expect("emit");
+                }
+                tx.commit().await.expect("commit");
+            }
+        }
+    };
+    emit(0, 50).await;
+    let publisher = InMemoryPublisher::new();
+    // Key k3 fails for a while (the broker refused it): it waits, in order.
+    publisher.fail_when(
+        |m| m.partition_key.as_deref() == Some("k3"),
+        None,
+        PublishError::retryable("leader not available"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .spawn();
+    assert!(publisher.wait_for(150, WAIT).await, "the other keys flow");
+    publisher.clear_failures();
+    assert!(publisher.wait_for(200, WAIT).await, "k3 follows");
+    relay.shutdown().await;
+    let before = publisher.published();
+
+    // Written while no relay runs: the slot keeps them.
+    emit(50, 80).await;
+    let second = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), second.clone()).spawn();
+    wait_until(
+        "the new relay publishes what was written meanwhile",
+        WAIT,
+        || async {
+            let seen: HashSet<Uuid> = second.published().iter().map(|r| r.id).collect();
+            second.published().len() >= 120 && seen.len() >= 120
+        },
+    )
+    .await;
+    relay.shutdown().await;
+    let after = second.published();
+    let all: HashSet<Uuid> = before.iter().chain(after.iter()).map(|r| r.id).collect();
+    assert_eq!(all.len(), 320, "nothing lost");
+    let first_ids: HashSet<Uuid> = before.iter().map(|r| r.id).collect();
+    let repeated = after.iter().filter(|r| first_ids.contains(&r.id)).count();
+    assert_eq!(
+        repeated, 0,
+        "a clean shutdown confirms what was acknowledged"
+    );
+    // Per key, in order, across both relays.
+    for k in 0..4 {
+        let key = format!("k{k}");
+        let ns: Vec<u64> = before
+            .iter()
+            .chain(after.iter())
+            .filter(|r| r.partition_key.as_deref() == Some(key.as_str()))
+            .map(|r| {
+                serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                    .as_u64()
+                    .expect("n")
+            })
+            .collect();
+        let mut dedup = ns.clone();
+        dedup.dedup();
+        assert_eq!(dedup, (0..80).collect::<Vec<u64>>(), "key {key} in order");
+    }
+    cleanup(db, &slot).await;
+}
+
+/// One relay holds the slot; a second stands by and takes over when the first stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_the_slot_when_the_active_relay_stops() {
+    let (db, outbox, slot) = wal_outbox().await;
+    let one = InMemoryPublisher::new();
+    let two = InMemoryPublisher::new();
+    let first = Relay::builder(outbox.clone(), one.clone()).spawn();
+    wait_until("the first relay holds the slot", WAIT, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_one(&db.pool)
+        .await
+        .expect("slot")
+    })
+    .await;
+    let second = Relay::builder(outbox.clone(), two.clone())
+        .poll_interval(Duration::from_millis(100))
+        .spawn();
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("x", 0)).expect("emit");
+    tx.commit().await.expect("commit");
+    assert!(one.wait_for(1, WAIT).await, "the active relay publishes");
+    first.shutdown().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("x", 1)).expect("emit");
+    tx.commit().await.expect("commit");
+    assert!(two.wait_for(1, WAIT).await, "the standby took over");
+    assert_eq!(two.published()[0].payload, r#"{"key":"x","n":1}"#);
+    assert_eq!(one.published().len(), 1, "one relay at a time");
+    second.shutdown().await;
+    cleanup(db, &slot).await;
+}
