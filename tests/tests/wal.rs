@@ -260,3 +260,95 @@ async fn a_standby_takes_the_slot_when_the_active_relay_stops() {
     second.shutdown().await;
     cleanup(db, &slot).await;
 }
+
+/// A message refused for good mid-key becomes a dead letter in the outbox table, and the
+/// later messages of its key wait there behind it, also those committed afterwards;
+/// other keys flow. Released, it goes out first and its key follows in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_dead_lettered_into_the_table_and_parks_its_key() {
+    use outbox_core::admin::Admin;
+    let (db, outbox, slot) = wal_outbox().await;
+    let emit = |m: OutboxMessage| {
+        let outbox = outbox.clone();
+        async move {
+            let mut tx = outbox.begin().await.expect("begin");
+            let id = tx.emit_message(m).expect("emit");
+            tx.commit().await.expect("commit");
+            id
+        }
+    };
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::permanent("message too large"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_millis(100))
+        .spawn();
+    emit(message("p", 0)).await;
+    let poison =
+        emit(OutboxMessage::new("Poison", "counts", r#"{"key":"p","n":1}"#).with_key("p")).await;
+    emit(message("p", 2)).await;
+    emit(message("q", 0)).await;
+    let admin = Admin::new(outbox.clone());
+    wait_until("the poison message is dead", WAIT, || async {
+        admin.status().await.expect("status").dead == 1
+    })
+    .await;
+    emit(message("p", 3)).await; // after the dead letter: parked too
+    emit(message("q", 1)).await;
+    wait_until("q flows, p waits in the table", WAIT, || async {
+        let q = publisher
+            .published()
+            .iter()
+            .filter(|r| r.partition_key.as_deref() == Some("q"))
+            .count();
+        q == 2 && db.count("outbox").await == 3
+    })
+    .await;
+    let p_sent = |published: &[outbox_core::OutboxRecord]| -> Vec<u64> {
+        published
+            .iter()
+            .filter(|r| r.partition_key.as_deref() == Some("p"))
+            .map(|r| {
+                serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                    .as_u64()
+                    .expect("n")
+            })
+            .collect()
+    };
+    assert_eq!(
+        p_sent(&publisher.published()),
+        [0],
+        "p is parked behind its dead letter"
+    );
+    let dead = admin
+        .dead(&outbox_core::admin::ListFilter::default())
+        .await
+        .expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, poison);
+    assert_eq!(dead[0].held_back, 2, "p:2 and p:3 wait behind it");
+
+    publisher.clear_failures();
+    assert_eq!(admin.release(&[poison]).await.expect("release"), 1);
+    emit(message("p", 4)).await;
+    wait_until("p goes out in order", WAIT, || async {
+        p_sent(&publisher.published()).len() >= 5
+    })
+    .await;
+    assert_eq!(p_sent(&publisher.published()), [0, 1, 2, 3, 4]);
+    wait_until("the table rows are marked sent", WAIT, || async {
+        admin.status().await.expect("status").pending == 0
+    })
+    .await;
+    emit(message("p", 5)).await; // the key flows through the stream again
+    wait_until("p:5", WAIT, || async {
+        p_sent(&publisher.published()).len() >= 6
+    })
+    .await;
+    assert_eq!(p_sent(&publisher.published()), [0, 1, 2, 3, 4, 5]);
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}

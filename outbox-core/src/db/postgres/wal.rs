@@ -318,6 +318,39 @@ fn url_password(url: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Writes `record` into the outbox table `t` (quoted): dead with `error`, or pending
+/// (parked behind its key's dead letter). Idempotent by id: after a restart the
+/// unconfirmed part of the stream comes again.
+async fn insert_row(
+    pool: &sqlx::PgPool,
+    t: &str,
+    record: &OutboxRecord,
+    error: Option<&str>,
+) -> sqlx::Result<()> {
+    let headers =
+        serde_json::to_string(&record.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    sqlx::query(&format!(
+        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
+                          headers, created_at, attempts, last_error, dead_at) \
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, \
+                 CASE WHEN $10 IS NULL THEN NULL ELSE now() END) \
+         ON CONFLICT (id) DO NOTHING"
+    ))
+    .bind(record.id)
+    .bind(&record.event_type)
+    .bind(record.event_version)
+    .bind(&record.destination)
+    .bind(&record.partition_key)
+    .bind(&record.payload)
+    .bind(headers)
+    .bind(record.created_at)
+    .bind(if error.is_some() { record.attempts } else { 0 })
+    .bind(error)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// How long a replication connection may stay silent before the server ends it
 /// (`wal_sender_timeout`): a relay that stopped answering (SIGSTOP, a frozen VM) gives
 /// the slot up after that long, and a standby takes it.
@@ -329,6 +362,12 @@ struct Entry {
     sent: bool,
     /// Failed: not before this instant.
     due: Option<Instant>,
+    /// Read from the outbox table (a released dead letter or a message parked behind
+    /// one): its row's `seq`, marked there once acknowledged.
+    row: Option<i64>,
+    /// Its key is parked behind a dead letter: the message goes into the outbox table,
+    /// behind it, instead of to the broker.
+    to_table: bool,
 }
 
 /// The WAL relay session (WAL mode, `docs/wal.md`).
@@ -345,6 +384,11 @@ pub struct WalSession<'a> {
     /// Inside a transaction (between `Begin` and `Commit`).
     in_tx: bool,
     confirmed: Lsn,
+    /// Keys with unsent rows in the outbox table (dead letters, messages parked behind
+    /// them, released ones): their messages go there, behind them, until none is left.
+    parked: HashSet<String>,
+    /// Table rows in the buffer.
+    loaded: HashSet<i64>,
 }
 
 impl std::fmt::Debug for WalSession<'_> {
@@ -389,6 +433,8 @@ impl<'a> WalSession<'a> {
             commits: VecDeque::new(),
             in_tx: false,
             confirmed: Lsn(0),
+            parked: HashSet::new(),
+            loaded: HashSet::new(),
         })
     }
 
@@ -463,10 +509,16 @@ impl<'a> WalSession<'a> {
                     ))
                 })?;
                 self.next_seq += 1;
+                let to_table = record
+                    .partition_key
+                    .as_ref()
+                    .is_some_and(|k| self.parked.contains(k));
                 self.buffer.push_back(Entry {
                     record,
                     sent: false,
                     due: None,
+                    row: None,
+                    to_table,
                 });
             }
             // Everything decoded up to `wal_end` has been received: with nothing
@@ -557,7 +609,7 @@ impl<'a> WalSession<'a> {
         let mut batch = Vec::new();
         let mut bytes = 0;
         for e in &self.buffer {
-            if e.sent {
+            if e.sent || e.to_table {
                 continue;
             }
             let key = e.record.partition_key.as_deref();
@@ -579,6 +631,102 @@ impl<'a> WalSession<'a> {
         batch
     }
 
+    /// Writes `record` into the outbox table as a dead letter (or marks its row dead).
+    async fn bury(
+        &mut self,
+        record: &OutboxRecord,
+        row: Option<i64>,
+        error: &str,
+    ) -> SessionResult<()> {
+        let t = self.cx.tables.outbox.quoted();
+        self.cx.count_queries(1);
+        match row {
+            Some(seq) => {
+                sqlx::query(&format!(
+                    "UPDATE {t} SET dead_at = now(), attempts = $2, last_error = $3 WHERE seq = $1"
+                ))
+                .bind(seq)
+                .bind(record.attempts)
+                .bind(error)
+                .execute(self.cx.pool)
+                .await?;
+                self.loaded.remove(&seq);
+            }
+            None => insert_row(self.cx.pool, &t, record, Some(error)).await?,
+        }
+        tracing::error!(
+            id = %record.id,
+            key = record.partition_key.as_deref(),
+            error,
+            "outbox WAL relay: message dead-lettered into the outbox table; the later messages \
+             of its key wait there behind it (`outbox dead`, `release`, `discard`)"
+        );
+        Ok(())
+    }
+
+    /// Moves the messages of parked keys into the outbox table, in order.
+    async fn park(&mut self) -> SessionResult<()> {
+        let t = self.cx.tables.outbox.quoted();
+        for i in 0..self.buffer.len() {
+            if self.buffer[i].to_table && !self.buffer[i].sent {
+                self.cx.count_queries(1);
+                insert_row(self.cx.pool, &t, &self.buffer[i].record, None).await?;
+                self.buffer[i].sent = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads which keys have unsent rows in the outbox table, and takes into the buffer
+    /// the rows that may go out (not dead, not behind a dead letter of their key).
+    async fn load_table(&mut self) -> SessionResult<()> {
+        let t = self.cx.tables.outbox.quoted();
+        self.cx.count_queries(2);
+        let keys: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT DISTINCT partition_key FROM {t} WHERE sent_at IS NULL AND partition_key IS NOT NULL"
+        ))
+        .fetch_all(self.cx.pool)
+        .await?;
+        let mut parked: HashSet<String> = keys.into_iter().collect();
+        // Not written there yet, or still on their way out of it.
+        for e in self
+            .buffer
+            .iter()
+            .filter(|e| !e.sent && (e.to_table || e.row.is_some()))
+        {
+            parked.extend(e.record.partition_key.clone());
+        }
+        self.parked = parked;
+        let sql = format!(
+            "SELECT {columns} FROM {t} o \
+             WHERE o.sent_at IS NULL AND o.dead_at IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.partition_key = o.partition_key \
+                                 AND d.seq < o.seq AND d.dead_at IS NOT NULL AND d.sent_at IS NULL) \
+             ORDER BY o.seq LIMIT $1",
+            columns = crate::db::rows::claim_columns(|c| format!("{c}::text")),
+        );
+        let rows = sqlx::query(&sql)
+            .bind(i64::try_from(self.cx.config.batch_size.max(1) * 4).unwrap_or(i64::MAX))
+            .fetch(self.cx.pool);
+        let records = crate::db::rows::decode_each(rows, crate::db::rows::record).await?;
+        for mut record in records {
+            if !self.loaded.insert(record.seq) {
+                continue;
+            }
+            let row = record.seq;
+            record.seq = self.next_seq;
+            self.next_seq += 1;
+            self.buffer.push_back(Entry {
+                record,
+                sent: false,
+                due: None,
+                row: Some(row),
+                to_table: false,
+            });
+        }
+        Ok(())
+    }
+
     fn entry(&mut self, seq: i64) -> Option<&mut Entry> {
         let first = self.buffer.front()?.record.seq;
         let i = usize::try_from(seq - first).ok()?;
@@ -591,6 +739,7 @@ impl Session for WalSession<'_> {
         if self.client.is_none() {
             return Ok(None);
         }
+        self.load_table().await?;
         let now = Instant::now();
         let open: Vec<&Entry> = self.buffer.iter().filter(|e| !e.sent).collect();
         let oldest = open
@@ -661,6 +810,7 @@ impl Session for WalSession<'_> {
     async fn claim(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
         let config = self.cx.config;
         self.pull(config.batch_size.max(1) * 2)?;
+        self.park().await?;
         Ok(self.select(
             after.unwrap_or(0),
             config.batch_size,
@@ -669,9 +819,25 @@ impl Session for WalSession<'_> {
     }
 
     async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
+        let mut rows = Vec::new();
         for &seq in &outcome.sent {
             if let Some(e) = self.entry(seq) {
                 e.sent = true;
+                rows.extend(e.row);
+            }
+        }
+        if !rows.is_empty() {
+            let t = self.cx.tables.outbox.quoted();
+            let sql = match self.cx.config.on_sent {
+                crate::config::OnSent::Mark => {
+                    format!("UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)")
+                }
+                crate::config::OnSent::Delete => format!("DELETE FROM {t} WHERE seq = ANY($1)"),
+            };
+            self.cx.count_queries(1);
+            sqlx::query(&sql).bind(&rows).execute(self.cx.pool).await?;
+            for row in &rows {
+                self.loaded.remove(row);
             }
         }
         self.confirm();
@@ -679,38 +845,46 @@ impl Session for WalSession<'_> {
     }
 
     /// Failures wait in memory and are published again after their backoff (a broker
-    /// outage counts no attempt). The slot keeps them until then.
+    /// outage counts no attempt); the slot keeps them until then. A message out of
+    /// attempts, or refused for good, becomes a dead letter in the outbox table, and the
+    /// later messages of its key follow it there, parked behind it.
     async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
         let now = Instant::now();
+        let config = self.cx.config;
+        let mut dead = 0;
         for (i, &seq) in outcome.failed_seq.iter().enumerate() {
             let unavailable = outcome.failed_unavailable[i];
-            let config = self.cx.config;
             let Some(e) = self.entry(seq) else { continue };
-            let delay = if unavailable {
-                outcome.unavailable_delay
-            } else {
-                let (dead, secs) = crate::config::retry_plan(
-                    config,
-                    e.record.attempts,
-                    outcome.failed_permanent[i],
-                );
-                e.record.attempts = e.record.attempts.saturating_add(1);
-                if dead {
-                    // Not dead-lettered yet in WAL mode (docs/wal.md): the message and
-                    // its key wait, retried at the backoff cap; nothing is skipped.
-                    tracing::error!(
-                        id = %e.record.id,
-                        attempts = e.record.attempts,
-                        error = %outcome.failed_error[i],
-                        "outbox WAL relay: a message keeps failing; it and the later messages \
-                         of its key wait (WAL mode does not dead-letter yet)"
-                    );
+            if unavailable {
+                e.due = Some(now + outcome.unavailable_delay);
+                continue;
+            }
+            let (is_dead, secs) =
+                crate::config::retry_plan(config, e.record.attempts, outcome.failed_permanent[i]);
+            e.record.attempts = e.record.attempts.saturating_add(1);
+            if !is_dead {
+                e.due = Some(now + Duration::from_secs_f64(secs));
+                continue;
+            }
+            e.sent = true; // settled: the table has it now
+            let record = e.record.clone();
+            let row = e.row;
+            self.bury(&record, row, &outcome.failed_error[i]).await?;
+            dead += 1;
+            if let Some(key) = record.partition_key {
+                for later in self.buffer.iter_mut().filter(|l| !l.sent) {
+                    if later.record.partition_key.as_deref() == Some(key.as_str())
+                        && later.row.is_none()
+                    {
+                        later.to_table = true;
+                    }
                 }
-                Duration::from_secs_f64(secs)
-            };
-            e.due = Some(now + delay);
+                self.parked.insert(key);
+            }
         }
-        Ok(0)
+        self.park().await?;
+        self.confirm();
+        Ok(dead)
     }
 
     /// Sends the last confirmation before it lets the slot go (the client stops without
