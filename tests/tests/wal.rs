@@ -352,3 +352,156 @@ async fn a_poison_message_is_dead_lettered_into_the_table_and_parks_its_key() {
     relay.shutdown().await;
     cleanup(db, &slot).await;
 }
+
+/// Commits `rounds` transactions of one event per key; records each key's ids in commit
+/// order in `written` and returns all of them.
+async fn write_rounds(written: &mut [Vec<Uuid>], outbox: &Outbox, rounds: usize) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for n in 0..rounds {
+        let mut tx = outbox.begin().await.expect("begin");
+        for (k, key_ids) in written.iter_mut().enumerate() {
+            let id = tx.emit_message(message(&format!("k{k}"), n)).expect("emit");
+            key_ids.push(id);
+            ids.push(id);
+        }
+        tx.commit().await.expect("commit");
+    }
+    ids
+}
+
+/// A relay in a process of its own (`src/bin/relay_process.rs`), killed when dropped.
+struct RelayProcess(std::process::Child);
+
+impl RelayProcess {
+    fn start(db: &TestDb, slot: &str, name: &str) -> RelayProcess {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
+            .args(["postgres", &outbox_tests::database_url(), name])
+            .env("OUTBOX_TEST_SCHEMA", &db.schema)
+            .env("OUTBOX_TEST_WAL_SLOT", slot)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start a relay process");
+        RelayProcess(child)
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &self.0.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal}");
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGKILL of the active relay mid-stream: the next one publishes everything (again
+/// what was acknowledged after the last confirmation, nothing lost, per-key order kept).
+/// SIGSTOP: the server ends the frozen relay's replication connection after
+/// `wal_sender_timeout` (10 s), a standby takes the slot, and the frozen relay, once
+/// continued, publishes nothing written after it was stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
+    let (db, outbox, slot) = wal_outbox().await;
+    sqlx::query("CREATE TABLE published (n bigserial, id text NOT NULL, relay text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("published table");
+    // Per key, the ids in the order they were committed.
+    let mut written: Vec<Vec<Uuid>> = vec![Vec::new(); 8];
+    let published = |relay: Option<&'static str>| {
+        let pool = db.pool.clone();
+        async move {
+            let ids: Vec<String> = match relay {
+                None => {
+                    sqlx::query_scalar("SELECT id FROM published ORDER BY n")
+                        .fetch_all(&pool)
+                        .await
+                }
+                Some(name) => {
+                    sqlx::query_scalar("SELECT id FROM published WHERE relay = $1 ORDER BY n")
+                        .bind(name)
+                        .fetch_all(&pool)
+                        .await
+                }
+            }
+            .expect("published");
+            ids.iter()
+                .map(|id| id.parse::<Uuid>().expect("uuid"))
+                .collect::<Vec<_>>()
+        }
+    };
+    let a = RelayProcess::start(&db, &slot, "relay-a");
+    let first = write_rounds(&mut written, &outbox, 250).await;
+    wait_until("relay-a publishes", WAIT, || async {
+        published(None).await.len() > 200
+    })
+    .await;
+    a.signal("-KILL");
+    drop(a);
+    let b = RelayProcess::start(&db, &slot, "relay-b");
+    wait_until(
+        "relay-b publishes everything after the kill",
+        WAIT,
+        || async {
+            let seen: HashSet<Uuid> = published(None).await.into_iter().collect();
+            first.iter().all(|id| seen.contains(id))
+        },
+    )
+    .await;
+    let all = published(None).await;
+    let distinct: HashSet<&Uuid> = all.iter().collect();
+    eprintln!(
+        "measured: {} published, {} again after SIGKILL",
+        all.len(),
+        all.len() - distinct.len()
+    );
+
+    b.signal("-STOP");
+    let stopped = std::time::Instant::now();
+    let c = RelayProcess::start(&db, &slot, "relay-c");
+    let second = write_rounds(&mut written, &outbox, 20).await;
+    wait_until("relay-c takes the slot and publishes", WAIT, || async {
+        let seen: HashSet<Uuid> = published(None).await.into_iter().collect();
+        second.iter().all(|id| seen.contains(id))
+    })
+    .await;
+    let took = stopped.elapsed();
+    eprintln!("measured: WAL slot taken over {took:?} after SIGSTOP");
+    assert!(
+        took < Duration::from_secs(20),
+        "taken over within wal_sender_timeout + a poll: {took:?}"
+    );
+    b.signal("-CONT");
+    let third = write_rounds(&mut written, &outbox, 20).await;
+    wait_until("relay-c publishes what comes after", WAIT, || async {
+        let seen: HashSet<Uuid> = published(Some("relay-c")).await.into_iter().collect();
+        third.iter().all(|id| seen.contains(id))
+    })
+    .await;
+    let late: HashSet<Uuid> = second.iter().chain(third.iter()).copied().collect();
+    let by_b = published(Some("relay-b")).await;
+    assert!(
+        by_b.iter().all(|id| !late.contains(id)),
+        "the frozen relay published nothing written after it was stopped"
+    );
+    // Per key, first publications in commit order.
+    let order = published(None).await;
+    let mut seen = HashSet::new();
+    let firsts: Vec<Uuid> = order.into_iter().filter(|id| seen.insert(*id)).collect();
+    for (k, ids) in written.iter().enumerate() {
+        let of_key: HashSet<&Uuid> = ids.iter().collect();
+        let got: Vec<&Uuid> = firsts.iter().filter(|id| of_key.contains(id)).collect();
+        let want: Vec<&Uuid> = ids.iter().collect();
+        assert_eq!(got, want, "key k{k}: every event, in commit order");
+    }
+    drop(c);
+    drop(b);
+    cleanup(db, &slot).await;
+}

@@ -4,7 +4,8 @@
 //!
 //! Arguments: `<postgres|mysql> <database url> <name>`. For PostgreSQL the URL's
 //! `search_path` (`?options=...` is not used): pass the schema as the URL's database
-//! is the test's database, and the schema as `OUTBOX_TEST_SCHEMA`.
+//! is the test's database, and the schema as `OUTBOX_TEST_SCHEMA`. With
+//! `OUTBOX_TEST_WAL_SLOT` set, the PostgreSQL outbox is in WAL mode with that slot.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -83,9 +84,14 @@ async fn main() {
                 .await
                 .expect("connect");
             let publisher = Recorder::Postgres(pool.clone());
-            relay(Outbox::new(pool), publisher, name)
-                .run(shutdown)
-                .await;
+            let outbox = match std::env::var("OUTBOX_TEST_WAL_SLOT") {
+                Ok(slot) => Outbox::builder(pool)
+                    .wal_slot(slot)
+                    .build()
+                    .expect("WAL outbox"),
+                Err(_) => Outbox::new(pool),
+            };
+            relay(outbox, publisher, name).run(shutdown).await;
         }
         "mysql" => {
             let pool = MySqlPool::connect(url).await.expect("connect");
