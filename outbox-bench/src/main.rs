@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write idle history scale all; nats (needs NATS with JetStream,
+//! scenarios: drain latency write idle history scale wal all; nats (needs NATS with JetStream,
 //! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
@@ -18,6 +18,7 @@ mod publisher;
 mod report;
 mod scenarios;
 mod setup;
+mod wal;
 
 use setup::Args;
 
@@ -50,6 +51,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "history" => scenarios::history(args, &mut report).await?,
             "scale" => scenarios::scale_out(args, &mut report).await?,
             "nats" => nats::drain(args, &mut report).await?,
+            "wal" => wal::wal(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }
     }

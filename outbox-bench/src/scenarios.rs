@@ -27,7 +27,10 @@ type ClaimedRow = (
 type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, String);
 
 /// Runs relays over a filled backlog until it is drained; events/s and peak RSS.
-async fn relay_drain(args: &Args, relays: usize) -> Result<(f64, Option<u64>), BoxError> {
+pub(crate) async fn relay_drain(
+    args: &Args,
+    relays: usize,
+) -> Result<(f64, Option<u64>), BoxError> {
     let mut db = BenchDb::with_pool_size(args, 4 + 2 * relays as u32).await?;
     let topic = match &args.broker {
         Some(brokers) => Some(kafka::create_topic(brokers).await?),

@@ -27,7 +27,7 @@ pub struct Args {
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|write|idle|history|scale|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|write|idle|history|scale|wal|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
@@ -55,7 +55,10 @@ impl Args {
             if !word.starts_with("--") {
                 match word.as_str() {
                     "all" => args.scenarios.extend(
-                        ["drain", "latency", "write", "idle", "history", "scale"].map(String::from),
+                        [
+                            "drain", "latency", "write", "idle", "history", "scale", "wal",
+                        ]
+                        .map(String::from),
                     ),
                     _ => args.scenarios.push(word),
                 }

@@ -1,0 +1,306 @@
+//! Scenario `wal` (issue #15): PostgreSQL WAL mode against its ceilings and table mode,
+//! in the same run. Needs `wal_level = logical` (`scripts/services.sh` sets it).
+//!
+//! - drain: (a) the WAL relay over a backlog of `events` messages in the slot, (b) the
+//!   raw logical-decoding ceiling (a second slot over the same WAL, read with
+//!   `pgwire-replication`, counting messages, no broker), (c) the table relay over the
+//!   same number of rows (and the raw produce ceiling with `--broker`);
+//! - write: a business transaction (one UPDATE) with 0, 1 and 10 events, interleaved in
+//!   table and WAL mode.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use outbox_core::relay::Relay;
+use outbox_core::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use outbox_core::sqlx::{self, Connection};
+use outbox_core::{Outbox, OutboxMessage};
+use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
+
+use crate::BoxError;
+use crate::kafka;
+use crate::publisher::CountingPublisher;
+use crate::report::Report;
+use crate::setup::{Args, quantile};
+
+/// Events per filling transaction.
+const PER_COMMIT: u64 = 100;
+
+/// A schema of its own with a WAL-mode outbox and its slot (`bench_<random>`).
+struct WalDb {
+    outbox: Outbox,
+    slot: String,
+    schema: String,
+    url: String,
+}
+
+impl WalDb {
+    async fn new(args: &Args) -> Result<WalDb, BoxError> {
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let schema = format!("outbox_bench_{id}");
+        let slot = format!("bench_{}", &id[16..]);
+        let base = PgConnectOptions::from_str(&args.database_url)?;
+        let mut admin = sqlx::PgConnection::connect_with(&base).await?;
+        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&mut admin)
+            .await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(base.options([("search_path", schema.as_str())]))
+            .await?;
+        let outbox = Outbox::builder(pool).wal_slot(&slot).build()?;
+        outbox.migrate().await?;
+        Ok(WalDb {
+            outbox,
+            slot,
+            schema,
+            url: args.database_url.clone(),
+        })
+    }
+
+    async fn drop(self, extra_slots: &[&str]) -> Result<(), BoxError> {
+        self.outbox.pool().close().await;
+        let mut admin = sqlx::PgConnection::connect(&self.url).await?;
+        for slot in std::iter::once(self.slot.as_str()).chain(extra_slots.iter().copied()) {
+            // The relay may still be letting go of it.
+            for _ in 0..100 {
+                let dropped = sqlx::query(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND NOT active",
+                )
+                .bind(slot)
+                .execute(&mut admin)
+                .await?;
+                if dropped.rows_affected() > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{}\"", self.slot))
+            .execute(&mut admin)
+            .await?;
+        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
+            .execute(&mut admin)
+            .await?;
+        Ok(())
+    }
+
+    /// `events` messages of this outbox's envelope in the WAL, keys `k0..k{keys}` round
+    /// robin, about `payload` bytes each, `PER_COMMIT` per transaction.
+    async fn fill(&self, args: &Args, destination: &str) -> Result<(), BoxError> {
+        let filler = "x".repeat(args.payload.saturating_sub(60));
+        let prefix = format!("outbox:{}", self.slot);
+        let mut from = 0;
+        while from < args.events {
+            let to = (from + PER_COMMIT).min(args.events);
+            sqlx::query(
+                "SELECT pg_logical_emit_message(true, $1, json_build_object(\
+                   'v', 1, 'id', gen_random_uuid(), 'type', 'BenchEvent', 'destination', $2::text, \
+                   'key', 'k' || (g % $3), 'created_at', now(), \
+                   'payload', json_build_object('n', g, 'key', 'k' || (g % $3), 'filler', $4::text))::text) \
+                 FROM generate_series($5::bigint, $6::bigint - 1) g",
+            )
+            .bind(&prefix)
+            .bind(destination)
+            .bind(i64::try_from(args.keys)?)
+            .bind(&filler)
+            .bind(i64::try_from(from)?)
+            .bind(i64::try_from(to)?)
+            .execute(self.outbox.pool())
+            .await?;
+            from = to;
+        }
+        Ok(())
+    }
+}
+
+/// (b): reads `events` messages from `slot` and confirms each commit; events/s.
+async fn raw_decoding(args: &Args, slot: &str, publication: &str) -> Result<f64, BoxError> {
+    let options = PgConnectOptions::from_str(&args.database_url)?;
+    let config = ReplicationConfig::new(
+        options.get_host(),
+        options.get_username(),
+        std::env::var("PGPASSWORD").unwrap_or_default(),
+        options.get_database().unwrap_or(options.get_username()),
+        slot,
+        publication,
+    )
+    .with_port(options.get_port())
+    .with_buffer_size(8192);
+    let mut client = ReplicationClient::connect(config).await?;
+    let started = Instant::now();
+    let mut seen = 0_u64;
+    while seen < args.events {
+        match client.recv().await? {
+            Some(ReplicationEvent::Message { .. }) => seen += 1,
+            Some(ReplicationEvent::Commit { end_lsn, .. }) => client.update_applied_lsn(end_lsn),
+            Some(_) => {}
+            None => return Err("the replication stream ended".into()),
+        }
+    }
+    let rate = seen as f64 / started.elapsed().as_secs_f64();
+    client.shutdown().await?;
+    Ok(rate)
+}
+
+/// The scenario.
+pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let sink = args
+        .broker
+        .as_deref()
+        .unwrap_or("in-process counting publisher");
+    let db = WalDb::new(args).await?;
+    let destination = match &args.broker {
+        Some(brokers) => kafka::create_topic(brokers).await?,
+        None => "bench.events".to_owned(),
+    };
+    // A second slot over the same WAL, for the ceiling.
+    let raw_slot = format!("{}_raw", db.slot);
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&raw_slot)
+        .execute(db.outbox.pool())
+        .await?;
+    db.fill(args, &destination).await?;
+
+    let raw = raw_decoding(args, &raw_slot, &db.slot).await?;
+    report.add(
+        "wal",
+        "(b) raw logical decoding ceiling (no broker)",
+        raw,
+        "events/s",
+    );
+    let mut ceiling = raw;
+    if let Some(brokers) = &args.broker {
+        let topic = kafka::create_topic(brokers).await?;
+        let produce =
+            kafka::raw_produce(brokers, &topic, args.events, args.keys, args.payload).await?;
+        report.add(
+            "wal",
+            "(d) raw rdkafka produce ceiling (no database)",
+            produce,
+            "events/s",
+        );
+        ceiling = ceiling.min(produce);
+    }
+
+    let started = Instant::now();
+    let relay = match &args.broker {
+        Some(brokers) => Relay::builder(
+            db.outbox.clone(),
+            kafka::publisher(brokers, &destination).await?,
+        )
+        .spawn(),
+        None => Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn(),
+    };
+    let deadline = started + Duration::from_secs(900);
+    while relay.stats().published < args.events {
+        if Instant::now() > deadline {
+            return Err(format!("the WAL relay published only {}", relay.stats().published).into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let wal_relay = args.events as f64 / started.elapsed().as_secs_f64();
+    relay.shutdown().await;
+    report.add(
+        "wal",
+        &format!("(a) WAL relay, defaults -> {sink}"),
+        wal_relay,
+        "events/s",
+    );
+    let (table_relay, _) = crate::scenarios::relay_drain(args, 1).await?;
+    report.add(
+        "wal",
+        &format!("(c) table relay, defaults -> {sink}"),
+        table_relay,
+        "events/s",
+    );
+    report.add(
+        "wal",
+        "(a) / min(b, d)",
+        wal_relay / ceiling,
+        "ratio (target >= 0.8)",
+    );
+    report.add(
+        "wal",
+        "(a) / (c)",
+        wal_relay / table_relay,
+        "ratio (target >= 1.5)",
+    );
+    write_cost(args, report, &db).await?;
+    db.drop(&[&raw_slot]).await?;
+    Ok(())
+}
+
+/// Commits of one UPDATE with 0, 1 and 10 events, table and WAL mode interleaved.
+async fn write_cost(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
+    let pool = db.outbox.pool();
+    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+        .execute(pool)
+        .await?;
+    sqlx::query("INSERT INTO orders SELECT g FROM generate_series(0, 9999) g")
+        .execute(pool)
+        .await?;
+    let table = Outbox::new(pool.clone()); // same schema, table mode
+    let modes = [("table", &table), ("WAL", &db.outbox)];
+    let variants = [0_usize, 1, 10];
+    let mut timings = vec![vec![Vec::new(); variants.len()]; modes.len()];
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let warmup = 20;
+    for i in 0..args.write_iterations + warmup {
+        for (m, (_, outbox)) in modes.iter().enumerate() {
+            for (v, &events) in variants.iter().enumerate() {
+                let started = Instant::now();
+                let mut tx = outbox.begin().await?;
+                sqlx::query("UPDATE orders SET n = n + 1 WHERE id = $1")
+                    .bind(i64::try_from(i % 10_000)?)
+                    .execute(&mut *tx)
+                    .await?;
+                for e in 0..events {
+                    tx.emit_message(
+                        OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
+                            .with_key(format!("{i}-{e}")),
+                    )?;
+                }
+                tx.commit().await?;
+                if i >= warmup {
+                    timings[m][v].push(started.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+        }
+    }
+    for (m, (mode, _)) in modes.iter().enumerate() {
+        let mut p50s = Vec::new();
+        for (v, &events) in variants.iter().enumerate() {
+            let t = &mut timings[m][v];
+            t.sort_by(f64::total_cmp);
+            p50s.push(quantile(t, 0.5));
+            report.add(
+                "wal",
+                &format!("{mode} mode: commit with {events} event(s), p50"),
+                quantile(t, 0.5),
+                "ms",
+            );
+            report.add(
+                "wal",
+                &format!("{mode} mode: commit with {events} event(s), p99"),
+                quantile(t, 0.99),
+                "ms",
+            );
+        }
+        report.add(
+            "wal",
+            &format!("{mode} mode: one event's overhead at p50"),
+            (p50s[1] / p50s[0] - 1.0) * 100.0,
+            if *mode == "WAL" {
+                "% (target <= 10)"
+            } else {
+                "%"
+            },
+        );
+    }
+    Ok(())
+}
