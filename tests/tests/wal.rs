@@ -47,7 +47,10 @@ async fn drop_stale_slots(db: &TestDb) {
 
 /// A migrated WAL-mode outbox in a fresh schema, with a slot of its own.
 async fn wal_outbox() -> (TestDb, Outbox, String) {
-    let db = TestDb::new().await;
+    wal_outbox_in(TestDb::new().await).await
+}
+
+async fn wal_outbox_in(db: TestDb) -> (TestDb, Outbox, String) {
     drop_stale_slots(&db).await;
     let slot = slot_name();
     let outbox = Outbox::builder(db.pool.clone())
@@ -503,5 +506,379 @@ async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
     }
     drop(c);
     drop(b);
+    cleanup(db, &slot).await;
+}
+
+/// The `n` of each published message of `key`, in publication order.
+fn sent_of(published: &[outbox_core::OutboxRecord], key: &str) -> Vec<u64> {
+    published
+        .iter()
+        .filter(|r| r.partition_key.as_deref() == Some(key))
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                .as_u64()
+                .expect("n")
+        })
+        .collect()
+}
+
+async fn emit_one(outbox: &Outbox, m: OutboxMessage) -> Uuid {
+    let mut tx = outbox.begin().await.expect("begin");
+    let id = tx.emit_message(m).expect("emit");
+    tx.commit().await.expect("commit");
+    id
+}
+
+fn poison(key: &str, n: usize) -> OutboxMessage {
+    OutboxMessage::new("Poison", "counts", format!(r#"{{"key":"{key}","n":{n}}}"#)).with_key(key)
+}
+
+fn failing_poison() -> InMemoryPublisher {
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.event_type == "Poison",
+        None,
+        PublishError::permanent("message too large"),
+    );
+    publisher
+}
+
+/// A key parked behind a dead letter stays parked for a relay that starts later: its
+/// first drain must not publish, from the stream, what waits behind the dead letter.
+/// Failed on main: the new session read the table's parked keys only at its first probe,
+/// after its first drain, and published p:2 ahead of the dead p:1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_relay_keeps_a_key_parked_behind_its_dead_letter() {
+    use outbox_core::admin::Admin;
+    let (db, outbox, slot) = wal_outbox().await;
+    let admin = Admin::new(outbox.clone());
+    let first = failing_poison();
+    let relay = Relay::builder(outbox.clone(), first.clone()).spawn();
+    emit_one(&outbox, message("p", 0)).await;
+    emit_one(&outbox, poison("p", 1)).await;
+    wait_until("the poison message is dead", WAIT, || async {
+        admin.status().await.expect("status").dead == 1
+    })
+    .await;
+    relay.shutdown().await;
+    emit_one(&outbox, message("p", 2)).await; // while no relay runs
+    emit_one(&outbox, message("q", 0)).await;
+    let second = failing_poison();
+    let relay = Relay::builder(outbox.clone(), second.clone()).spawn();
+    wait_until("q:0 is published", WAIT, || async {
+        sent_of(&second.published(), "q") == [0]
+    })
+    .await;
+    assert_eq!(
+        sent_of(&second.published(), "p"),
+        Vec::<u64>::new(),
+        "p:2 waits behind the dead p:1"
+    );
+    wait_until("p:2 is parked in the table", WAIT, || async {
+        db.count("outbox").await == 2
+    })
+    .await;
+    second.clear_failures();
+    let dead = admin
+        .dead(&outbox_core::admin::ListFilter::default())
+        .await
+        .expect("dead");
+    assert_eq!(dead[0].held_back, 1);
+    admin.release(&[dead[0].id]).await.expect("release");
+    wait_until("p follows in order", WAIT, || async {
+        sent_of(&second.published(), "p").len() >= 2
+    })
+    .await;
+    assert_eq!(sent_of(&second.published(), "p"), [1, 2]);
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// A released dead letter that fails for good again is dead again, and the messages of
+/// its key that were read from the table with it wait again behind it. Failed on main:
+/// they stayed in memory and were published ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_dead_letter_that_dies_again_keeps_its_key_parked() {
+    use outbox_core::admin::Admin;
+    let (db, outbox, slot) = wal_outbox().await;
+    let admin = Admin::new(outbox.clone());
+    let publisher = failing_poison();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_millis(100))
+        .spawn();
+    let poisoned = emit_one(&outbox, poison("p", 0)).await;
+    emit_one(&outbox, message("p", 1)).await;
+    emit_one(&outbox, message("p", 2)).await;
+    wait_until("p:1 and p:2 wait behind the dead p:0", WAIT, || async {
+        db.count("outbox").await == 3
+    })
+    .await;
+    // Released while it still fails: it dies again.
+    assert_eq!(admin.release(&[poisoned]).await.expect("release"), 1);
+    wait_until("the released message is dead again", WAIT, || async {
+        sqlx::query_scalar::<_, bool>("SELECT dead_at IS NOT NULL FROM outbox WHERE id = $1")
+            .bind(poisoned)
+            .fetch_one(&db.pool)
+            .await
+            .expect("row")
+    })
+    .await;
+    // A drain after the second death: p:1 would go out ahead of q:0 if it could.
+    emit_one(&outbox, message("q", 0)).await;
+    wait_until("q:0 is published", WAIT, || async {
+        sent_of(&publisher.published(), "q") == [0]
+    })
+    .await;
+    assert_eq!(
+        sent_of(&publisher.published(), "p"),
+        Vec::<u64>::new(),
+        "p:1 and p:2 wait behind the dead p:0"
+    );
+    let dead = admin
+        .dead(&outbox_core::admin::ListFilter::default())
+        .await
+        .expect("dead");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].held_back, 2);
+    publisher.clear_failures();
+    admin.release(&[poisoned]).await.expect("release");
+    wait_until("p goes out in order", WAIT, || async {
+        sent_of(&publisher.published(), "p").len() >= 3
+    })
+    .await;
+    assert_eq!(sent_of(&publisher.published(), "p"), [0, 1, 2]);
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// A released key with a long queue in the table drains at the relay's pace, not one
+/// page per probe. Failed on main: 2,000 parked messages, read 40 per 2 s probe, took
+/// more than a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_key_drains_its_queue_at_the_relays_pace() {
+    use outbox_core::admin::Admin;
+    let (db, outbox, slot) = wal_outbox().await;
+    let admin = Admin::new(outbox.clone());
+    let publisher = failing_poison();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_secs(2))
+        .batch_size(10)
+        .spawn();
+    let poisoned = emit_one(&outbox, poison("p", 0)).await;
+    for round in 0..20 {
+        let mut tx = outbox.begin().await.expect("begin");
+        for n in 0..100 {
+            tx.emit_message(message("p", 1 + round * 100 + n))
+                .expect("emit");
+        }
+        tx.commit().await.expect("commit");
+    }
+    wait_until(
+        "2,000 messages wait behind the dead letter",
+        WAIT,
+        || async { db.count("outbox").await == 2001 },
+    )
+    .await;
+    publisher.clear_failures();
+    admin.release(&[poisoned]).await.expect("release");
+    wait_until("the key's queue drains", WAIT, || async {
+        publisher.published_count() >= 2001
+    })
+    .await;
+    assert_eq!(
+        sent_of(&publisher.published(), "p"),
+        (0..2001).collect::<Vec<u64>>()
+    );
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// A key that keeps failing (retryable) does not pin the stream: once the relay holds
+/// its limit of messages in memory, the waiting key is set aside into the outbox table,
+/// with its attempts, and the slot's position moves past it. Failed on main: the relay
+/// kept every later message in memory and never confirmed past the failing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_keeps_failing_is_set_aside_and_the_slot_moves_on() {
+    let (db, outbox, slot) = wal_outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |m| m.partition_key.as_deref() == Some("stuck"),
+        None,
+        PublishError::retryable("leader not available"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .max_attempts(1_000_000)
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .batch_size(100) // at most 10,000 messages in memory
+        .spawn();
+    for round in 0..121 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.emit_message(message("stuck", round)).expect("emit");
+        if round < 120 {
+            for n in 0..100 {
+                tx.emit_message(message(&format!("k{}", n % 10), round * 10 + n / 10))
+                    .expect("emit");
+            }
+        }
+        tx.commit().await.expect("commit");
+    }
+    let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&db.pool)
+        .await
+        .expect("lsn");
+    wait_until("the other keys flow", WAIT, || async {
+        publisher.published_count() >= 12_000
+    })
+    .await;
+    wait_until(
+        "the slot is confirmed past the failing key",
+        WAIT,
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .bind(&end)
+            .fetch_one(&db.pool)
+            .await
+            .expect("slot")
+        },
+    )
+    .await;
+    assert_eq!(
+        db.count("outbox").await,
+        121,
+        "the failing key waits in the table"
+    );
+    let attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempts");
+    assert!(attempts >= 1, "its attempts went with it");
+    assert_eq!(sent_of(&publisher.published(), "stuck"), Vec::<u64>::new());
+    publisher.clear_failures();
+    wait_until("the failing key follows, in order", WAIT, || async {
+        publisher.published_count() >= 12_121
+    })
+    .await;
+    assert_eq!(
+        sent_of(&publisher.published(), "stuck"),
+        (0..121).collect::<Vec<u64>>()
+    );
+    for k in 0..10 {
+        let want: Vec<u64> = (0..1200).collect();
+        assert_eq!(sent_of(&publisher.published(), &format!("k{k}")), want);
+    }
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// A connection switched to another client encoding is refused before anything reaches
+/// the WAL, on the commit path and the bound path. Failed on main: the guard sat in an
+/// unreferenced sub-select, which PostgreSQL never evaluates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_not_in_utf8_is_refused_in_wal_mode() {
+    let (db, outbox, slot) = wal_outbox_in(TestDb::with_max_connections(1).await).await;
+    let publisher = InMemoryPublisher::new();
+    sqlx::query("SET client_encoding = 'LATIN1'")
+        .execute(&db.pool)
+        .await
+        .expect("switch the pooled connection to LATIN1");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("é", 0)).expect("emit");
+    let err = tx.commit().await.expect_err("refused on the commit path");
+    assert!(err.to_string().contains("client_encoding"), "{err}");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message("é", 1)).expect("emit");
+    let err = tx.flush().await.expect_err("refused on the bound path");
+    assert!(err.to_string().contains("client_encoding"), "{err}");
+    drop(tx);
+    sqlx::query("SET client_encoding = 'UTF8'")
+        .execute(&db.pool)
+        .await
+        .expect("back to UTF-8");
+    emit_one(&outbox, message("é", 2)).await;
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    assert!(
+        publisher.wait_for(1, WAIT).await,
+        "the UTF-8 commit arrives"
+    );
+    // Nothing else came before it: the refused commits wrote nothing.
+    assert_eq!(sent_of(&publisher.published(), "é"), [2]);
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// The relay does not create a missing slot: one made now would skip, silently, what
+/// was committed since the old one was lost. It refuses (and retries) until `migrate`
+/// creates it. Failed on main: the relay created the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_refuses_a_missing_slot_and_does_not_create_it() {
+    let (db, outbox, slot) = wal_outbox().await;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .expect("drop the slot");
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .reconnect_delay(Duration::from_millis(100))
+        .spawn();
+    wait_until("the relay refuses, twice", WAIT, || async {
+        relay.stats().reconnects >= 2
+    })
+    .await;
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+    )
+    .bind(&slot)
+    .fetch_one(&db.pool)
+    .await
+    .expect("slot");
+    assert!(!exists, "the relay created the slot");
+    outbox.migrate().await.expect("migrate creates it");
+    emit_one(&outbox, message("a", 0)).await;
+    assert!(publisher.wait_for(1, WAIT).await, "the relay goes on");
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
+
+/// `OnDeadLetter::SkipKey`: the key's later messages go on without its dead letter, and
+/// the released dead letter follows them. Failed on main: WAL mode parked the key anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_key_lets_the_key_go_on_without_its_dead_letter() {
+    use outbox_core::admin::Admin;
+    use outbox_core::config::OnDeadLetter;
+    let (db, outbox, slot) = wal_outbox().await;
+    let admin = Admin::new(outbox.clone());
+    let publisher = failing_poison();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_millis(100))
+        .on_dead_letter(OnDeadLetter::SkipKey)
+        .spawn();
+    emit_one(&outbox, message("p", 0)).await;
+    let poisoned = emit_one(&outbox, poison("p", 1)).await;
+    emit_one(&outbox, message("p", 2)).await;
+    wait_until("p:2 goes on", WAIT, || async {
+        sent_of(&publisher.published(), "p") == [0, 2]
+    })
+    .await;
+    emit_one(&outbox, message("p", 3)).await;
+    wait_until("p:3 goes on", WAIT, || async {
+        sent_of(&publisher.published(), "p") == [0, 2, 3]
+    })
+    .await;
+    assert_eq!(
+        db.count("outbox").await,
+        1,
+        "only the dead letter is in the table"
+    );
+    publisher.clear_failures();
+    admin.release(&[poisoned]).await.expect("release");
+    wait_until("the released dead letter follows", WAIT, || async {
+        sent_of(&publisher.published(), "p") == [0, 2, 3, 1]
+    })
+    .await;
+    relay.shutdown().await;
     cleanup(db, &slot).await;
 }

@@ -137,7 +137,8 @@ pub(crate) fn commit_sql(wal: &Wal, messages: &[OutboxMessage]) -> Result<String
         super::literal(&mut sql, &envelope(m, now)?, m)?;
         sql.push(')');
     }
-    sql.push_str(") AS v(m)");
+    // The guard must be referenced: an unreferenced sub-select is never evaluated.
+    sql.push_str(") AS v(m) WHERE g.utf8 = 0");
     Ok(sql)
 }
 
@@ -154,7 +155,8 @@ pub(crate) async fn emit(
         .map(|m| envelope(m, now))
         .collect::<Result<Vec<_>>>()?;
     sqlx::query(&format!(
-        "SELECT pg_logical_emit_message(true, $1, m) FROM (SELECT {} AS utf8) AS g, unnest($2::text[]) AS u(m)",
+        "SELECT pg_logical_emit_message(true, $1, m) FROM (SELECT {} AS utf8) AS g, unnest($2::text[]) AS u(m) \
+         WHERE g.utf8 = 0",
         super::UTF8_GUARD
     ))
     .bind(&wal.prefix)
@@ -231,6 +233,62 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
     Ok(())
 }
 
+/// Checks, before the relay streams, that the slot exists and still holds the stream.
+/// The relay never creates the slot: a slot sees only what is written after it is
+/// created, so one made by the relay after the old one was lost would skip, silently,
+/// every event committed in between. [`Outbox::migrate`](crate::Outbox::migrate)
+/// creates it (before the first event).
+pub(crate) async fn check_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) -> Result<()> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("checking the replication slot", &tables.outbox)?;
+    check_wal_level(&mut conn, tables).await?;
+    let slot: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(
+        "SELECT plugin::text, wal_status, database IS NOT DISTINCT FROM current_database() \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(&wal.slot)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("checking the replication slot", &tables.outbox)?;
+    match slot {
+        None => Err(Error::InvalidArgument(
+            format!(
+                "WAL relay: replication slot {:?} does not exist. On a new installation, run \
+                 `outbox migrate` (or Outbox::migrate) before the first event is written: it \
+                 creates the slot. If the slot existed, it was dropped, and the events committed \
+                 since the relay last confirmed are in no slot: see \"A lost or invalidated slot\" \
+                 in docs/wal.md before you create a new one",
+                wal.slot
+            )
+            .into(),
+        )),
+        Some((_, Some(status), _)) if status == "lost" => Err(Error::InvalidArgument(
+            format!(
+                "WAL relay: replication slot {:?} was invalidated by PostgreSQL (it retained more \
+                 WAL than max_slot_wal_keep_size allows), and the WAL it needed is gone: events \
+                 committed since the relay last confirmed cannot be read from it. The relay \
+                 refuses to go on, to lose nothing silently: see \"A lost or invalidated slot\" \
+                 in docs/wal.md",
+                wal.slot
+            )
+            .into(),
+        )),
+        Some((plugin, _, same_db)) if plugin.as_deref() != Some("pgoutput") || !same_db => {
+            Err(Error::InvalidArgument(
+                format!(
+                    "WAL relay: replication slot {:?} is not a pgoutput slot of this database \
+                     (plugin {plugin:?}): choose another slot name (OutboxBuilder::wal_slot)",
+                    wal.slot
+                )
+                .into(),
+            ))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 fn is_duplicate(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
@@ -295,19 +353,36 @@ impl crate::Outbox<Postgres> {
     }
 }
 
-/// The percent-decoded password of a `postgres://user:password@host/db` URL.
+/// The percent-decoded password of a `postgres://user:password@host/db` URL, or of its
+/// `password=` query parameter.
 fn url_password(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?']).next()?;
-    let userinfo = authority.rsplit_once('@')?.0;
-    let password = userinfo.split_once(':')?.1;
-    let bytes = password.as_bytes();
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = before_query.split('/').next()?;
+    let in_userinfo = authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password);
+    let in_query = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("password="));
+    percent_decode(in_userinfo.or(in_query)?)
+}
+
+/// `text` with its `%XX` escapes decoded (on bytes: a `%` before anything but two hex
+/// digits stays as it is); `None` if the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let hex = |b: u8| char::from(b).to_digit(16);
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&password[i + 1..i + 3], 16) {
-                out.push(b);
+        if bytes[i] == b'%' {
+            if let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).and_then(|&b| hex(b)),
+                bytes.get(i + 2).and_then(|&b| hex(b)),
+            ) {
+                out.push((hi * 16 + lo) as u8);
                 i += 3;
                 continue;
             }
@@ -319,21 +394,23 @@ fn url_password(url: &str) -> Option<String> {
 }
 
 /// Writes `record` into the outbox table `t` (quoted): dead with `error`, or pending
-/// (parked behind its key's dead letter). Idempotent by id: after a restart the
-/// unconfirmed part of the stream comes again.
+/// (parked behind its key's dead letter, or set aside while it waits for a retry at
+/// `retry_at`), with its attempts. Idempotent by id: after a restart the unconfirmed
+/// part of the stream comes again.
 async fn insert_row(
     pool: &sqlx::PgPool,
     t: &str,
     record: &OutboxRecord,
     error: Option<&str>,
+    retry_at: Option<DateTime<Utc>>,
 ) -> sqlx::Result<()> {
     let headers =
         serde_json::to_string(&record.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     sqlx::query(&format!(
         "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
-                          headers, created_at, attempts, last_error, dead_at) \
+                          headers, created_at, attempts, last_error, dead_at, next_attempt_at) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, \
-                 CASE WHEN $10 IS NULL THEN NULL ELSE now() END) \
+                 CASE WHEN $10 IS NULL THEN NULL ELSE now() END, $11) \
          ON CONFLICT (id) DO NOTHING"
     ))
     .bind(record.id)
@@ -344,11 +421,20 @@ async fn insert_row(
     .bind(&record.payload)
     .bind(headers)
     .bind(record.created_at)
-    .bind(if error.is_some() { record.attempts } else { 0 })
+    .bind(record.attempts)
     .bind(error)
+    .bind(retry_at)
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// `due` as a wall-clock time.
+fn wall(due: Option<Instant>) -> Option<DateTime<Utc>> {
+    let now = Instant::now();
+    due.filter(|d| *d > now)
+        .and_then(|d| chrono::Duration::from_std(d - now).ok())
+        .map(|d| Utc::now() + d)
 }
 
 /// How long a replication connection may stay silent before the server ends it
@@ -389,6 +475,12 @@ pub struct WalSession<'a> {
     parked: HashSet<String>,
     /// Table rows in the buffer.
     loaded: HashSet<i64>,
+    /// The outbox table may hold rows that may go out now: read it at the next claim
+    /// rather than at the next probe (a released key drains at the relay's pace).
+    reload: bool,
+    /// At most this many messages in memory: past it, the stream waits in the slot, and
+    /// keys that wait for a retry are set aside into the outbox table.
+    cap: usize,
 }
 
 impl std::fmt::Debug for WalSession<'_> {
@@ -421,9 +513,10 @@ impl<'a> WalSession<'a> {
                     .to_owned(),
             ));
         }
-        ensure_slot(cx.pool, cx.tables, wal)
+        check_slot(cx.pool, cx.tables, wal)
             .await
             .map_err(|e| SessionError::Refused(e.to_string()))?;
+        let cap = (cx.config.batch_size.max(1) * 10).max(10_000);
         Ok(WalSession {
             cx,
             wal,
@@ -435,6 +528,8 @@ impl<'a> WalSession<'a> {
             confirmed: Lsn(0),
             parked: HashSet::new(),
             loaded: HashSet::new(),
+            reload: false,
+            cap,
         })
     }
 
@@ -481,9 +576,12 @@ impl<'a> WalSession<'a> {
             Err(_) => Err(SessionError::TimedOut(timeout)),
             Ok(Ok(())) => {
                 self.client = Some(client);
+                // Before the first message: which keys wait behind dead letters.
+                self.load_table().await?;
                 Ok(true)
             }
-            Ok(Err(e)) if e.to_string().contains("is active for PID") => Ok(false),
+            // object_in_use: another relay streams from the slot.
+            Ok(Err(PgWireError::Server(e))) if e.contains("SQLSTATE 55006") => Ok(false),
             Ok(Err(e)) => Err(refused(e, self.wal)),
         }
     }
@@ -524,7 +622,7 @@ impl<'a> WalSession<'a> {
             // Everything decoded up to `wal_end` has been received: with nothing
             // unacknowledged, the slot may move on (WAL of other activity is freed).
             ReplicationEvent::KeepAlive { wal_end, .. }
-                if !self.in_tx && self.buffer.is_empty() && self.commits.is_empty() =>
+                if !self.in_tx && self.commits.is_empty() && self.first_open().is_none() =>
             {
                 self.advance(wal_end);
             }
@@ -537,7 +635,7 @@ impl<'a> WalSession<'a> {
     fn pull(&mut self, limit: usize) -> SessionResult<()> {
         use futures_util::FutureExt as _;
         let mut taken = 0;
-        while taken < limit {
+        while taken < limit && self.buffer.len() < self.cap {
             let Some(client) = self.client.as_mut() else {
                 return Ok(());
             };
@@ -574,7 +672,7 @@ impl<'a> WalSession<'a> {
         while self.buffer.front().is_some_and(|e| e.sent) {
             self.buffer.pop_front();
         }
-        let first_open = self.buffer.front().map_or(self.next_seq, |e| e.record.seq);
+        let first_open = self.first_open().unwrap_or(self.next_seq);
         let mut lsn = None;
         while let Some(&(last, end)) = self.commits.front() {
             if last >= first_open {
@@ -586,6 +684,15 @@ impl<'a> WalSession<'a> {
         if let Some(lsn) = lsn {
             self.advance(lsn);
         }
+    }
+
+    /// The first message of the stream not yet acknowledged (or in the outbox table).
+    /// Rows read from the table hold no position in the stream.
+    fn first_open(&self) -> Option<i64> {
+        self.buffer
+            .iter()
+            .find(|e| !e.sent && e.row.is_none())
+            .map(|e| e.record.seq)
     }
 
     fn advance(&mut self, lsn: Lsn) {
@@ -652,7 +759,7 @@ impl<'a> WalSession<'a> {
                 .await?;
                 self.loaded.remove(&seq);
             }
-            None => insert_row(self.cx.pool, &t, record, Some(error)).await?,
+            None => insert_row(self.cx.pool, &t, record, Some(error), None).await?,
         }
         tracing::error!(
             id = %record.id,
@@ -664,16 +771,84 @@ impl<'a> WalSession<'a> {
         Ok(())
     }
 
-    /// Moves the messages of parked keys into the outbox table, in order.
+    /// Moves the messages of parked keys into the outbox table, in order (a message
+    /// waiting for a retry keeps its attempts and its due time there).
     async fn park(&mut self) -> SessionResult<()> {
         let t = self.cx.tables.outbox.quoted();
         for i in 0..self.buffer.len() {
-            if self.buffer[i].to_table && !self.buffer[i].sent {
+            let e = &self.buffer[i];
+            if e.to_table && !e.sent {
                 self.cx.count_queries(1);
-                insert_row(self.cx.pool, &t, &self.buffer[i].record, None).await?;
+                insert_row(self.cx.pool, &t, &e.record, None, wall(e.due)).await?;
                 self.buffer[i].sent = true;
             }
         }
+        Ok(())
+    }
+
+    /// Hands the unsent messages of `key` over to the outbox table: messages of the
+    /// stream are written there (by [`park`](Self::park)), rows read from it are left
+    /// there (the one waiting for a retry keeps its attempts and due time), and the key's
+    /// later messages follow them until none is left.
+    async fn shelve(&mut self, key: &str) -> SessionResult<()> {
+        let t = self.cx.tables.outbox.quoted();
+        for i in 0..self.buffer.len() {
+            let e = &self.buffer[i];
+            if e.sent || e.record.partition_key.as_deref() != Some(key) {
+                continue;
+            }
+            let (row, retry_at, attempts) = (e.row, wall(e.due), e.record.attempts);
+            let Some(row) = row else {
+                self.buffer[i].to_table = true;
+                continue;
+            };
+            self.buffer[i].sent = true; // settled: it stays in the table
+            self.loaded.remove(&row);
+            if let Some(retry_at) = retry_at {
+                self.cx.count_queries(1);
+                sqlx::query(&format!(
+                    "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
+                ))
+                .bind(row)
+                .bind(attempts)
+                .bind(retry_at)
+                .execute(self.cx.pool)
+                .await?;
+            }
+        }
+        self.parked.insert(key.to_owned());
+        Ok(())
+    }
+
+    /// With the buffer full and nothing to send, the keys that wait for a retry go into
+    /// the outbox table: the stream moves on, the slot's position with it. Called only
+    /// between drains, when nothing is in flight.
+    async fn spill(&mut self) -> SessionResult<()> {
+        let now = Instant::now();
+        let waiting: Vec<String> = self
+            .buffer
+            .iter()
+            .filter(|e| !e.sent && !e.to_table && e.due.is_some_and(|d| d > now))
+            .filter_map(|e| e.record.partition_key.clone())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            keys = waiting.len(),
+            buffered = self.buffer.len(),
+            "outbox WAL relay: keys waiting for a retry are set aside into the outbox table \
+             (the relay holds at most {} messages in memory)",
+            self.cap
+        );
+        for key in &waiting {
+            self.shelve(key).await?;
+        }
+        self.park().await?;
+        self.reload = true;
+        self.confirm();
         Ok(())
     }
 
@@ -681,9 +856,22 @@ impl<'a> WalSession<'a> {
     /// the rows that may go out (not dead, not behind a dead letter of their key).
     async fn load_table(&mut self) -> SessionResult<()> {
         let t = self.cx.tables.outbox.quoted();
+        // With `SkipKey`, a dead letter holds nothing back: only the rows that will go
+        // out keep their key in the table.
+        let skip = self.cx.config.on_dead_letter == crate::config::OnDeadLetter::SkipKey;
+        let (alive, behind_dead) = if skip {
+            ("AND dead_at IS NULL", "")
+        } else {
+            (
+                "",
+                "AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.partition_key = o.partition_key \
+                   AND d.seq < o.seq AND d.dead_at IS NOT NULL AND d.sent_at IS NULL)",
+            )
+        };
         self.cx.count_queries(2);
         let keys: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT DISTINCT partition_key FROM {t} WHERE sent_at IS NULL AND partition_key IS NOT NULL"
+            "SELECT DISTINCT partition_key FROM {t} \
+             WHERE sent_at IS NULL AND partition_key IS NOT NULL {alive}"
         ))
         .fetch_all(self.cx.pool)
         .await?;
@@ -698,18 +886,26 @@ impl<'a> WalSession<'a> {
         }
         self.parked = parked;
         let sql = format!(
-            "SELECT {columns} FROM {t} o \
-             WHERE o.sent_at IS NULL AND o.dead_at IS NULL \
-               AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.partition_key = o.partition_key \
-                                 AND d.seq < o.seq AND d.dead_at IS NOT NULL AND d.sent_at IS NULL) \
+            "SELECT {columns}, \
+                    GREATEST(EXTRACT(EPOCH FROM o.next_attempt_at - now()), 0)::float8 AS wait \
+             FROM {t} o \
+             WHERE o.sent_at IS NULL AND o.dead_at IS NULL {behind_dead} \
              ORDER BY o.seq LIMIT $1",
             columns = crate::db::rows::claim_columns(|c| format!("{c}::text")),
+            behind_dead = behind_dead.replace("{t}", &t),
         );
+        let limit = self.cx.config.batch_size.max(1) * 4;
         let rows = sqlx::query(&sql)
-            .bind(i64::try_from(self.cx.config.batch_size.max(1) * 4).unwrap_or(i64::MAX))
-            .fetch(self.cx.pool);
-        let records = crate::db::rows::decode_each(rows, crate::db::rows::record).await?;
-        for mut record in records {
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.cx.pool)
+            .await?;
+        // A full page: there may be more to read once these are sent.
+        self.reload = rows.len() >= limit;
+        let now = Instant::now();
+        for r in &rows {
+            use sqlx::Row as _;
+            let mut record = crate::db::rows::record(r)?;
+            let wait: Option<f64> = r.try_get("wait")?;
             if !self.loaded.insert(record.seq) {
                 continue;
             }
@@ -719,7 +915,9 @@ impl<'a> WalSession<'a> {
             self.buffer.push_back(Entry {
                 record,
                 sent: false,
-                due: None,
+                due: wait
+                    .filter(|w| *w > 0.0)
+                    .map(|w| now + Duration::from_secs_f64(w)),
                 row: Some(row),
                 to_table: false,
             });
@@ -783,6 +981,19 @@ impl Session for WalSession<'_> {
         if self.claimable() {
             return Ok(());
         }
+        if self.buffer.len() >= self.cap {
+            // Nothing in flight now (the drain is over): the waiting keys can move.
+            let before = self.buffer.len();
+            self.spill().await?;
+            if self.buffer.len() < before {
+                return Ok(());
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = stopped(shutdown) => {}
+            }
+            return Ok(());
+        }
         let Some(client) = self.client.as_mut() else {
             return Ok(());
         };
@@ -811,6 +1022,9 @@ impl Session for WalSession<'_> {
         let config = self.cx.config;
         self.pull(config.batch_size.max(1) * 2)?;
         self.park().await?;
+        if self.reload && self.loaded.is_empty() {
+            self.load_table().await?;
+        }
         Ok(self.select(
             after.unwrap_or(0),
             config.batch_size,
@@ -839,6 +1053,8 @@ impl Session for WalSession<'_> {
             for row in &rows {
                 self.loaded.remove(row);
             }
+            // Rows of the table went out: the ones behind them may follow now.
+            self.reload = true;
         }
         self.confirm();
         Ok(())
@@ -871,15 +1087,12 @@ impl Session for WalSession<'_> {
             let row = e.row;
             self.bury(&record, row, &outcome.failed_error[i]).await?;
             dead += 1;
-            if let Some(key) = record.partition_key {
-                for later in self.buffer.iter_mut().filter(|l| !l.sent) {
-                    if later.record.partition_key.as_deref() == Some(key.as_str())
-                        && later.row.is_none()
-                    {
-                        later.to_table = true;
-                    }
+            // The key's later messages wait behind it in the table, also rows read from
+            // there (a released dead letter that died again); with `SkipKey` they go on.
+            if let Some(key) = &record.partition_key {
+                if config.on_dead_letter == crate::config::OnDeadLetter::ParkKey {
+                    self.shelve(key).await?;
                 }
-                self.parked.insert(key);
             }
         }
         self.park().await?;
@@ -937,6 +1150,19 @@ mod tests {
         );
         assert_eq!(url_password("postgres://app@db/x"), None);
         assert_eq!(url_password("postgres://db/x"), None);
+        // Not an escape before a multi-byte character, nor at the end: kept, no panic.
+        assert_eq!(
+            url_password("postgres://app:%é%4@db/x").as_deref(),
+            Some("%é%4")
+        );
+        assert_eq!(
+            url_password("postgres://app:%C3%A9@db/x").as_deref(),
+            Some("é")
+        );
+        assert_eq!(
+            url_password("postgres://app@db/x?sslmode=disable&password=p%26q").as_deref(),
+            Some("p&q")
+        );
     }
 
     #[test]
