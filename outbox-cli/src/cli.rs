@@ -46,6 +46,15 @@ pub struct Cli {
     )]
     pub processed_table: Option<String>,
 
+    /// PostgreSQL WAL mode (docs/wal.md): the outbox's replication slot, for `status`,
+    /// `migrate` and `slot drop` (default with --wal: `outbox_<table>`).
+    #[arg(long, env = "OUTBOX_WAL_SLOT", global = true, value_name = "SLOT")]
+    pub wal_slot: Option<String>,
+
+    /// PostgreSQL WAL mode with the default slot name (`outbox_<table>`).
+    #[arg(long, global = true)]
+    pub wal: bool,
+
     /// Give up connecting after this long (an age such as 10s).
     #[arg(long, global = true, default_value = "10s", value_parser = parse_age, value_name = "AGE")]
     pub connect_timeout: Duration,
@@ -137,6 +146,11 @@ pub enum Command {
         #[arg(long, short = 'y', conflicts_with = "dry_run")]
         yes: bool,
     },
+    /// WAL mode: the outbox's replication slot (`status` shows its lag).
+    Slot {
+        #[command(subcommand)]
+        command: SlotCommand,
+    },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
         /// Delete messages sent longer ago than this age.
@@ -154,6 +168,19 @@ pub enum Command {
         /// Rows per DELETE statement.
         #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SlotCommand {
+    /// Drop the slot and its publication, for an outbox you retire: a slot nobody reads
+    /// keeps WAL on the server forever. The events it still holds are lost with it.
+    /// Refused while a relay streams from it.
+    Drop {
+        /// Drop without asking. Without it, the command shows the slot's state and asks
+        /// on a terminal, or drops nothing.
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
 }
 

@@ -6,13 +6,13 @@ use std::future::Future;
 use std::io::{self, Write};
 use std::path::Path;
 
-use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, Status};
+use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, SlotStatus, Status};
 use outbox_core::config::percent_decoded;
 use outbox_core::retention::Retention;
 use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
-use outbox_core::{Backend, Outbox, TableName};
+use outbox_core::{Backend, Outbox, OutboxBuilder, TableName};
 
-use crate::cli::{Cli, Command, Filter};
+use crate::cli::{Cli, Command, Filter, SlotCommand};
 use crate::time::human;
 
 /// Why a command failed. Displayed on one line.
@@ -78,16 +78,33 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
     let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
     // The schemes each driver accepts, as sqlx declares them.
     let is = |schemes: &[&str]| schemes.contains(&scheme);
+    let wal = cli.wal || cli.wal_slot.is_some();
+    if !is(Postgres::URL_SCHEMES) && (wal || matches!(cli.command, Command::Slot { .. })) {
+        return Err(Failure::Message(
+            "WAL mode (--wal, --wal-slot, `outbox slot`) is PostgreSQL only; \
+             give a postgres:// database URL, or drop the option"
+                .to_owned(),
+        ));
+    }
     if is(Postgres::URL_SCHEMES) {
-        let outbox: Outbox<Postgres> = connect(&cli, Outbox::connect(&url)).await?;
+        let slot = cli.wal_slot.clone();
+        let outbox: Outbox<Postgres> = connect(&cli, Outbox::connect(&url), |b| match slot {
+            Some(slot) => b.wal_slot(slot),
+            None if wal => b.wal(),
+            None => b,
+        })
+        .await?;
+        if let Command::Slot { command } = &cli.command {
+            return slot_command(&cli, outbox, command, out).await;
+        }
         execute(cli, outbox, out).await
     } else if is(MySql::URL_SCHEMES) {
         let url = mysql_scheme(&url);
-        let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url)).await?;
+        let outbox: Outbox<MySql> = connect(&cli, Outbox::connect_mysql(&url), |b| b).await?;
         execute(cli, outbox, out).await
     } else if is(Sqlite::URL_SCHEMES) {
         sqlite_file_exists(&url, &cli.command)?;
-        let outbox: Outbox<Sqlite> = connect(&cli, Outbox::open(&url)).await?;
+        let outbox: Outbox<Sqlite> = connect(&cli, Outbox::open(&url), |b| b).await?;
         execute(cli, outbox, out).await
     } else {
         Err(Failure::Message(format!(
@@ -287,6 +304,9 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 }
             )?;
         }
+        Command::Slot { .. } => {
+            unreachable!("`outbox slot` runs on PostgreSQL only (checked in `run`)")
+        }
         Command::Retention {
             sent_older_than,
             processed_older_than,
@@ -311,10 +331,12 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
     Ok(())
 }
 
-/// Waits for `connecting` (at most `--connect-timeout`), then applies the table names.
+/// Waits for `connecting` (at most `--connect-timeout`), then applies the table names
+/// and `mode` (WAL mode on PostgreSQL).
 async fn connect<DB: Backend>(
     cli: &Cli,
     connecting: impl Future<Output = outbox_core::Result<Outbox<DB>>>,
+    mode: impl FnOnce(OutboxBuilder<DB>) -> OutboxBuilder<DB>,
 ) -> Result<Outbox<DB>> {
     let outbox = tokio::time::timeout(cli.connect_timeout, connecting)
         .await
@@ -329,7 +351,91 @@ async fn connect<DB: Backend>(
     if let Some(name) = &cli.processed_table {
         builder = builder.processed_table(name);
     }
-    Ok(builder.build()?)
+    Ok(mode(builder).build()?)
+}
+
+/// `outbox slot ...` (PostgreSQL, WAL mode).
+async fn slot_command(
+    cli: &Cli,
+    outbox: Outbox<Postgres>,
+    command: &SlotCommand,
+    out: &mut impl Write,
+) -> Result {
+    if !(cli.wal || cli.wal_slot.is_some()) {
+        return Err(Failure::Message(
+            "`outbox slot` needs WAL mode: pass --wal (slot outbox_<table>) or --wal-slot <SLOT> \
+             (or set OUTBOX_WAL_SLOT)"
+                .to_owned(),
+        ));
+    }
+    let admin = Admin::new(outbox);
+    match command {
+        SlotCommand::Drop { yes } => {
+            if !yes {
+                let status = admin.status().await?;
+                if let Some(slot) = &status.slot {
+                    print_slot(out, slot)?;
+                }
+                confirm(
+                    out,
+                    "drop the slot, and the events it still holds",
+                    "dropped",
+                )?;
+            }
+            let slot = admin.drop_slot().await?;
+            writeln!(
+                out,
+                "dropped replication slot {} and its publication ({} not confirmed by a relay); \
+                 `outbox migrate --wal-slot {}` creates a new one, which sees only what is written after it",
+                slot.name,
+                bytes(slot.unconfirmed_bytes),
+                slot.name
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn bytes(n: Option<i64>) -> String {
+    match n {
+        None => "-".to_owned(),
+        Some(n) if n < 1024 => format!("{n} B"),
+        Some(n) if n < 1024 * 1024 => format!("{:.1} KiB", n as f64 / 1024.0),
+        Some(n) if n < 1024 * 1024 * 1024 => format!("{:.1} MiB", n as f64 / 1048576.0),
+        Some(n) => format!("{:.1} GiB", n as f64 / 1073741824.0),
+    }
+}
+
+fn print_slot(out: &mut impl Write, slot: &SlotStatus) -> io::Result<()> {
+    if !slot.exists {
+        return writeln!(
+            out,
+            "replication slot {}: missing; the relay cannot start. `outbox migrate` creates it \
+             (see \"A lost or invalidated slot\" in docs/wal.md if it existed before)",
+            slot.name
+        );
+    }
+    let who = slot.active_pid.map_or_else(
+        || "no relay streaming".to_owned(),
+        |pid| format!("a relay streaming (pid {pid})"),
+    );
+    let status = slot.wal_status.as_deref().unwrap_or("-");
+    writeln!(
+        out,
+        "replication slot {}: {who}, WAL {status}; {} not confirmed, oldest unconfirmed commit {}, {} retained",
+        slot.name,
+        bytes(slot.unconfirmed_bytes),
+        age(slot.oldest_unconfirmed_age_seconds),
+        bytes(slot.retained_bytes),
+    )?;
+    if status == "lost" {
+        writeln!(
+            out,
+            "the slot was invalidated (it retained more than max_slot_wal_keep_size): the relay \
+             refuses to read it; see \"A lost or invalidated slot\" in docs/wal.md"
+        )?;
+    }
+    Ok(())
 }
 
 fn list_filter(filter: Filter) -> ListFilter {
@@ -367,6 +473,9 @@ fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
                 .to_owned(),
         }
     )?;
+    if let Some(slot) = &s.slot {
+        print_slot(out, slot)?;
+    }
     if let Some(w) = s.oldest_writer.as_ref().filter(|w| w.age_seconds >= 1.0) {
         let who = w.pid.map_or_else(
             || "a prepared transaction".to_owned(),

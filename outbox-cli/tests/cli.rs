@@ -1140,3 +1140,128 @@ async fn dead_shows_what_each_dead_letter_holds_back_and_discard_deletes_it() {
     assert_eq!(db.count("outbox").await, 3);
     db.cleanup().await;
 }
+
+/// WAL mode: `migrate --wal-slot` creates the slot, `status` shows what it holds (with
+/// and without a relay streaming from it), and `slot drop` is refused while a relay
+/// streams, asks first, and drops the slot and its publication with `--yes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_wal_slot_and_slot_drop_asks_first() {
+    use outbox_core::publisher::InMemoryPublisher;
+    use outbox_core::relay::Relay;
+    let db = TestDb::new().await;
+    let slot = format!("owt_{}_cli", std::process::id());
+    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&db.pool)
+        .await;
+    let with_slot = |args: &[&str]| {
+        let mut all = vec!["--wal-slot", slot.as_str()];
+        all.extend_from_slice(args);
+        all.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| {
+        let db = &db;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            in_db(db, &args).await
+        }
+    };
+    run(with_slot(&["migrate"])).await.ok();
+    let outbox = outbox_core::Outbox::builder(db.pool.clone())
+        .table(format!("{}.outbox", db.schema))
+        .wal_slot(&slot)
+        .build()
+        .expect("outbox");
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..10 {
+        tx.emit_message(outbox_core::OutboxMessage::new(
+            "T",
+            "d",
+            format!("{{\"n\":{n}}}"),
+        ))
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let text = run(with_slot(&["status"])).await;
+    let line = text
+        .ok()
+        .lines()
+        .find(|l| l.starts_with("replication slot"))
+        .expect("a slot line")
+        .to_owned();
+    assert!(
+        line.contains(&slot) && line.contains("no relay streaming"),
+        "{line}"
+    );
+    assert!(line.contains("WAL reserved"), "{line}");
+    let s = json(run(with_slot(&["status", "--json"])).await.ok());
+    assert!(
+        s["slot"]["unconfirmed_bytes"].as_i64().expect("bytes") > 0,
+        "{s}"
+    );
+    let age = s["slot"]["oldest_unconfirmed_age_seconds"]
+        .as_f64()
+        .expect("the first commit's age, read from the slot");
+    assert!((0.0..60.0).contains(&age), "{s}");
+
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    assert!(
+        publisher
+            .wait_for(10, std::time::Duration::from_secs(30))
+            .await
+    );
+    let s = json(run(with_slot(&["status", "--json"])).await.ok());
+    assert!(s["slot"]["active_pid"].as_i64().is_some(), "{s}");
+    assert_eq!(s["relays"], 1, "{s}");
+    let refused = run(with_slot(&["slot", "drop", "--yes"])).await;
+    assert!(
+        refused.failed().contains("stop the relays"),
+        "{}",
+        refused.stderr
+    );
+    relay.shutdown().await;
+
+    let asked = run(with_slot(&["slot", "drop"])).await;
+    assert!(
+        asked.failed().contains("nothing dropped"),
+        "{}",
+        asked.stderr
+    );
+    let dropped = run(with_slot(&["slot", "drop", "--yes"])).await;
+    assert!(
+        dropped.ok().contains("dropped replication slot"),
+        "{}",
+        dropped.stdout
+    );
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) \
+             OR EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+    )
+    .bind(&slot)
+    .fetch_one(&db.pool)
+    .await
+    .expect("slot");
+    assert!(!exists, "slot and publication dropped");
+    let text = run(with_slot(&["status"])).await;
+    assert!(
+        text.ok().contains("missing; the relay cannot start"),
+        "{}",
+        text.stdout
+    );
+    // Not in WAL mode, or not on PostgreSQL: a one-line refusal.
+    assert!(
+        in_db(&db, &["slot", "drop"])
+            .await
+            .failed()
+            .contains("needs WAL mode")
+    );
+    let sqlite = outbox_with_env(&["--wal", "status"], Some("sqlite::memory:")).await;
+    assert!(
+        sqlite.failed().contains("PostgreSQL only"),
+        "{}",
+        sqlite.stderr
+    );
+    db.cleanup().await;
+}

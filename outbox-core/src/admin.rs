@@ -38,7 +38,8 @@ use uuid::Uuid;
 
 use crate::model::Which;
 pub use crate::model::{
-    DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport, Status,
+    DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport, SlotStatus,
+    Status,
 };
 use crate::store::ops::Behind;
 use crate::store::{Backend, DefaultBackend};
@@ -46,7 +47,7 @@ use crate::{Error, Outbox, Result};
 
 /// Operations on the stored messages of one outbox. See the [module](self).
 pub struct Admin<DB: Backend = DefaultBackend> {
-    outbox: Outbox<DB>,
+    pub(crate) outbox: Outbox<DB>,
 }
 
 impl<DB: Backend> Clone for Admin<DB> {

@@ -156,7 +156,8 @@ pub struct Status {
     /// Age of the oldest pending message (the relay's `outbox_oldest_pending_age_seconds`).
     pub oldest_pending_age_seconds: Option<f64>,
     /// Relays connected to this outbox now (PostgreSQL: relays holding a session; MySQL:
-    /// 1 if the active relay holds its lock, standbys not counted). `None` on SQLite,
+    /// 1 if the active relay holds its lock, standbys not counted; WAL mode: 1 if a relay
+    /// streams from the slot, standbys not counted). `None` on SQLite,
     /// where relays leave no trace to count.
     pub relays: Option<i64>,
     /// All rows of the table, sent ones included, estimated so as not to scan the
@@ -171,6 +172,34 @@ pub struct Status {
     /// an old one here (idle in transaction, or a prepared transaction) stalls every key.
     /// `None` when no writer is open (and on MySQL/SQLite, whose writers commit in order).
     pub oldest_writer: Option<OpenWriter>,
+    /// WAL mode (PostgreSQL): the replication slot the relay reads. `None` in table mode.
+    pub slot: Option<SlotStatus>,
+}
+
+/// The replication slot of an outbox in WAL mode; see [`Status::slot`] and `docs/wal.md`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub name: String,
+    /// The slot exists. A missing slot means the relay cannot start (`migrate` creates
+    /// it; see "A lost or invalidated slot" in `docs/wal.md` if it existed before).
+    pub exists: bool,
+    /// The server process of the relay streaming from it; `None` when no relay is.
+    pub active_pid: Option<i32>,
+    /// `pg_replication_slots.wal_status`: `reserved`, `extended`, `unreserved`, or `lost`
+    /// (invalidated: the relay refuses to read it).
+    pub wal_status: Option<String>,
+    /// WAL written since the relay's last confirmation (bytes): what the relay has not
+    /// yet confirmed as published, plus other activity it has not read past yet.
+    pub unconfirmed_bytes: Option<i64>,
+    /// WAL the slot keeps on disk (bytes from its `restart_lsn`); bounded by
+    /// `max_slot_wal_keep_size`.
+    pub retained_bytes: Option<i64>,
+    /// How long ago the oldest commit not yet confirmed was written: from the
+    /// stream's first commit when no relay runs, from the server's flush lag of the
+    /// relay's connection when one does. `None` when there is none (or it is unknown).
+    pub oldest_unconfirmed_age_seconds: Option<f64>,
 }
 
 /// A transaction holding the outbox's writer lock; see [`Status::oldest_writer`].

@@ -164,6 +164,12 @@ impl Ops for Postgres {
             status.relays = Some(relays);
             status.rows_estimate = rows_estimate;
             status.oldest_writer = super::oldest_writer(pool, &t).await?;
+            if let Some(wal) = &tables.wal {
+                let slot = super::wal::slot_status(pool, wal).await?;
+                // WAL mode: the relay streaming from the slot (standbys leave no trace).
+                status.relays = Some(i64::from(slot.active_pid.is_some()));
+                status.slot = Some(slot);
+            }
             Ok(status)
         })
     }

@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::config::{Secret, Tables, Wal};
 use crate::error::DbContext;
+use crate::model::SlotStatus;
 use crate::publisher::OutboxRecord;
 use crate::store::session::{Context, Outcome, Probe, Session, SessionError, SessionResult};
 use crate::task::stopped;
@@ -289,6 +290,143 @@ pub(crate) async fn check_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) 
     }
 }
 
+/// The state of `wal`'s slot, as the server sees it (`outbox status`).
+pub(crate) async fn slot_status(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Result<SlotStatus> {
+    type SlotRow = (
+        Option<i32>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+        Option<f64>,
+    );
+    let row: Option<SlotRow> = sqlx::query_as(
+        "SELECT s.active_pid, s.wal_status, \
+                    (pg_current_wal_lsn() - s.confirmed_flush_lsn)::int8, \
+                    (pg_current_wal_lsn() - s.restart_lsn)::int8, \
+                    extract(epoch FROM r.flush_lag)::float8 \
+             FROM pg_replication_slots s \
+             LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE s.slot_name = $1",
+    )
+    .bind(&wal.slot)
+    .fetch_optional(pool)
+    .await?;
+    let Some((active_pid, wal_status, unconfirmed, retained, lag)) = row else {
+        return Ok(SlotStatus {
+            name: wal.slot.clone(),
+            ..SlotStatus::default()
+        });
+    };
+    let oldest = match active_pid {
+        Some(_) => lag,
+        None if wal_status.as_deref() == Some("lost") => None,
+        None => first_commit_age(pool, wal).await?,
+    };
+    Ok(SlotStatus {
+        name: wal.slot.clone(),
+        exists: true,
+        active_pid,
+        wal_status,
+        unconfirmed_bytes: unconfirmed,
+        retained_bytes: retained,
+        oldest_unconfirmed_age_seconds: oldest,
+    })
+}
+
+/// The age of the first commit the slot would stream, read without consuming it
+/// (`pg_logical_slot_peek_binary_changes`: pgoutput's Begin message holds the commit
+/// time). Only for a slot no relay streams from (the server refuses otherwise), and
+/// given 5 s: `None` past that, or when there is nothing to stream.
+async fn first_commit_age(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Result<Option<f64>> {
+    let mut tx = pool.begin().await?;
+    tx.execute("SET LOCAL statement_timeout = '5s'").await?;
+    let peeked: sqlx::Result<Option<Vec<u8>>> = sqlx::query_scalar(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+           'proto_version', '1', 'publication_names', $2, 'messages', 'true') LIMIT 1",
+    )
+    .bind(&wal.slot)
+    .bind(&wal.publication)
+    .fetch_optional(&mut *tx)
+    .await;
+    let _ = tx.rollback().await;
+    let data = match peeked {
+        Ok(data) => data,
+        // Taken by a relay meanwhile (55006), or too slow (57014): unknown.
+        Err(e)
+            if e.as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "55006" || c == "57014") =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // Begin: 'B', final LSN (8 bytes), commit time (8: microseconds since 2000-01-01 UTC).
+    let Some(micros) = data
+        .filter(|d| d.len() >= 17 && d[0] == b'B')
+        .and_then(|d| d[9..17].try_into().ok())
+        .map(i64::from_be_bytes)
+    else {
+        return Ok(None);
+    };
+    let epoch_2000 = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
+    let committed = epoch_2000 + chrono::Duration::microseconds(micros);
+    Ok(Some(
+        (Utc::now() - committed).num_milliseconds().max(0) as f64 / 1000.0,
+    ))
+}
+
+impl crate::admin::Admin<Postgres> {
+    /// Drops the outbox's replication slot and its publication (WAL mode), for an
+    /// outbox you retire: a slot nobody reads keeps WAL on the server forever. The
+    /// events the slot still holds (see [`SlotStatus::unconfirmed_bytes`]) are lost
+    /// with it. Refused while a relay streams from it. Returns the slot's state just
+    /// before it was dropped.
+    pub async fn drop_slot(&self) -> Result<SlotStatus> {
+        let tables = self.outbox.tables();
+        let Some(wal) = &tables.wal else {
+            return Err(Error::InvalidArgument(
+                "this outbox is not in WAL mode: it has no replication slot to drop \
+                 (build it with OutboxBuilder::wal, or pass --wal-slot to the CLI)"
+                    .into(),
+            ));
+        };
+        let pool = self.outbox.pool();
+        let status = slot_status(pool, wal)
+            .await
+            .context("reading the replication slot", &tables.outbox)?;
+        if !status.exists {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "replication slot {:?} does not exist; nothing to drop",
+                    wal.slot
+                )
+                .into(),
+            ));
+        }
+        if let Some(pid) = status.active_pid {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "a relay (server process {pid}) streams from replication slot {:?}: stop the \
+                     relays of this outbox first; nothing was dropped",
+                    wal.slot
+                )
+                .into(),
+            ));
+        }
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&wal.slot)
+            .execute(pool)
+            .await
+            .context("dropping the replication slot", &tables.outbox)?;
+        pool.execute(format!("DROP PUBLICATION IF EXISTS \"{}\"", wal.publication).as_str())
+            .await
+            .context("dropping the publication", &tables.outbox)?;
+        tracing::warn!(slot = %wal.slot, "outbox: replication slot dropped");
+        Ok(status)
+    }
+}
+
 fn is_duplicate(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
@@ -470,6 +608,8 @@ pub struct WalSession<'a> {
     /// Inside a transaction (between `Begin` and `Commit`).
     in_tx: bool,
     confirmed: Lsn,
+    /// The end of the WAL as the server last reported it.
+    wal_end: Lsn,
     /// Keys with unsent rows in the outbox table (dead letters, messages parked behind
     /// them, released ones): their messages go there, behind them, until none is left.
     parked: HashSet<String>,
@@ -526,6 +666,7 @@ impl<'a> WalSession<'a> {
             commits: VecDeque::new(),
             in_tx: false,
             confirmed: Lsn(0),
+            wal_end: Lsn(0),
             parked: HashSet::new(),
             loaded: HashSet::new(),
             reload: false,
@@ -592,6 +733,7 @@ impl<'a> WalSession<'a> {
             ReplicationEvent::Begin { .. } => self.in_tx = true,
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.in_tx = false;
+                self.wal_end = self.wal_end.max(end_lsn);
                 self.commits.push_back((self.next_seq - 1, end_lsn));
                 self.confirm();
             }
@@ -621,10 +763,11 @@ impl<'a> WalSession<'a> {
             }
             // Everything decoded up to `wal_end` has been received: with nothing
             // unacknowledged, the slot may move on (WAL of other activity is freed).
-            ReplicationEvent::KeepAlive { wal_end, .. }
-                if !self.in_tx && self.commits.is_empty() && self.first_open().is_none() =>
-            {
-                self.advance(wal_end);
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                self.wal_end = self.wal_end.max(wal_end);
+                if !self.in_tx && self.commits.is_empty() && self.first_open().is_none() {
+                    self.advance(wal_end);
+                }
             }
             _ => {}
         }
@@ -953,6 +1096,10 @@ impl Session for WalSession<'_> {
             .filter(|d| *d > now)
             .min()
             .map(|d| d - now);
+        // As `outbox status` shows it per slot (the oldest age is the relay's
+        // `outbox_oldest_pending_age_seconds`).
+        metrics::gauge!("outbox_wal_unconfirmed_bytes")
+            .set(self.wal_end.0.saturating_sub(self.confirmed.0) as f64);
         Ok(Some(Probe {
             pending: open.len() as i64,
             oldest_age_seconds: oldest,
