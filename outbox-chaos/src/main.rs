@@ -1,7 +1,7 @@
 //! `outbox-chaos`: a ledger-checked chaos rig for the outbox, built on the public API.
 //!
 //! ```text
-//! outbox-chaos run [--broker kafka|nats] [--fault all|relay-kill,...] [--seed N] [--short]
+//! outbox-chaos run [--broker kafka|nats] [--fault all|relay-kill,...] [--seed N] [--short] [--wal]
 //! ```
 //!
 //! Each fault gets a run of its own: writers commit `(key, n)` events with their business

@@ -1,7 +1,7 @@
 //! The rig's child processes: a relay, and a consumer with the inbox. Each is what a user
 //! would run, built on the public API only; the rig SIGKILLs, SIGSTOPs and restarts them.
 //!
-//! `outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name>`
+//! `outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name> [<wal slot>]`
 //! `outbox-chaos consume <kafka|nats> <database url> <schema> <broker> <destination> <group>`
 //!
 //! For NATS the destination is `<stream>/<subject>`.
@@ -78,15 +78,25 @@ async fn until_built<P, E: std::fmt::Display, F: std::future::Future<Output = Re
 
 /// `relay ...`: runs until killed.
 pub async fn relay(args: &[String]) -> Result<(), String> {
+    let (args, wal_slot) = match args {
+        [rest @ .., slot] if rest.len() == 6 => (rest, Some(slot)),
+        _ => (args, None),
+    };
     let [broker_kind, url, schema, broker, destination, name] = args else {
         return Err(
-            "usage: outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name>"
+            "usage: outbox-chaos relay <kafka|nats> <database url> <schema> <broker> <destination> <name> [<wal slot>]"
                 .to_owned(),
         );
     };
     outbox_tests::init_tracing();
     let pool = pool_until_up(url, schema, name, 4).await;
-    let outbox: Outbox<Postgres> = Outbox::new(pool);
+    let outbox: Outbox<Postgres> = match wal_slot {
+        Some(slot) => Outbox::builder(pool)
+            .wal_slot(slot)
+            .build()
+            .map_err(|e| e.to_string())?,
+        None => Outbox::new(pool),
+    };
     fn configure<P: Publisher>(
         builder: RelayBuilder<P, Postgres>,
         name: &str,

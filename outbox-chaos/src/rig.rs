@@ -91,6 +91,8 @@ struct Options {
     broker: BrokerKind,
     seed: u64,
     short: bool,
+    /// PostgreSQL WAL mode (`docs/wal.md`): writers emit into the WAL, relays read a slot.
+    wal: bool,
     faults: Vec<String>,
 }
 
@@ -99,6 +101,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         broker: BrokerKind::Kafka,
         seed: 1,
         short: false,
+        wal: false,
         faults: Vec::new(),
     };
     let mut it = args.iter();
@@ -118,6 +121,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .map_err(|e| format!("--seed: a number ({e})"))?;
             }
             "--short" => options.short = true,
+            "--wal" => options.wal = true,
             "--fault" => {
                 let v = value()?;
                 for f in v.split(',') {
@@ -151,16 +155,19 @@ pub async fn main(args: &[String]) -> Result<(), String> {
     let mut reports = Vec::new();
     for fault in &options.faults {
         eprintln!(
-            "chaos: {fault} on {:?} (seed {})",
-            options.broker, options.seed
+            "chaos: {fault} on {:?}{} (seed {})",
+            options.broker,
+            if options.wal { ", WAL mode" } else { "" },
+            options.seed
         );
-        let report = run_one(&mut env, fault, &mut rng, options.short).await?;
+        let report = run_one(&mut env, fault, &mut rng, options.short, options.wal).await?;
         eprintln!("chaos: {}", report.row());
         reports.push(report);
     }
     println!(
-        "\n{:?}, seed {}, {} run{}:\n",
+        "\n{:?}{}, seed {}, {} run{}:\n",
         options.broker,
+        if options.wal { " (WAL mode)" } else { "" },
         options.seed,
         if options.short { "short" } else { "full" },
         if reports.len() == 1 { "" } else { "s" }
@@ -462,7 +469,13 @@ async fn write(run: &Run, key: &str, n: i32, pad: usize, hold: Duration) -> uuid
     }
 }
 
-async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Result<Report, String> {
+async fn run_one(
+    env: &mut Env,
+    fault: &str,
+    rng: &mut Rng,
+    short: bool,
+    wal: bool,
+) -> Result<Report, String> {
     let started = Instant::now();
     let id = uuid::Uuid::now_v7().simple().to_string();
     let schema = format!("chaos_{}_{}", fault.replace('-', "_"), &id[20..]);
@@ -479,7 +492,16 @@ async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Resu
     let writer_pool = procs::pool(&env.database_url, &schema, "chaos-writer", 8)
         .await
         .map_err(|e| e.to_string())?;
-    let outbox = Outbox::<Postgres>::new(rig.clone());
+    // WAL mode: the slot is named after the schema (both unique to the run).
+    let slot = wal.then(|| schema.clone());
+    let in_mode = |pool: PgPool| match &slot {
+        Some(slot) => Outbox::<Postgres>::builder(pool)
+            .wal_slot(slot)
+            .build()
+            .map_err(|e| e.to_string()),
+        None => Ok(Outbox::<Postgres>::new(pool)),
+    };
+    let outbox = in_mode(rig.clone())?;
     outbox.migrate().await.map_err(|e| e.to_string())?;
     for ddl in [
         "CREATE TABLE chaos_written (key text, n int, PRIMARY KEY (key, n))",
@@ -514,7 +536,7 @@ async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Resu
     std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
     let proc = |what: &str, name: &str| Proc {
         name: name.to_owned(),
-        args: vec![
+        args: [
             what.to_owned(),
             kind.to_owned(),
             env.database_url.clone(),
@@ -522,7 +544,10 @@ async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Resu
             broker.clone(),
             relay_destination.clone(),
             name.to_owned(),
-        ],
+        ]
+        .into_iter()
+        .chain(slot.clone().filter(|_| what == "relay"))
+        .collect(),
         child: None,
         held: false,
         log: logs.join(format!("{name}.log")),
@@ -541,7 +566,7 @@ async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Resu
         supervisor: Arc::clone(&supervisor),
         poison: Mutex::new(Vec::new()),
         broker_lost: Mutex::new(HashSet::new()),
-        writer: Outbox::new(writer_pool),
+        writer: in_mode(writer_pool)?,
     });
     let done = Arc::new(AtomicBool::new(false));
     let supervising = {
@@ -668,6 +693,26 @@ async fn run_one(env: &mut Env, fault: &str, rng: &mut Rng, short: bool) -> Resu
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .stop_all();
+    if slot.is_some() {
+        // A slot left behind would keep WAL on this server forever.
+        let admin = Admin::new(run.outbox.clone());
+        let dropped = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match admin.drop_slot().await {
+                    Ok(_) => return Ok(()),
+                    // Its relay's connection may still be closing.
+                    Err(e) if e.to_string().contains("streams from") => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        })
+        .await;
+        if let Ok(Err(e)) | Err(e) = dropped.map_err(|_| "timed out".to_owned()) {
+            eprintln!("chaos: could not drop replication slot {schema}: {e}");
+        }
+    }
     let duplicates: i64 =
         sqlx::query_scalar("SELECT coalesce(sum(duplicates), 0)::bigint FROM chaos_stats")
             .fetch_one(&rig)

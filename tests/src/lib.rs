@@ -10,6 +10,7 @@ pub mod logs;
 pub mod nats;
 pub mod order;
 pub mod proxy;
+pub mod wal;
 
 use std::str::FromStr;
 

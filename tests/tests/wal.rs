@@ -13,76 +13,18 @@ use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Slots are server-wide, and one left behind keeps WAL forever: each test's slot is
-/// named after this process, and slots of processes that no longer run are dropped.
-fn slot_name() -> String {
-    format!(
-        "owt_{}_{}",
-        std::process::id(),
-        &Uuid::now_v7().simple().to_string()[20..]
-    )
-}
-
-async fn drop_stale_slots(db: &TestDb) {
-    let slots: Vec<String> = sqlx::query_scalar(
-        "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name LIKE 'owt\\_%' AND NOT active",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .expect("list slots");
-    for slot in slots {
-        let pid = slot.split('_').nth(1).unwrap_or("");
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&slot)
-            .execute(&db.pool)
-            .await;
-        let _ = sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-            .execute(&db.pool)
-            .await;
-    }
-}
-
 /// A migrated WAL-mode outbox in a fresh schema, with a slot of its own.
 async fn wal_outbox() -> (TestDb, Outbox, String) {
     wal_outbox_in(TestDb::new().await).await
 }
 
 async fn wal_outbox_in(db: TestDb) -> (TestDb, Outbox, String) {
-    drop_stale_slots(&db).await;
-    let slot = slot_name();
-    let outbox = Outbox::builder(db.pool.clone())
-        .wal_slot(&slot)
-        .build()
-        .expect("build");
-    outbox.migrate().await.expect("migrate creates the slot");
+    let (outbox, slot) = outbox_tests::wal::outbox_in(&db).await;
     (db, outbox, slot)
 }
 
 async fn cleanup(db: TestDb, slot: &str) {
-    wait_until("the slot is released", WAIT, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT NOT active FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .fetch_optional(&db.pool)
-        .await
-        .expect("slot state")
-        .unwrap_or(true)
-    })
-    .await;
-    sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(slot)
-        .execute(&db.pool)
-        .await
-        .expect("drop the slot");
-    sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-        .execute(&db.pool)
-        .await
-        .expect("drop the publication");
-    db.cleanup().await;
+    outbox_tests::wal::cleanup(db, slot).await;
 }
 
 fn message(key: &str, n: usize) -> OutboxMessage {
