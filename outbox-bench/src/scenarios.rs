@@ -381,6 +381,32 @@ pub async fn scale_out(args: &Args, report: &mut Report) -> Result<(), BoxError>
 /// commit returned → message received by the consumer (an upper bound of commit → ack).
 pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let mut db = BenchDb::new(args).await?;
+    let outbox = db.outbox.clone();
+    measure_latency(
+        args,
+        report,
+        &outbox,
+        &mut db.destination,
+        ("latency", ""),
+        args.latency_rate,
+    )
+    .await?;
+    db.drop().await?;
+    Ok(())
+}
+
+/// Commit -> broker acknowledgement (or the in-memory publisher) at `rate` tx/s of one
+/// event each from 4 writers through `outbox`, for `--latency-seconds`, reported in
+/// `group` with names prefixed by `prefix`. Returns the p99 in ms (of the broker's
+/// acknowledgement when there is a broker) and the write rate achieved (tx/s).
+pub(crate) async fn measure_latency(
+    args: &Args,
+    report: &mut Report,
+    outbox: &outbox_core::Outbox,
+    destination: &mut String,
+    (group, prefix): (&str, &str),
+    rate: u64,
+) -> Result<(f64, f64), BoxError> {
     // With `--broker memory` the in-memory publisher stands in for the broker: what is
     // left is the relay's own share of the latency.
     // Through a broker, the acknowledgement times are recorded too: commit -> broker
@@ -388,18 +414,14 @@ pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let mut acks = None;
     let (mut arrivals, relay, sink) = match &args.broker {
         Some(brokers) => {
-            db.destination = kafka::create_topic(brokers).await?;
-            let arrivals = kafka::Arrivals::start(brokers, &db.destination).await?;
-            let publisher = kafka::publisher(brokers, &db.destination).await?;
+            *destination = kafka::create_topic(brokers).await?;
+            let arrivals = kafka::Arrivals::start(brokers, destination).await?;
+            let publisher = kafka::publisher(brokers, destination).await?;
             let (tx, acked) = kafka::Arrivals::channel();
             acks = Some(acked);
             (
                 arrivals,
-                Relay::builder(
-                    db.outbox.clone(),
-                    crate::publisher::Acked::new(publisher, tx),
-                )
-                .spawn(),
+                Relay::builder(outbox.clone(), crate::publisher::Acked::new(publisher, tx)).spawn(),
                 "consumer",
             )
         }
@@ -408,12 +430,12 @@ pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
             let arrivals = kafka::Arrivals::from_memory(&publisher);
             (
                 arrivals,
-                Relay::builder(db.outbox.clone(), publisher).spawn(),
+                Relay::builder(outbox.clone(), publisher).spawn(),
                 "in-memory publisher",
             )
         }
     };
-    let total = args.latency_rate * args.latency_seconds;
+    let total = rate * args.latency_seconds;
     let writers = 4_u64;
     let payload = format!(
         r#"{{"filler":"{}"}}"#,
@@ -422,9 +444,8 @@ pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
-        let (outbox, destination, payload) =
-            (db.outbox.clone(), db.destination.clone(), payload.clone());
-        let (rate, keys) = (args.latency_rate, args.keys);
+        let (outbox, destination, payload) = (outbox.clone(), destination.clone(), payload.clone());
+        let keys = args.keys;
         tasks.push(tokio::spawn(async move {
             let mut committed = Vec::new();
             let mut i = w;
@@ -461,33 +482,41 @@ pub async fn latency(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         .into());
     }
     relay.shutdown().await;
-    report.add("latency", "write rate achieved", achieved, "tx/s");
-    if let Some(mut acks) = acks {
+    report.add(
+        group,
+        &format!("{prefix}write rate achieved (asked {rate})"),
+        achieved,
+        "tx/s",
+    );
+    let at = (group, prefix);
+    let p99 = if let Some(mut acks) = acks {
         // Every consumed message was acknowledged before: all acks are in the channel.
         acks.wait_for(committed.len(), Duration::from_secs(5)).await;
-        latencies(
+        let p99 = latencies(
             report,
+            at,
             &committed,
             &acks,
             "broker acknowledged",
             "ms (target < 25)",
         );
-        latencies(report, &committed, &arrivals, sink, "ms");
+        latencies(report, at, &committed, &arrivals, sink, "ms");
+        p99
     } else {
-        latencies(report, &committed, &arrivals, sink, "ms (target < 25)");
-    }
-    db.drop().await?;
-    Ok(())
+        latencies(report, at, &committed, &arrivals, sink, "ms (target < 25)")
+    };
+    Ok((p99, achieved))
 }
 
-/// p50, p99 and max of commit -> arrival, in ms.
+/// p50, p99 and max of commit -> arrival, in ms; returns the p99.
 fn latencies(
     report: &mut Report,
+    (group, prefix): (&str, &str),
     committed: &[(uuid::Uuid, Instant)],
     arrivals: &kafka::Arrivals,
     sink: &str,
     p99_unit: &str,
-) {
+) -> f64 {
     let mut ms: Vec<f64> = committed
         .iter()
         .filter_map(|(id, at)| {
@@ -498,13 +527,14 @@ fn latencies(
         })
         .collect();
     ms.sort_by(f64::total_cmp);
-    let name = |q: &str| format!("commit -> {sink}, {q}");
-    report.add("latency", &name("p50"), quantile(&ms, 0.5), "ms");
-    report.add("latency", &name("p99"), quantile(&ms, 0.99), p99_unit);
+    let name = |q: &str| format!("{prefix}commit -> {sink}, {q}");
+    report.add(group, &name("p50"), quantile(&ms, 0.5), "ms");
+    report.add(group, &name("p99"), quantile(&ms, 0.99), p99_unit);
     report.add(
-        "latency",
+        group,
         &name("max"),
         ms.last().copied().unwrap_or(f64::NAN),
         "ms",
     );
+    quantile(&ms, 0.99)
 }

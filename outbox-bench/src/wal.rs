@@ -228,7 +228,126 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         "ratio (target >= 1.5)",
     );
     write_cost(args, report, &db).await?;
+    commit_throughput(args, report, &db).await?;
+    wal_latency(args, report, &db).await?;
     db.drop(&[&raw_slot]).await?;
+    Ok(())
+}
+
+/// Commit -> broker acknowledgement in WAL mode at `--latency-rate` (1,000 tx/s), then
+/// at doubled rates while p99 stays within 100 ms and the writers keep up.
+async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
+    let mut destination = "bench.latency".to_owned();
+    let mut rate = args.latency_rate;
+    let mut best = None;
+    let steps = if args.smoke { 1 } else { 4 };
+    for step in 0..steps {
+        let prefix = format!("WAL mode at {rate} tx/s: ");
+        let (p99, achieved) = crate::scenarios::measure_latency(
+            args,
+            report,
+            &db.outbox,
+            &mut destination,
+            ("wal", &prefix),
+            rate,
+        )
+        .await?;
+        if p99 > 100.0 || achieved < 0.95 * rate as f64 {
+            break;
+        }
+        best = Some(rate);
+        if step + 1 < steps {
+            rate *= 2;
+        }
+    }
+    report.add(
+        "wal",
+        "WAL mode: highest rate tried with p99 <= 100 ms (writers keeping up)",
+        best.map_or(0.0, |r| r as f64),
+        "tx/s",
+    );
+    Ok(())
+}
+
+/// Commits/s and commit latency with 1, 8 and 32 concurrent writers, each committing a
+/// business UPDATE with one 1 KB event as fast as it can, in table mode (row + NOTIFY)
+/// and WAL mode, no relay running.
+async fn commit_throughput(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
+    let seconds = if args.smoke { 0.3 } else { 5.0 };
+    let pool = PgPoolOptions::new()
+        .max_connections(34)
+        .connect_with(
+            PgConnectOptions::from_str(&args.database_url)?
+                .options([("search_path", db.schema.as_str())]),
+        )
+        .await?;
+    let table = Outbox::new(pool.clone());
+    let wal = Outbox::builder(pool.clone()).wal_slot(&db.slot).build()?;
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let mut at_32 = [0.0; 2];
+    for writers in [1_usize, 8, 32] {
+        for (m, (mode, outbox)) in [("table", &table), ("WAL", &wal)].into_iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+            let tasks: Vec<_> = (0..writers)
+                .map(|w| {
+                    let (outbox, payload) = (outbox.clone(), payload.clone());
+                    tokio::spawn(async move {
+                        let mut ms = Vec::new();
+                        let mut i = w as i64;
+                        while Instant::now() < deadline {
+                            let started = Instant::now();
+                            let mut tx = outbox.begin().await?;
+                            sqlx::query("UPDATE orders SET n = n + 1 WHERE id = $1")
+                                .bind(i % 10_000)
+                                .execute(&mut *tx)
+                                .await?;
+                            tx.emit_message(
+                                OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
+                                    .with_key(format!("k{i}")),
+                            )?;
+                            tx.commit().await?;
+                            ms.push(started.elapsed().as_secs_f64() * 1000.0);
+                            i += 32;
+                        }
+                        Ok::<_, BoxError>(ms)
+                    })
+                })
+                .collect();
+            let mut ms = Vec::new();
+            for t in tasks {
+                ms.extend(t.await??);
+            }
+            ms.sort_by(f64::total_cmp);
+            let rate = ms.len() as f64 / seconds;
+            if writers == 32 {
+                at_32[m] = rate;
+            }
+            let name = format!("{mode} mode, {writers} writer(s)");
+            report.add("wal", &format!("{name}: commits/s"), rate, "tx/s");
+            report.add(
+                "wal",
+                &format!("{name}: commit p50"),
+                quantile(&ms, 0.5),
+                "ms",
+            );
+            report.add(
+                "wal",
+                &format!("{name}: commit p99"),
+                quantile(&ms, 0.99),
+                "ms",
+            );
+        }
+    }
+    report.add(
+        "wal",
+        "32 writers: WAL mode commits/s / table mode commits/s",
+        at_32[1] / at_32[0],
+        "ratio",
+    );
+    pool.close().await;
     Ok(())
 }
 

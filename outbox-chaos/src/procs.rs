@@ -90,6 +90,9 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
     };
     outbox_tests::init_tracing();
     let pool = pool_until_up(url, schema, name, 4).await;
+    // WAL mode leaves no `sent_at`: the rig learns what the broker acknowledged from
+    // `chaos_acked` (to tell the in-memory broker's loss from ours).
+    let acks = wal_slot.map(|_| pool.clone());
     let outbox: Outbox<Postgres> = match wal_slot {
         Some(slot) => Outbox::builder(pool)
             .wal_slot(slot)
@@ -122,6 +125,10 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
                     .build()
             })
             .await;
+            let publisher = Recorded {
+                inner: publisher,
+                acks,
+            };
             configure(Relay::builder(outbox, publisher), name)
                 .build()
                 .run(shutdown)
@@ -140,6 +147,10 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
                     .build()
             })
             .await;
+            let publisher = Recorded {
+                inner: publisher,
+                acks,
+            };
             configure(Relay::builder(outbox, publisher), name)
                 .build()
                 .run(shutdown)
@@ -148,6 +159,51 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
         other => return Err(format!("unknown broker {other:?}: kafka or nats")),
     }
     Ok(())
+}
+
+/// Records, in WAL mode, each event the broker acknowledged into `chaos_acked (key, n,
+/// at)` before the relay learns of it (so before the slot is confirmed past it).
+struct Recorded<P> {
+    inner: P,
+    acks: Option<PgPool>,
+}
+
+impl<P: Publisher> Publisher for Recorded<P> {
+    async fn publish(
+        &self,
+        batch: &[outbox_core::OutboxRecord],
+    ) -> Vec<Result<(), outbox_core::publisher::PublishError>> {
+        let results = self.inner.publish(batch).await;
+        if let Some(pool) = &self.acks {
+            let (keys, ns): (Vec<String>, Vec<i32>) = batch
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .filter_map(|(record, _)| {
+                    let tick: Tick = serde_json::from_str(&record.payload).ok()?;
+                    Some((tick.key, tick.n))
+                })
+                .unzip();
+            for _ in 0..50 {
+                let recorded = sqlx::query(
+                    "INSERT INTO chaos_acked (key, n, at) SELECT k, n, now() FROM unnest($1::text[], $2::int4[]) AS u(k, n)",
+                )
+                .bind(&keys)
+                .bind(&ns)
+                .execute(pool)
+                .await;
+                if recorded.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        results
+    }
+
+    fn max_publish_time(&self) -> Option<Duration> {
+        self.inner.max_publish_time()
+    }
 }
 
 /// Applies one event: the business effect of the consumer, in the inbox's transaction.

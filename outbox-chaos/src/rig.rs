@@ -507,6 +507,7 @@ async fn run_one(
         "CREATE TABLE chaos_written (key text, n int, PRIMARY KEY (key, n))",
         "CREATE TABLE chaos_consumed (pos bigserial PRIMARY KEY, id uuid NOT NULL, key text NOT NULL, n int NOT NULL)",
         "CREATE TABLE chaos_stats (consumer text, pid bigint, handled bigint, duplicates bigint, PRIMARY KEY (consumer, pid))",
+        "CREATE TABLE chaos_acked (key text NOT NULL, n int NOT NULL, at timestamptz NOT NULL)",
     ] {
         sqlx::query(ddl)
             .execute(&rig)
@@ -919,9 +920,11 @@ async fn single(
                 // In memory: the operator re-creates the topic. What it had acknowledged
                 // before it died is the broker's loss, unless it was consumed.
                 outbox_tests::kafka::create_topic(&env.broker_url(), &run.destination, 4).await;
+                // Marked sent in table mode; recorded by the relays in WAL mode.
                 let acked: Vec<Event> = sqlx::query_as(
                     "SELECT payload::json->>'key', (payload::json->>'n')::int FROM outbox \
-                     WHERE sent_at IS NOT NULL AND sent_at <= $1",
+                     WHERE sent_at IS NOT NULL AND sent_at <= $1 \
+                     UNION ALL SELECT key, n FROM chaos_acked WHERE at <= $1",
                 )
                 .bind(restarted)
                 .fetch_all(&run.rig)
