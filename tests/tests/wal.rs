@@ -824,3 +824,35 @@ async fn skip_key_lets_the_key_go_on_without_its_dead_letter() {
     relay.shutdown().await;
     cleanup(db, &slot).await;
 }
+
+/// Switching from table mode to WAL mode needs no drain: the WAL relay publishes the
+/// rows still pending in the table, and a key with rows there waits for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_from_table_mode_go_out_first_in_key_order() {
+    let (db, outbox, slot) = wal_outbox().await;
+    let table_mode = Outbox::new(db.pool.clone());
+    let mut tx = table_mode.begin().await.expect("begin");
+    for n in 0..3 {
+        tx.emit_message(message("a", n)).expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    emit_one(&outbox, message("a", 3)).await; // into the WAL
+    emit_one(&outbox, message("b", 0)).await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    wait_until("everything is published", WAIT, || async {
+        publisher.published_count() >= 5
+    })
+    .await;
+    assert_eq!(sent_of(&publisher.published(), "a"), [0, 1, 2, 3]);
+    wait_until("the table rows are marked sent", WAIT, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count")
+            == 0
+    })
+    .await;
+    relay.shutdown().await;
+    cleanup(db, &slot).await;
+}
