@@ -35,6 +35,11 @@ wait_port() { # name host port seconds
 }
 
 # ---------------------------------------------------------------- PostgreSQL
+# The newest cluster version installed (Debian's /etc/postgresql/<version>/main).
+pg_version() {
+  ls /etc/postgresql | sort -V | tail -n 1
+}
+
 ensure_postgres() {
   if port_open 127.0.0.1 5432; then
     log "PostgreSQL is up on 127.0.0.1:5432"
@@ -42,7 +47,7 @@ ensure_postgres() {
   fi
   command -v pg_ctlcluster >/dev/null || die "PostgreSQL is not listening on 127.0.0.1:5432 and pg_ctlcluster is not installed; install PostgreSQL (apt-get install postgresql) or start it yourself"
   local ver
-  ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  ver=$(pg_version)
   log "starting PostgreSQL $ver"
   pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
   wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not start listening on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/"
@@ -61,7 +66,7 @@ ensure_wal_level() {
   fi
   command -v pg_ctlcluster >/dev/null || die "PostgreSQL has wal_level = $level; WAL mode needs logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL"
   local ver
-  ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  ver=$(pg_version)
   log "PostgreSQL has wal_level = $level; setting logical and restarting PostgreSQL $ver"
   "${psql[@]}" -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
   pg_ctlcluster --skip-systemctl-redirect "$ver" main restart

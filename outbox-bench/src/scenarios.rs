@@ -237,67 +237,83 @@ async fn article(args: &Args) -> Result<f64, BoxError> {
 /// Scenario 3: Write overhead: a business transaction (one UPDATE) with 0, 1 and 10 events.
 pub async fn write_overhead(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let db = BenchDb::new(args).await?;
+    let mut timings = commit_timings(args, &[&db.outbox]).await?;
+    report_commit_timings(report, ("write", ""), &mut timings[0], "% (target <= 7)");
+    db.drop().await?;
+    Ok(())
+}
+
+/// Events per business commit in [`commit_timings`].
+const VARIANTS: [usize; 3] = [0, 1, 10];
+
+/// Creates `orders` (10,000 rows) in the first outbox's schema and times commits of one
+/// UPDATE with 0, 1 and 10 events of `--payload` bytes through each outbox, interleaved
+/// so that machine noise hits every variant alike. Returns, per outbox and variant, the
+/// timings in ms.
+pub(crate) async fn commit_timings(
+    args: &Args,
+    outboxes: &[&outbox_core::Outbox],
+) -> Result<Vec<Vec<Vec<f64>>>, BoxError> {
+    let pool = outboxes[0].pool();
     sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0)")
-        .execute(db.outbox.pool())
+        .execute(pool)
         .await?;
     sqlx::query("INSERT INTO orders SELECT g, 'new' FROM generate_series(0, 9999) g")
-        .execute(db.outbox.pool())
+        .execute(pool)
         .await?;
-    let variants = [0_usize, 1, 10];
-    let mut timings: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut timings = vec![vec![Vec::new(); VARIANTS.len()]; outboxes.len()];
     let payload = format!(
         r#"{{"filler":"{}"}}"#,
         "x".repeat(args.payload.saturating_sub(14))
     );
     let warmup = 20;
     for i in 0..args.write_iterations + warmup {
-        // Interleaved, so machine noise hits every variant alike.
-        for (v, &events) in variants.iter().enumerate() {
-            let started = Instant::now();
-            let mut tx = db.outbox.begin().await?;
-            sqlx::query("UPDATE orders SET n = n + 1, status = 'confirmed' WHERE id = $1")
-                .bind(i64::try_from(i % 10_000)?)
-                .execute(&mut *tx)
-                .await?;
-            for e in 0..events {
-                tx.emit_message(
-                    OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
-                        .with_key(format!("{i}-{e}")),
-                )?;
-            }
-            tx.commit().await?;
-            if i >= warmup {
-                timings[v].push(started.elapsed().as_secs_f64() * 1000.0);
+        for (m, outbox) in outboxes.iter().enumerate() {
+            for (v, &events) in VARIANTS.iter().enumerate() {
+                let started = Instant::now();
+                let mut tx = outbox.begin().await?;
+                sqlx::query("UPDATE orders SET n = n + 1, status = 'confirmed' WHERE id = $1")
+                    .bind(i64::try_from(i % 10_000)?)
+                    .execute(&mut *tx)
+                    .await?;
+                for e in 0..events {
+                    tx.emit_message(
+                        OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
+                            .with_key(format!("{i}-{e}")),
+                    )?;
+                }
+                tx.commit().await?;
+                if i >= warmup {
+                    timings[m][v].push(started.elapsed().as_secs_f64() * 1000.0);
+                }
             }
         }
     }
+    Ok(timings)
+}
+
+/// Reports p50 and p99 of each variant of [`commit_timings`] and one event's overhead at
+/// p50 (with `overhead_unit`, which may carry the target).
+pub(crate) fn report_commit_timings(
+    report: &mut Report,
+    (group, prefix): (&str, &str),
+    timings: &mut [Vec<f64>],
+    overhead_unit: &str,
+) {
     let mut p50s = Vec::new();
-    for (v, &events) in variants.iter().enumerate() {
-        let t = &mut timings[v];
+    for (t, events) in timings.iter_mut().zip(VARIANTS) {
         t.sort_by(f64::total_cmp);
-        let (p50, p99) = (quantile(t, 0.5), quantile(t, 0.99));
-        p50s.push(p50);
-        report.add(
-            "write",
-            &format!("commit with {events} event(s), p50"),
-            p50,
-            "ms",
-        );
-        report.add(
-            "write",
-            &format!("commit with {events} event(s), p99"),
-            p99,
-            "ms",
-        );
+        p50s.push(quantile(t, 0.5));
+        let name = |q: &str| format!("{prefix}commit with {events} event(s), {q}");
+        report.add(group, &name("p50"), quantile(t, 0.5), "ms");
+        report.add(group, &name("p99"), quantile(t, 0.99), "ms");
     }
     report.add(
-        "write",
-        "one event's overhead at p50",
+        group,
+        &format!("{prefix}one event's overhead at p50"),
         (p50s[1] / p50s[0] - 1.0) * 100.0,
-        "% (target <= 7)",
+        overhead_unit,
     );
-    db.drop().await?;
-    Ok(())
 }
 
 /// Scenario 4: Idle cost: statements an idle relay sends per minute.

@@ -125,6 +125,15 @@ impl BenchDb {
     }
 
     pub async fn with_pool_size(args: &Args, size: u32) -> Result<BenchDb, BoxError> {
+        Self::create(args, size, |pool| Ok(Outbox::new(pool))).await
+    }
+
+    /// A fresh schema whose pool (`size` connections) `build` makes the outbox of, migrated.
+    pub async fn create(
+        args: &Args,
+        size: u32,
+        build: impl FnOnce(sqlx::PgPool) -> outbox_core::Result<Outbox>,
+    ) -> Result<BenchDb, BoxError> {
         let schema = format!("outbox_bench_{}", uuid::Uuid::now_v7().simple());
         let base = PgConnectOptions::from_str(&args.database_url)?;
         let mut admin = sqlx::PgConnection::connect_with(&base).await?;
@@ -135,7 +144,7 @@ impl BenchDb {
             .max_connections(size)
             .connect_with(base.options([("search_path", schema.as_str())]))
             .await?;
-        let outbox = Outbox::new(pool);
+        let outbox = build(pool)?;
         outbox.migrate().await?;
         Ok(BenchDb {
             outbox,
@@ -178,6 +187,11 @@ impl BenchDb {
             .execute(self.outbox.pool())
             .await?;
         Ok(())
+    }
+
+    /// The schema's name.
+    pub fn schema(&self) -> &str {
+        &self.schema
     }
 
     pub async fn drop(self) -> Result<(), BoxError> {

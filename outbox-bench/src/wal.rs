@@ -12,8 +12,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::Relay;
+use outbox_core::sqlx;
 use outbox_core::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use outbox_core::sqlx::{self, Connection};
 use outbox_core::{Outbox, OutboxMessage};
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 
@@ -21,46 +21,34 @@ use crate::BoxError;
 use crate::kafka;
 use crate::publisher::CountingPublisher;
 use crate::report::Report;
-use crate::setup::{Args, quantile};
+use crate::setup::{Args, BenchDb, quantile};
 
 /// Events per filling transaction.
 const PER_COMMIT: u64 = 100;
 
 /// A schema of its own with a WAL-mode outbox and its slot (`bench_<random>`).
 struct WalDb {
+    db: BenchDb,
     outbox: Outbox,
     slot: String,
-    schema: String,
-    url: String,
 }
 
 impl WalDb {
     async fn new(args: &Args) -> Result<WalDb, BoxError> {
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let schema = format!("outbox_bench_{id}");
-        let slot = format!("bench_{}", &id[16..]);
-        let base = PgConnectOptions::from_str(&args.database_url)?;
-        let mut admin = sqlx::PgConnection::connect_with(&base).await?;
-        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-            .execute(&mut admin)
-            .await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(base.options([("search_path", schema.as_str())]))
-            .await?;
-        let outbox = Outbox::builder(pool).wal_slot(&slot).build()?;
-        outbox.migrate().await?;
+        let slot = format!("bench_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
+        let db = BenchDb::create(args, 8, |pool| {
+            Outbox::builder(pool).wal_slot(&slot).build()
+        })
+        .await?;
         Ok(WalDb {
-            outbox,
+            outbox: db.outbox.clone(),
+            db,
             slot,
-            schema,
-            url: args.database_url.clone(),
         })
     }
 
     async fn drop(self, extra_slots: &[&str]) -> Result<(), BoxError> {
-        self.outbox.pool().close().await;
-        let mut admin = sqlx::PgConnection::connect(&self.url).await?;
+        let pool = self.outbox.pool().clone();
         for slot in std::iter::once(self.slot.as_str()).chain(extra_slots.iter().copied()) {
             // The relay may still be letting go of it.
             for _ in 0..100 {
@@ -69,7 +57,7 @@ impl WalDb {
                      WHERE slot_name = $1 AND NOT active",
                 )
                 .bind(slot)
-                .execute(&mut admin)
+                .execute(&pool)
                 .await?;
                 if dropped.rows_affected() > 0 {
                     break;
@@ -78,12 +66,9 @@ impl WalDb {
             }
         }
         sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{}\"", self.slot))
-            .execute(&mut admin)
+            .execute(&pool)
             .await?;
-        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
-            .execute(&mut admin)
-            .await?;
-        Ok(())
+        self.db.drop().await
     }
 
     /// `events` messages of this outbox's envelope in the WAL, keys `k0..k{keys}` round
@@ -290,7 +275,7 @@ async fn commit_throughput(args: &Args, report: &mut Report, db: &WalDb) -> Resu
         .max_connections(34)
         .connect_with(
             PgConnectOptions::from_str(&args.database_url)?
-                .options([("search_path", db.schema.as_str())]),
+                .options([("search_path", db.db.schema())]),
         )
         .await?;
     let table = Outbox::new(pool.clone());
@@ -365,73 +350,14 @@ async fn commit_throughput(args: &Args, report: &mut Report, db: &WalDb) -> Resu
 
 /// Commits of one UPDATE with 0, 1 and 10 events, table and WAL mode interleaved.
 async fn write_cost(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
-    let pool = db.outbox.pool();
-    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
-        .execute(pool)
-        .await?;
-    sqlx::query("INSERT INTO orders SELECT g FROM generate_series(0, 9999) g")
-        .execute(pool)
-        .await?;
-    let table = Outbox::new(pool.clone()); // same schema, table mode
-    let modes = [("table", &table), ("WAL", &db.outbox)];
-    let variants = [0_usize, 1, 10];
-    let mut timings = vec![vec![Vec::new(); variants.len()]; modes.len()];
-    let payload = format!(
-        r#"{{"filler":"{}"}}"#,
-        "x".repeat(args.payload.saturating_sub(14))
+    let table = Outbox::new(db.outbox.pool().clone()); // same schema, table mode
+    let mut timings = crate::scenarios::commit_timings(args, &[&table, &db.outbox]).await?;
+    crate::scenarios::report_commit_timings(report, ("wal", "table mode: "), &mut timings[0], "%");
+    crate::scenarios::report_commit_timings(
+        report,
+        ("wal", "WAL mode: "),
+        &mut timings[1],
+        "% (target <= 10)",
     );
-    let warmup = 20;
-    for i in 0..args.write_iterations + warmup {
-        for (m, (_, outbox)) in modes.iter().enumerate() {
-            for (v, &events) in variants.iter().enumerate() {
-                let started = Instant::now();
-                let mut tx = outbox.begin().await?;
-                sqlx::query("UPDATE orders SET n = n + 1 WHERE id = $1")
-                    .bind(i64::try_from(i % 10_000)?)
-                    .execute(&mut *tx)
-                    .await?;
-                for e in 0..events {
-                    tx.emit_message(
-                        OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
-                            .with_key(format!("{i}-{e}")),
-                    )?;
-                }
-                tx.commit().await?;
-                if i >= warmup {
-                    timings[m][v].push(started.elapsed().as_secs_f64() * 1000.0);
-                }
-            }
-        }
-    }
-    for (m, (mode, _)) in modes.iter().enumerate() {
-        let mut p50s = Vec::new();
-        for (v, &events) in variants.iter().enumerate() {
-            let t = &mut timings[m][v];
-            t.sort_by(f64::total_cmp);
-            p50s.push(quantile(t, 0.5));
-            report.add(
-                "wal",
-                &format!("{mode} mode: commit with {events} event(s), p50"),
-                quantile(t, 0.5),
-                "ms",
-            );
-            report.add(
-                "wal",
-                &format!("{mode} mode: commit with {events} event(s), p99"),
-                quantile(t, 0.99),
-                "ms",
-            );
-        }
-        report.add(
-            "wal",
-            &format!("{mode} mode: one event's overhead at p50"),
-            (p50s[1] / p50s[0] - 1.0) * 100.0,
-            if *mode == "WAL" {
-                "% (target <= 10)"
-            } else {
-                "%"
-            },
-        );
-    }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod kafka;
 pub mod logs;
 pub mod nats;
 pub mod order;
+pub mod process;
 pub mod proxy;
 pub mod wal;
 

@@ -5,13 +5,14 @@
 //! PostgreSQL (the partitions).
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_core::admin::Admin;
 use outbox_core::sqlx::{self, MySql};
 use outbox_core::{Backend, Outbox, OutboxMessage};
 use outbox_tests::backends::{TestBackend, mysql_url};
+use outbox_tests::process::Process;
 use outbox_tests::{TestDb, database_url, wait_until};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -19,35 +20,18 @@ const WAIT: Duration = Duration::from_secs(90);
 /// and take over (a poll, a rebalance): the documented bound.
 const BOUND: Duration = Duration::from_secs(10 + 10);
 
-/// A relay process, killed (and continued first, if stopped) when dropped.
-struct RelayProcess(Child);
+/// A relay in a process of its own (`src/bin/relay_process.rs`), continued and killed
+/// when dropped.
+struct RelayProcess;
 
 impl RelayProcess {
-    fn start(db: &str, url: &str, name: &str, schema: Option<&str>) -> RelayProcess {
+    fn start(db: &str, url: &str, name: &str, schema: Option<&str>) -> Process {
         let mut command = Command::new(env!("CARGO_BIN_EXE_relay_process"));
         command.args([db, url, name]).stdin(Stdio::null());
         if let Some(schema) = schema {
             command.env("OUTBOX_TEST_SCHEMA", schema);
         }
-        RelayProcess(command.spawn().expect("start a relay process"))
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.0.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal}");
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        Process::start(&mut command)
     }
 }
 

@@ -315,34 +315,17 @@ async fn write_rounds(written: &mut [Vec<Uuid>], outbox: &Outbox, rounds: usize)
 }
 
 /// A relay in a process of its own (`src/bin/relay_process.rs`), killed when dropped.
-struct RelayProcess(std::process::Child);
+struct RelayProcess;
 
 impl RelayProcess {
-    fn start(db: &TestDb, slot: &str, name: &str) -> RelayProcess {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
-            .args(["postgres", &outbox_tests::database_url(), name])
-            .env("OUTBOX_TEST_SCHEMA", &db.schema)
-            .env("OUTBOX_TEST_WAL_SLOT", slot)
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("start a relay process");
-        RelayProcess(child)
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .args([signal, &self.0.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal}");
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        self.signal("-CONT");
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    fn start(db: &TestDb, slot: &str, name: &str) -> outbox_tests::process::Process {
+        outbox_tests::process::Process::start(
+            std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
+                .args(["postgres", &outbox_tests::database_url(), name])
+                .env("OUTBOX_TEST_SCHEMA", &db.schema)
+                .env("OUTBOX_TEST_WAL_SLOT", slot)
+                .stdin(std::process::Stdio::null()),
+        )
     }
 }
 
