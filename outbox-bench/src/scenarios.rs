@@ -51,8 +51,12 @@ pub(crate) async fn relay_drain(
     let started = Instant::now();
     for i in 0..relays {
         handles.push(match kafka_publishers.get(i) {
-            Some(p) => Relay::builder(db.outbox.clone(), p.clone()).spawn(),
-            None => Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn(),
+            Some(p) => sized(args, Relay::builder(db.outbox.clone(), p.clone())).spawn(),
+            None => sized(
+                args,
+                Relay::builder(db.outbox.clone(), CountingPublisher::default()),
+            )
+            .spawn(),
         });
     }
     let deadline = Instant::now() + DRAIN_TIMEOUT;
@@ -73,6 +77,17 @@ pub(crate) async fn relay_drain(
     }
     db.drop().await?;
     Ok((args.events as f64 / seconds, rss))
+}
+
+/// `builder` with `--batch-size`, if given.
+pub(crate) fn sized<P: outbox_core::publisher::Publisher>(
+    args: &Args,
+    builder: outbox_core::relay::RelayBuilder<P>,
+) -> outbox_core::relay::RelayBuilder<P> {
+    match args.batch_size {
+        Some(n) => builder.batch_size(n),
+        None => builder,
+    }
 }
 
 /// Scenario 1: Drain throughput: our relay against the article's relay and the two ceilings.
@@ -451,6 +466,19 @@ pub(crate) async fn measure_latency(
             )
         }
     };
+    // Warm-up: one event through the whole path before the clock starts, so the relay's
+    // connect (and the consumer's first fetch) is not counted as the writers' latency.
+    let mut tx = outbox.begin().await?;
+    tx.emit_message(OutboxMessage::new("Latency", destination.as_str(), "{}"))?;
+    tx.commit().await?;
+    if !arrivals.wait_for(1, Duration::from_secs(60)).await {
+        return Err("the warm-up event did not arrive within 60 s".into());
+    }
+    arrivals.seen.clear();
+    if let Some(acks) = acks.as_mut() {
+        acks.wait_for(1, Duration::from_secs(5)).await;
+        acks.seen.clear();
+    }
     let total = rate * args.latency_seconds;
     let writers = 4_u64;
     let payload = format!(

@@ -24,6 +24,8 @@ pub struct Args {
     pub broker: Option<String>,
     pub latency_seconds: u64,
     pub latency_rate: u64,
+    /// The relays' `batch_size` in the drain scenarios (`None`: the relay's default).
+    pub batch_size: Option<usize>,
 }
 
 impl Args {
@@ -31,7 +33,7 @@ impl Args {
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -47,6 +49,7 @@ impl Args {
             broker: Some("127.0.0.1:9092".to_owned()),
             latency_seconds: 30,
             latency_rate: 1000,
+            batch_size: None,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         };
@@ -91,6 +94,13 @@ impl Args {
                 "--broker" => args.broker = (value != "memory").then(|| value.clone()),
                 "--latency-seconds" => args.latency_seconds = number()?.max(1),
                 "--latency-rate" => args.latency_rate = number()?.max(1),
+                "--batch-size" => {
+                    args.batch_size = Some(
+                        usize::try_from(number()?)
+                            .map_err(|e| e.to_string())?
+                            .max(1),
+                    )
+                }
                 other => return Err(format!("unknown option {other:?}")),
             }
         }

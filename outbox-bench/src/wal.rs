@@ -21,6 +21,7 @@ use crate::BoxError;
 use crate::kafka;
 use crate::publisher::CountingPublisher;
 use crate::report::Report;
+use crate::scenarios::sized;
 use crate::setup::{Args, BenchDb, quantile};
 
 /// Events per filling transaction.
@@ -100,8 +101,12 @@ impl WalDb {
     }
 }
 
-/// (b): reads `events` messages from `slot` and confirms each commit; events/s.
-async fn raw_decoding(args: &Args, slot: &str, publication: &str) -> Result<f64, BoxError> {
+/// A replication client on `slot`, as the raw ceilings read it.
+async fn raw_client(
+    args: &Args,
+    slot: &str,
+    publication: &str,
+) -> Result<ReplicationClient, BoxError> {
     let options = PgConnectOptions::from_str(&args.database_url)?;
     let config = ReplicationConfig::new(
         options.get_host(),
@@ -113,7 +118,12 @@ async fn raw_decoding(args: &Args, slot: &str, publication: &str) -> Result<f64,
     )
     .with_port(options.get_port())
     .with_buffer_size(8192);
-    let mut client = ReplicationClient::connect(config).await?;
+    Ok(ReplicationClient::connect(config).await?)
+}
+
+/// (b): reads `events` messages from `slot` and confirms each commit; events/s.
+async fn raw_decoding(args: &Args, slot: &str, publication: &str) -> Result<f64, BoxError> {
+    let mut client = raw_client(args, slot, publication).await?;
     let started = Instant::now();
     let mut seen = 0_u64;
     while seen < args.events {
@@ -171,12 +181,19 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
 
     let started = Instant::now();
     let relay = match &args.broker {
-        Some(brokers) => Relay::builder(
-            db.outbox.clone(),
-            kafka::publisher(brokers, &destination).await?,
+        Some(brokers) => sized(
+            args,
+            Relay::builder(
+                db.outbox.clone(),
+                kafka::publisher(brokers, &destination).await?,
+            ),
         )
         .spawn(),
-        None => Relay::builder(db.outbox.clone(), CountingPublisher::default()).spawn(),
+        None => sized(
+            args,
+            Relay::builder(db.outbox.clone(), CountingPublisher::default()),
+        )
+        .spawn(),
     };
     let deadline = started + Duration::from_secs(900);
     while relay.stats().published < args.events {
@@ -186,7 +203,14 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let wal_relay = args.events as f64 / started.elapsed().as_secs_f64();
+    let stats = relay.stats();
     relay.shutdown().await;
+    report.add(
+        "wal",
+        "(a) WAL relay: messages per publish call",
+        stats.published as f64 / stats.batches.max(1) as f64,
+        "messages",
+    );
     report.add(
         "wal",
         &format!("(a) WAL relay, defaults -> {sink}"),
@@ -222,6 +246,7 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
 /// Commit -> broker acknowledgement in WAL mode at `--latency-rate` (1,000 tx/s), then
 /// at doubled rates while p99 stays within 100 ms and the writers keep up.
 async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
+    raw_latency(args, report, db).await?;
     // The write scenarios above left their events in the slot, and their table-mode
     // rows in the outbox table (which the WAL relay would publish first): skip both.
     sqlx::query("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())")
@@ -263,6 +288,110 @@ async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
         best.map_or(0.0, |r| r as f64),
         "tx/s",
     );
+    Ok(())
+}
+
+/// The latency ceiling: commit -> message received by a bare replication client (a
+/// slot of its own, no relay, no broker) at `--latency-rate` from 4 writers.
+async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
+    use std::collections::HashMap;
+    let slot = format!("{}_lat", db.slot);
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&slot)
+        .execute(db.outbox.pool())
+        .await?;
+    let mut client = raw_client(args, &slot, &db.slot).await?;
+    let total = args.latency_rate * args.latency_seconds;
+    let reader = tokio::spawn(async move {
+        let mut arrived: HashMap<uuid::Uuid, Instant> = HashMap::new();
+        while (arrived.len() as u64) < total {
+            match client.recv().await? {
+                Some(ReplicationEvent::Message { content, .. }) => {
+                    #[derive(serde::Deserialize)]
+                    struct Id {
+                        id: uuid::Uuid,
+                    }
+                    let id: Id = serde_json::from_slice(&content)?;
+                    arrived.insert(id.id, Instant::now());
+                }
+                Some(ReplicationEvent::Commit { end_lsn, .. }) => {
+                    client.update_applied_lsn(end_lsn);
+                }
+                Some(_) => {}
+                None => return Err::<_, BoxError>("the replication stream ended".into()),
+            }
+        }
+        client.shutdown().await?;
+        Ok(arrived)
+    });
+    let started = tokio::time::Instant::now();
+    let writers = 4_u64;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (outbox, rate) = (db.outbox.clone(), args.latency_rate);
+        let payload = format!(
+            r#"{{"filler":"{}"}}"#,
+            "x".repeat(args.payload.saturating_sub(14))
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            let mut i = w;
+            while i < total {
+                tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
+                    .await;
+                let mut tx = outbox.begin().await?;
+                let id = tx.emit_message(OutboxMessage::new("Latency", "raw", payload.clone()))?;
+                tx.commit().await?;
+                committed.push((id, Instant::now()));
+                i += writers;
+            }
+            Ok::<_, BoxError>(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await??);
+    }
+    let arrived = tokio::time::timeout(Duration::from_secs(60), reader).await???;
+    let mut ms: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| {
+            arrived
+                .get(id)
+                .map(|r| r.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let prefix = format!(
+        "raw decoding at {} tx/s: commit -> received",
+        args.latency_rate
+    );
+    report.add("wal", &format!("{prefix}, p50"), quantile(&ms, 0.5), "ms");
+    report.add(
+        "wal",
+        &format!("{prefix}, p99"),
+        quantile(&ms, 0.99),
+        "ms (ceiling)",
+    );
+    report.add(
+        "wal",
+        &format!("{prefix}, max"),
+        ms.last().copied().unwrap_or(f64::NAN),
+        "ms",
+    );
+    for _ in 0..100 {
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND NOT active",
+        )
+        .bind(&slot)
+        .execute(db.outbox.pool())
+        .await?;
+        if dropped.rows_affected() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 

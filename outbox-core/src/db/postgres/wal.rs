@@ -782,7 +782,9 @@ impl<'a> WalSession<'a> {
             let Some(client) = self.client.as_mut() else {
                 return Ok(());
             };
-            match client.recv().now_or_never() {
+            // Unconstrained: tokio's cooperative budget would make `recv` report
+            // "pending" after 128 ready messages in one poll, and cap a batch at that.
+            match tokio::task::unconstrained(client.recv()).now_or_never() {
                 None => return Ok(()),
                 Some(Ok(Some(event))) => {
                     taken += usize::from(matches!(event, ReplicationEvent::Message { .. }));
