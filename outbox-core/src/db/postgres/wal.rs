@@ -126,20 +126,25 @@ pub(crate) fn commit_sql(wal: &Wal, messages: &[OutboxMessage]) -> Result<String
     sql.push_str(&tag);
     sql.push_str(&wal.prefix);
     sql.push_str(&tag);
-    sql.push_str(&format!(
-        ", m) FROM (SELECT {} AS utf8) AS g, (VALUES ",
-        super::UTF8_GUARD
-    ));
-    for (i, m) in messages.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
+    sql.push_str(", ");
+    if let [m] = messages {
+        // One event (the common case): no row source to plan.
         super::literal(&mut sql, &envelope(m, now)?, m)?;
         sql.push(')');
+    } else {
+        sql.push_str("m) FROM (VALUES ");
+        for (i, m) in messages.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('(');
+            super::literal(&mut sql, &envelope(m, now)?, m)?;
+            sql.push(')');
+        }
+        sql.push_str(") AS v(m)");
     }
-    // The guard must be referenced: an unreferenced sub-select is never evaluated.
-    sql.push_str(") AS v(m) WHERE g.utf8 = 0");
+    // The guard is a one-time filter: evaluated once, before any message is written.
+    sql.push_str(&format!(" WHERE {} = 0", super::UTF8_GUARD));
     Ok(sql)
 }
 
@@ -156,8 +161,7 @@ pub(crate) async fn emit(
         .map(|m| envelope(m, now))
         .collect::<Result<Vec<_>>>()?;
     sqlx::query(&format!(
-        "SELECT pg_logical_emit_message(true, $1, m) FROM (SELECT {} AS utf8) AS g, unnest($2::text[]) AS u(m) \
-         WHERE g.utf8 = 0",
+        "SELECT pg_logical_emit_message(true, $1, m) FROM unnest($2::text[]) AS u(m) WHERE {} = 0",
         super::UTF8_GUARD
     ))
     .bind(&wal.prefix)
