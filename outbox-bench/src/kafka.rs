@@ -74,6 +74,65 @@ fn producer_overrides() -> Result<Vec<(String, String)>, BoxError> {
         .collect()
 }
 
+/// The latency ceiling of the broker: one message of `payload` bytes at a time, at `rate`
+/// per second for `seconds`, produced straight with rdkafka (idempotent, `acks=all`,
+/// `linger.ms=1` as the relay's producer); returns the send -> acknowledgement times in
+/// ms, sorted.
+pub async fn raw_produce_latency(
+    brokers: &str,
+    topic: &str,
+    rate: u64,
+    seconds: u64,
+    payload: usize,
+) -> Result<Vec<f64>, BoxError> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "1")
+        .create()?;
+    let body = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(payload.saturating_sub(14))
+    );
+    // Warm-up: the producer's connection and id before the clock starts.
+    producer
+        .send_result(
+            FutureRecord::to(topic)
+                .key("warm-up")
+                .payload(body.as_str()),
+        )
+        .map_err(|(e, _)| e)?
+        .await?
+        .map_err(|(e, _)| e)?;
+    let started = tokio::time::Instant::now();
+    let mut waiting = Vec::new();
+    for i in 0..rate * seconds {
+        tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64)).await;
+        let key = format!("k{}", i % 1000);
+        let sent = Instant::now();
+        let delivery = producer
+            .send_result(
+                FutureRecord::to(topic)
+                    .key(key.as_str())
+                    .payload(body.as_str()),
+            )
+            .map_err(|(e, _)| e)?;
+        waiting.push(tokio::spawn(async move {
+            let acked = delivery.await;
+            (acked, sent.elapsed())
+        }));
+    }
+    let mut ms = Vec::with_capacity(waiting.len());
+    for w in waiting {
+        let (acked, took) = w.await?;
+        acked?.map_err(|(e, _)| e)?;
+        ms.push(took.as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms)
+}
+
 /// (c) The broker ceiling: the same messages produced straight from memory by an
 /// idempotent producer (`acks=all`), all in flight, then every ack awaited.
 pub async fn raw_produce(

@@ -247,6 +247,28 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
 /// at doubled rates while p99 stays within 100 ms and the writers keep up.
 async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
     raw_latency(args, report, db).await?;
+    if let Some(brokers) = &args.broker {
+        let topic = kafka::create_topic(brokers).await?;
+        let ms = kafka::raw_produce_latency(
+            brokers,
+            &topic,
+            args.latency_rate,
+            args.latency_seconds,
+            args.payload,
+        )
+        .await?;
+        let prefix = format!(
+            "raw rdkafka produce at {} msg/s: send -> acknowledged",
+            args.latency_rate
+        );
+        report.add("wal", &format!("{prefix}, p50"), quantile(&ms, 0.5), "ms");
+        report.add(
+            "wal",
+            &format!("{prefix}, p99"),
+            quantile(&ms, 0.99),
+            "ms (ceiling)",
+        );
+    }
     // The write scenarios above left their events in the slot, and their table-mode
     // rows in the outbox table (which the WAL relay would publish first): skip both.
     sqlx::query("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())")
