@@ -372,3 +372,61 @@ async fn failing_commit_rolls_back_and_is_converted() {
     assert_eq!(status(&db, 9).await, "new", "the change is not committed");
     db.cleanup().await;
 }
+
+/// WAL mode (`docs/wal.md`): the same macros, events through the WAL. `Ok` commits the
+/// change and its events; `Err` and a panic after a `flush` (the event already written
+/// into the WAL inside the transaction) leave nothing; a joined transaction commits its
+/// events together, in emit order. Whatever leaked would reach the relay before the last
+/// commit's event, in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_mode_events_reach_the_stream_iff_the_transaction_commits() {
+    use outbox_core::publisher::InMemoryPublisher;
+    use outbox_core::relay::Relay;
+    let db = TestDb::new().await;
+    let (outbox, slot) = outbox_tests::wal::outbox_in(&db).await;
+    orders_table(&db).await;
+    confirm_order(&outbox, 1).await.expect("confirmed");
+    assert!(matches!(
+        confirm_order(&outbox, 1).await,
+        Err(OrderError::NotNew(1))
+    ));
+    let panicked = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move { confirm_then_panic(&outbox, 4).await })
+    };
+    assert!(panicked.await.expect_err("panicked").is_panic());
+    assert_eq!(confirm_and_bill(&outbox, 5, 21).await.expect("billed"), 42);
+    confirm_order(&outbox, 4)
+        .await
+        .expect("works after the panic");
+
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    let wanted = [
+        ("OrderConfirmed", Some("1")),
+        ("OrderConfirmed", Some("5")),
+        ("InvoiceRequested", Some("5")),
+        ("Confirmed", None),
+        ("OrderConfirmed", Some("4")),
+    ];
+    assert!(
+        publisher
+            .wait_for(wanted.len(), std::time::Duration::from_secs(30))
+            .await,
+        "the committed events arrive"
+    );
+    let got: Vec<(String, Option<String>)> = publisher
+        .published()
+        .iter()
+        .map(|r| (r.event_type.clone(), r.partition_key.clone()))
+        .collect();
+    let want: Vec<(String, Option<String>)> = wanted
+        .iter()
+        .map(|(t, k)| ((*t).to_owned(), k.map(str::to_owned)))
+        .collect();
+    assert_eq!(got, want, "exactly the committed events, in commit order");
+    assert_eq!(status(&db, 4).await, "confirmed");
+    assert_eq!(db.count("outbox").await, 0, "WAL mode writes no outbox row");
+    relay.shutdown().await;
+    outbox_tests::wal::cleanup(db, &slot).await;
+}

@@ -48,8 +48,10 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     let mut claimed = current.len();
     let mut unrecorded: Option<Outcome> = None;
     while !current.is_empty() || unrecorded.is_some() {
-        let prefetch =
-            !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until;
+        let prefetch = store.claims_ahead()
+            && !current.is_empty()
+            && !*shutdown.borrow()
+            && Instant::now() < prefetch_until;
         let after = current.last().map(|r| r.seq);
         let span = tracing::info_span!(
             "outbox.relay.batch",

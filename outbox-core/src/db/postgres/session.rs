@@ -256,6 +256,9 @@ impl<T: Session, W: Session> Session for Either<T, W> {
     ) -> SessionResult<()> {
         both!(self, s => s.wait(shutdown, until).await)
     }
+    fn claims_ahead(&self) -> bool {
+        both!(self, s => s.claims_ahead())
+    }
     async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
         both!(self, s => s.retrying_keys().await)
     }
