@@ -48,7 +48,9 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     let mut claimed = current.len();
     let mut unrecorded: Option<Outcome> = None;
     while !current.is_empty() || unrecorded.is_some() {
-        let prefetch = store.claims_ahead()
+        // A full batch means a backlog: claiming ahead keeps the broker busy. Otherwise
+        // only sessions whose claims cost a round trip claim ahead (see `claims_ahead`).
+        let prefetch = (store.claims_ahead() || current.len() >= relay.config.batch_size)
             && !current.is_empty()
             && !*shutdown.borrow()
             && Instant::now() < prefetch_until;

@@ -123,9 +123,9 @@ pub trait Session: Send {
 
     /// Whether the loop claims the next batch while the current one is being published
     /// (it hides a claim's round trip to the database). A session whose claims cost
-    /// nothing says no: the next batch is then claimed once the current one is
-    /// acknowledged, and takes everything that arrived meanwhile instead of waiting
-    /// for one more publish call.
+    /// nothing says no: unless the current batch is full (a backlog), the next batch is
+    /// then claimed once the current one is acknowledged, and takes everything that
+    /// arrived meanwhile instead of waiting for one more publish call.
     fn claims_ahead(&self) -> bool {
         true
     }

@@ -355,12 +355,10 @@ async fn first_commit_age(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Result<Option
     let _ = tx.rollback().await;
     let data = match peeked {
         Ok(data) => data,
-        // Taken by a relay meanwhile (55006), or too slow (57014): unknown.
-        Err(e)
-            if e.as_database_error()
-                .and_then(|d| d.code())
-                .is_some_and(|c| c == "55006" || c == "57014") =>
-        {
+        // Taken by a relay meanwhile (55006), too slow (57014), a role without
+        // REPLICATION (42501)...: the age is unknown, the rest of the status stands.
+        Err(e) if e.as_database_error().is_some() => {
+            tracing::debug!(error = %e, "outbox status: cannot peek at the replication slot");
             return Ok(None);
         }
         Err(e) => return Err(e),
@@ -374,7 +372,10 @@ async fn first_commit_age(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Result<Option
         return Ok(None);
     };
     let epoch_2000 = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
-    let committed = epoch_2000 + chrono::Duration::microseconds(micros);
+    let Some(committed) = epoch_2000.checked_add_signed(chrono::Duration::microseconds(micros))
+    else {
+        return Ok(None);
+    };
     Ok(Some(
         (Utc::now() - committed).num_milliseconds().max(0) as f64 / 1000.0,
     ))
@@ -883,6 +884,13 @@ impl<'a> WalSession<'a> {
             }
             bytes += e.record.payload.len();
             batch.push(e.record.clone());
+            // A retry goes without the later messages of its key, as in table mode: if
+            // it failed again while they were accepted, they would overtake it.
+            if e.record.attempts > 0 {
+                if let Some(k) = key {
+                    held.insert(k);
+                }
+            }
         }
         batch
     }
@@ -953,7 +961,7 @@ impl<'a> WalSession<'a> {
             };
             self.buffer[i].sent = true; // settled: it stays in the table
             self.loaded.remove(&row);
-            if let Some(retry_at) = retry_at {
+            if attempts > 0 {
                 self.cx.count_queries(1);
                 sqlx::query(&format!(
                     "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
@@ -974,6 +982,40 @@ impl<'a> WalSession<'a> {
     /// between drains, when nothing is in flight.
     async fn spill(&mut self) -> SessionResult<()> {
         let now = Instant::now();
+        // Without a key, a waiting message holds nothing back: it goes alone (a row read
+        // from the table stays there, with its attempts and due time).
+        let mut keyless = 0;
+        let mut rows = Vec::new();
+        for e in self.buffer.iter_mut() {
+            if e.sent
+                || e.to_table
+                || e.record.partition_key.is_some()
+                || e.due.is_none_or(|d| d <= now)
+            {
+                continue;
+            }
+            keyless += 1;
+            match e.row {
+                None => e.to_table = true,
+                Some(row) => {
+                    e.sent = true;
+                    rows.push((row, e.record.attempts, wall(e.due)));
+                }
+            }
+        }
+        let t = self.cx.tables.outbox.quoted();
+        for (row, attempts, retry_at) in rows {
+            self.loaded.remove(&row);
+            self.cx.count_queries(1);
+            sqlx::query(&format!(
+                "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
+            ))
+            .bind(row)
+            .bind(attempts)
+            .bind(retry_at)
+            .execute(self.cx.pool)
+            .await?;
+        }
         let waiting: Vec<String> = self
             .buffer
             .iter()
@@ -982,11 +1024,12 @@ impl<'a> WalSession<'a> {
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        if waiting.is_empty() {
+        if waiting.is_empty() && keyless == 0 {
             return Ok(());
         }
         tracing::warn!(
             keys = waiting.len(),
+            keyless,
             buffered = self.buffer.len(),
             "outbox WAL relay: keys waiting for a retry are set aside into the outbox table \
              (the relay holds at most {} messages in memory)",
@@ -1036,7 +1079,8 @@ impl<'a> WalSession<'a> {
         self.parked = parked;
         let sql = format!(
             "SELECT {columns}, \
-                    GREATEST(EXTRACT(EPOCH FROM o.next_attempt_at - now()), 0)::float8 AS wait \
+                    (CASE WHEN o.next_attempt_at > now() + interval '1 day' THEN 86400 \
+                          ELSE GREATEST(EXTRACT(EPOCH FROM o.next_attempt_at - now()), 0) END)::float8 AS wait \
              FROM {t} o \
              WHERE o.sent_at IS NULL AND o.dead_at IS NULL {behind_dead} \
              ORDER BY o.seq LIMIT $1",
@@ -1064,9 +1108,10 @@ impl<'a> WalSession<'a> {
             self.buffer.push_back(Entry {
                 record,
                 sent: false,
+                // Capped at a day: an operator may well set `next_attempt_at` far ahead.
                 due: wait
                     .filter(|w| *w > 0.0)
-                    .map(|w| now + Duration::from_secs_f64(w)),
+                    .map(|w| now + Duration::from_secs_f64(w.min(86_400.0))),
                 row: Some(row),
                 to_table: false,
             });
@@ -1244,14 +1289,31 @@ impl Session for WalSession<'_> {
             e.sent = true; // settled: the table has it now
             let record = e.record.clone();
             let row = e.row;
+            let park_key = config.on_dead_letter == crate::config::OnDeadLetter::ParkKey;
+            if let (true, Some(key)) = (park_key, record.partition_key.as_deref()) {
+                // Earlier messages of its key still waiting (a retry failed in the same
+                // batch) go into the table first, so they stay ahead of it there.
+                let mut earlier = false;
+                for l in self.buffer.iter_mut() {
+                    if !l.sent
+                        && l.row.is_none()
+                        && l.record.seq < seq
+                        && l.record.partition_key.as_deref() == Some(key)
+                    {
+                        l.to_table = true;
+                        earlier = true;
+                    }
+                }
+                if earlier {
+                    self.park().await?;
+                }
+            }
             self.bury(&record, row, &outcome.failed_error[i]).await?;
             dead += 1;
             // The key's later messages wait behind it in the table, also rows read from
             // there (a released dead letter that died again); with `SkipKey` they go on.
-            if let Some(key) = &record.partition_key {
-                if config.on_dead_letter == crate::config::OnDeadLetter::ParkKey {
-                    self.shelve(key).await?;
-                }
+            if let (true, Some(key)) = (park_key, &record.partition_key) {
+                self.shelve(key).await?;
             }
         }
         self.park().await?;
