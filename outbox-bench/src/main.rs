@@ -33,7 +33,9 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&args).await {
+    let result = run(&args).await;
+    kafka::delete_created().await;
+    if let Err(e) = result {
         eprintln!("outbox-bench: {e}");
         std::process::exit(1);
     }

@@ -479,41 +479,9 @@ pub(crate) async fn measure_latency(
         acks.wait_for(1, Duration::from_secs(5)).await;
         acks.seen.clear();
     }
-    let total = rate * args.latency_seconds;
-    let writers = 4_u64;
-    let payload = format!(
-        r#"{{"filler":"{}"}}"#,
-        "x".repeat(args.payload.saturating_sub(14))
-    );
-    let started = tokio::time::Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let (outbox, destination, payload) = (outbox.clone(), destination.clone(), payload.clone());
-        let keys = args.keys;
-        tasks.push(tokio::spawn(async move {
-            let mut committed = Vec::new();
-            let mut i = w;
-            while i < total {
-                // Transaction i is due at i / rate seconds after the start.
-                tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
-                    .await;
-                let mut tx = outbox.begin().await?;
-                let id = tx.emit_message(
-                    OutboxMessage::new("Latency", destination.as_str(), payload.clone())
-                        .with_key(format!("k{}", i % keys)),
-                )?;
-                tx.commit().await?;
-                committed.push((id, Instant::now()));
-                i += writers;
-            }
-            Ok::<_, BoxError>(committed)
-        }));
-    }
-    let mut committed = Vec::new();
-    for t in tasks {
-        committed.extend(t.await??);
-    }
-    let achieved = committed.len() as f64 / started.elapsed().as_secs_f64();
+    let (committed, achieved) =
+        paced_writers(args, outbox, rate, destination.clone(), args.keys).await?;
+
     if !arrivals
         .wait_for(committed.len(), Duration::from_secs(120))
         .await
@@ -550,6 +518,52 @@ pub(crate) async fn measure_latency(
         latencies(report, at, &committed, &arrivals, sink, "ms (target < 25)")
     };
     Ok((p99, achieved))
+}
+
+/// 4 writers committing one event each (`--payload` bytes, keys `k0..k{keys}`) at `rate`
+/// tx/s for `--latency-seconds`: transaction i is due i / rate seconds after the start.
+/// Returns each event's id and when its commit returned, and the rate achieved.
+pub(crate) async fn paced_writers(
+    args: &Args,
+    outbox: &outbox_core::Outbox,
+    rate: u64,
+    destination: String,
+    keys: u64,
+) -> Result<(Vec<(uuid::Uuid, Instant)>, f64), BoxError> {
+    let total = rate * args.latency_seconds;
+    let writers = 4_u64;
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (outbox, destination, payload) = (outbox.clone(), destination.clone(), payload.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            let mut i = w;
+            while i < total {
+                tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
+                    .await;
+                let mut tx = outbox.begin().await?;
+                let id = tx.emit_message(
+                    OutboxMessage::new("Latency", destination.as_str(), payload.clone())
+                        .with_key(format!("k{}", i % keys.max(1))),
+                )?;
+                tx.commit().await?;
+                committed.push((id, Instant::now()));
+                i += writers;
+            }
+            Ok::<_, BoxError>(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await??);
+    }
+    let achieved = committed.len() as f64 / started.elapsed().as_secs_f64();
+    Ok((committed, achieved))
 }
 
 /// p50, p99 and max of commit -> arrival, in ms; returns the p99.

@@ -261,13 +261,7 @@ async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
             "raw rdkafka produce at {} msg/s: send -> acknowledged",
             args.latency_rate
         );
-        report.add("wal", &format!("{prefix}, p50"), quantile(&ms, 0.5), "ms");
-        report.add(
-            "wal",
-            &format!("{prefix}, p99"),
-            quantile(&ms, 0.99),
-            "ms (ceiling)",
-        );
+        report_ceiling(report, &prefix, &ms);
     }
     // The write scenarios above left their events in the slot, and their table-mode
     // rows in the outbox table (which the WAL relay would publish first): skip both.
@@ -313,6 +307,23 @@ async fn wal_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
     Ok(())
 }
 
+/// p50, p99 (the ceiling) and max of the sorted latencies `ms`.
+fn report_ceiling(report: &mut Report, prefix: &str, ms: &[f64]) {
+    report.add("wal", &format!("{prefix}, p50"), quantile(ms, 0.5), "ms");
+    report.add(
+        "wal",
+        &format!("{prefix}, p99"),
+        quantile(ms, 0.99),
+        "ms (ceiling)",
+    );
+    report.add(
+        "wal",
+        &format!("{prefix}, max"),
+        ms.last().copied().unwrap_or(f64::NAN),
+        "ms",
+    );
+}
+
 /// The latency ceiling: commit -> message received by a bare replication client (a
 /// slot of its own, no relay, no broker) at `--latency-rate` from 4 writers.
 async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
@@ -346,34 +357,14 @@ async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
         client.shutdown().await?;
         Ok(arrived)
     });
-    let started = tokio::time::Instant::now();
-    let writers = 4_u64;
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let (outbox, rate) = (db.outbox.clone(), args.latency_rate);
-        let payload = format!(
-            r#"{{"filler":"{}"}}"#,
-            "x".repeat(args.payload.saturating_sub(14))
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut committed = Vec::new();
-            let mut i = w;
-            while i < total {
-                tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
-                    .await;
-                let mut tx = outbox.begin().await?;
-                let id = tx.emit_message(OutboxMessage::new("Latency", "raw", payload.clone()))?;
-                tx.commit().await?;
-                committed.push((id, Instant::now()));
-                i += writers;
-            }
-            Ok::<_, BoxError>(committed)
-        }));
-    }
-    let mut committed = Vec::new();
-    for t in tasks {
-        committed.extend(t.await??);
-    }
+    let (committed, _) = crate::scenarios::paced_writers(
+        args,
+        &db.outbox,
+        args.latency_rate,
+        "raw".to_owned(),
+        args.keys,
+    )
+    .await?;
     let arrived = tokio::time::timeout(Duration::from_secs(60), reader).await???;
     let mut ms: Vec<f64> = committed
         .iter()
@@ -388,19 +379,7 @@ async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
         "raw decoding at {} tx/s: commit -> received",
         args.latency_rate
     );
-    report.add("wal", &format!("{prefix}, p50"), quantile(&ms, 0.5), "ms");
-    report.add(
-        "wal",
-        &format!("{prefix}, p99"),
-        quantile(&ms, 0.99),
-        "ms (ceiling)",
-    );
-    report.add(
-        "wal",
-        &format!("{prefix}, max"),
-        ms.last().copied().unwrap_or(f64::NAN),
-        "ms",
-    );
+    report_ceiling(report, &prefix, &ms);
     for _ in 0..100 {
         let dropped = sqlx::query(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \

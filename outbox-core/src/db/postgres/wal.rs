@@ -948,7 +948,6 @@ impl<'a> WalSession<'a> {
     /// there (the one waiting for a retry keeps its attempts and due time), and the key's
     /// later messages follow them until none is left.
     async fn shelve(&mut self, key: &str) -> SessionResult<()> {
-        let t = self.cx.tables.outbox.quoted();
         for i in 0..self.buffer.len() {
             let e = &self.buffer[i];
             if e.sent || e.record.partition_key.as_deref() != Some(key) {
@@ -960,20 +959,35 @@ impl<'a> WalSession<'a> {
                 continue;
             };
             self.buffer[i].sent = true; // settled: it stays in the table
-            self.loaded.remove(&row);
             if attempts > 0 {
-                self.cx.count_queries(1);
-                sqlx::query(&format!(
-                    "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
-                ))
-                .bind(row)
-                .bind(attempts)
-                .bind(retry_at)
-                .execute(self.cx.pool)
-                .await?;
+                self.keep_row(row, attempts, retry_at).await?;
+            } else {
+                self.loaded.remove(&row);
             }
         }
         self.parked.insert(key.to_owned());
+        Ok(())
+    }
+
+    /// Leaves the table row `row` (read from the table, no longer in memory) there, with
+    /// the attempts and the due time it had in memory.
+    async fn keep_row(
+        &mut self,
+        row: i64,
+        attempts: i32,
+        retry_at: Option<DateTime<Utc>>,
+    ) -> SessionResult<()> {
+        self.loaded.remove(&row);
+        let t = self.cx.tables.outbox.quoted();
+        self.cx.count_queries(1);
+        sqlx::query(&format!(
+            "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
+        ))
+        .bind(row)
+        .bind(attempts)
+        .bind(retry_at)
+        .execute(self.cx.pool)
+        .await?;
         Ok(())
     }
 
@@ -1003,18 +1017,8 @@ impl<'a> WalSession<'a> {
                 }
             }
         }
-        let t = self.cx.tables.outbox.quoted();
         for (row, attempts, retry_at) in rows {
-            self.loaded.remove(&row);
-            self.cx.count_queries(1);
-            sqlx::query(&format!(
-                "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
-            ))
-            .bind(row)
-            .bind(attempts)
-            .bind(retry_at)
-            .execute(self.cx.pool)
-            .await?;
+            self.keep_row(row, attempts, retry_at).await?;
         }
         let waiting: Vec<String> = self
             .buffer
