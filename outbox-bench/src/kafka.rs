@@ -18,33 +18,6 @@ use crate::BoxError;
 
 pub const PARTITIONS: i32 = 4;
 
-/// The topics this run created, deleted at its end by [`delete_created`]: a broker that
-/// keeps topics in memory (tansu here) grows by every run's events otherwise, and slows
-/// down for everything else that uses it.
-static CREATED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
-
-/// Deletes the topics this run created.
-pub async fn delete_created() {
-    let created = std::mem::take(&mut *CREATED.lock().unwrap_or_else(|p| p.into_inner()));
-    for (brokers, topic) in created {
-        let Ok(admin) = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .create::<AdminClient<DefaultClientContext>>()
-        else {
-            continue;
-        };
-        let deleted = admin
-            .delete_topics(
-                &[topic.as_str()],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
-            .await;
-        if let Err(e) = deleted {
-            eprintln!("outbox-bench: could not delete topic {topic}: {e}");
-        }
-    }
-}
-
 /// A fresh topic with [`PARTITIONS`] partitions.
 pub async fn create_topic(brokers: &str) -> Result<String, BoxError> {
     let topic = format!("outbox-bench-{}", uuid::Uuid::now_v7().simple());
@@ -64,10 +37,6 @@ pub async fn create_topic(brokers: &str) -> Result<String, BoxError> {
     for r in results {
         r.map_err(|(t, e)| format!("cannot create topic {t}: {e}"))?;
     }
-    CREATED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((brokers.to_owned(), topic.clone()));
     Ok(topic)
 }
 

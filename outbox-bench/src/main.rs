@@ -33,9 +33,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let result = run(&args).await;
-    kafka::delete_created().await;
-    if let Err(e) = result {
+    if let Err(e) = run(&args).await {
         eprintln!("outbox-bench: {e}");
         std::process::exit(1);
     }
