@@ -2,7 +2,8 @@
 # Make sure every service the tests need is up. Idempotent: safe to run twice.
 #
 #   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down), with
-#   wal_level = logical (set and restarted once, only when it is not)
+#   wal_level = logical and pg_stat_statements preloaded (set, and restarted once, only
+#   when they are not)
 #   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
@@ -54,26 +55,47 @@ ensure_postgres() {
   log "PostgreSQL is up on 127.0.0.1:5432"
 }
 
-# WAL mode (docs/wal.md) decodes the WAL: the cluster needs `wal_level = logical`.
-# Changed with ALTER SYSTEM and a restart, only when it is not set yet.
-ensure_wal_level() {
+# Server settings the tests and benchmarks need, changed with ALTER SYSTEM and one
+# restart, only when one of them is not set yet:
+# - WAL mode (docs/wal.md) decodes the WAL: `wal_level = logical`;
+# - the benchmarks count the relay's statements on the server (pg_stat_statements), which
+#   must be in `shared_preload_libraries` (kept with whatever else is listed there).
+ensure_pg_settings() {
   local psql=(psql -h 127.0.0.1 -U postgres -d postgres -XAtq)
-  local level
+  local level preload restart=""
   level=$("${psql[@]}" -c "SHOW wal_level") || die "cannot ask PostgreSQL for wal_level (psql -h 127.0.0.1 -U postgres)"
-  if [ "$level" = logical ]; then
-    log "PostgreSQL has wal_level = logical"
-    return 0
+  preload=$("${psql[@]}" -c "SHOW shared_preload_libraries")
+  if [ "$level" != logical ]; then
+    log "PostgreSQL has wal_level = $level; setting logical"
+    "${psql[@]}" -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
+    restart=1
   fi
-  command -v pg_ctlcluster >/dev/null || die "PostgreSQL has wal_level = $level; WAL mode needs logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL"
-  local ver
-  ver=$(pg_version)
-  log "PostgreSQL has wal_level = $level; setting logical and restarting PostgreSQL $ver"
-  "${psql[@]}" -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
-  pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
-  wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not come back on 127.0.0.1:5432 within 30 s after the restart; see /var/log/postgresql/"
+  case ",${preload// /}," in
+    *,pg_stat_statements,*) ;;
+    *)
+      local wanted="pg_stat_statements"
+      [ -n "${preload// /}" ] && wanted="${preload// /},pg_stat_statements"
+      log "PostgreSQL preloads '${preload}'; adding pg_stat_statements"
+      "${psql[@]}" -c "ALTER SYSTEM SET shared_preload_libraries = '$wanted'" >/dev/null
+      restart=1
+      ;;
+  esac
+  if [ -n "$restart" ]; then
+    command -v pg_ctlcluster >/dev/null || die "PostgreSQL needs a restart for wal_level = logical and shared_preload_libraries = pg_stat_statements (set with ALTER SYSTEM); restart it"
+    local ver
+    ver=$(pg_version)
+    log "restarting PostgreSQL $ver for the new settings"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+    wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not come back on 127.0.0.1:5432 within 30 s after the restart; see /var/log/postgresql/"
+  fi
   level=$("${psql[@]}" -c "SHOW wal_level")
   [ "$level" = logical ] || die "PostgreSQL still has wal_level = $level after the restart"
-  log "PostgreSQL has wal_level = logical"
+  preload=$("${psql[@]}" -c "SHOW shared_preload_libraries")
+  case ",${preload// /}," in
+    *,pg_stat_statements,*) ;;
+    *) die "PostgreSQL still preloads '$preload' after the restart; the benchmarks need pg_stat_statements" ;;
+  esac
+  log "PostgreSQL has wal_level = logical and preloads pg_stat_statements"
 }
 
 # ------------------------------------------------------------------- MariaDB
@@ -162,7 +184,7 @@ ensure_nats() {
 }
 
 ensure_postgres
-ensure_wal_level
+ensure_pg_settings
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 ensure_kafka

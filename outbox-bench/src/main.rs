@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write idle history scale wal all; nats (needs NATS with JetStream,
+//! scenarios: drain latency write notify idle history scale wal all; nats (needs NATS with JetStream,
 //! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
@@ -14,6 +14,7 @@
 
 mod kafka;
 mod nats;
+mod notify;
 mod publisher;
 mod report;
 mod scenarios;
@@ -51,10 +52,18 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "history" => scenarios::history(args, &mut report).await?,
             "scale" => scenarios::scale_out(args, &mut report).await?,
             "nats" => nats::drain(args, &mut report).await?,
+            "notify" => notify::notify(args, &mut report).await?,
             "wal" => wal::wal(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }
     }
     report.finish()?;
+    if args.check && !report.missed().is_empty() {
+        eprintln!(
+            "outbox-bench: --check: {} target(s) missed",
+            report.missed().len()
+        );
+        std::process::exit(3);
+    }
     Ok(())
 }

@@ -10,6 +10,32 @@ pub struct Row {
     pub name: String,
     pub value: f64,
     pub unit: String,
+    /// Whether the figure met its target, for rows that have one.
+    pub met: Option<bool>,
+}
+
+/// A bound a figure must meet. A missed target is printed at the end of the run and, with
+/// `--check`, fails it (exit code 3).
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Target {
+    fn met(self, value: f64) -> bool {
+        match self {
+            Target::AtLeast(t) => value >= t,
+            Target::AtMost(t) => value <= t,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Target::AtLeast(t) => format!("target >= {t}"),
+            Target::AtMost(t) => format!("target <= {t}"),
+        }
+    }
 }
 
 pub struct Report {
@@ -34,7 +60,39 @@ impl Report {
             name: name.to_owned(),
             value,
             unit: unit.to_owned(),
+            met: None,
         });
+    }
+
+    /// A ratio with its target (a NaN, from a figure that could not be measured, misses).
+    pub fn target(&mut self, scenario: &str, name: &str, value: f64, target: Target) {
+        self.target_in(scenario, name, value, "ratio", target);
+    }
+
+    /// A figure in `unit` with its target.
+    pub fn target_in(
+        &mut self,
+        scenario: &str,
+        name: &str,
+        value: f64,
+        unit: &str,
+        target: Target,
+    ) {
+        let met = target.met(value);
+        let unit = format!(
+            "{unit} ({}){}",
+            target.describe(),
+            if met { "" } else { " MISSED" }
+        );
+        self.add(scenario, name, value, &unit);
+        if let Some(row) = self.rows.last_mut() {
+            row.met = Some(met);
+        }
+    }
+
+    /// The rows whose target was missed.
+    pub fn missed(&self) -> Vec<&Row> {
+        self.rows.iter().filter(|r| r.met == Some(false)).collect()
     }
 
     /// Prints the Markdown table and writes `results.json` and `throughput.svg`.
@@ -61,6 +119,7 @@ impl Report {
             "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "results": self.rows.iter().map(|r| serde_json::json!({
                 "scenario": r.scenario, "measurement": r.name, "value": r.value, "unit": r.unit,
+                "met": r.met,
             })).collect::<Vec<_>>(),
         });
         std::fs::write(
@@ -75,6 +134,15 @@ impl Report {
             )?;
         }
         eprintln!("wrote {0}/results.json and {0}/throughput.svg", self.out);
+        let missed = self.missed();
+        let targets = self.rows.iter().filter(|r| r.met.is_some()).count();
+        eprintln!("targets: {} of {targets} met", targets - missed.len());
+        for r in missed {
+            eprintln!(
+                "  MISSED {}: {}: {:.3} {}",
+                r.scenario, r.name, r.value, r.unit
+            );
+        }
         Ok(())
     }
 }

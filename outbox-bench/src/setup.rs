@@ -26,14 +26,18 @@ pub struct Args {
     pub latency_rate: u64,
     /// The relays' `batch_size` in the drain scenarios (`None`: the relay's default).
     pub batch_size: Option<usize>,
+    /// Seconds per writer count and variant in the `notify` scenario.
+    pub notify_seconds: f64,
+    /// Fail the run (exit code 3) when a figure misses its target.
+    pub check: bool,
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|write|idle|history|scale|wal|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|idle|history|scale|wal|nats|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--batch-size N (the relay's default)] [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--notify-seconds S (6)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -50,6 +54,8 @@ impl Args {
             latency_seconds: 30,
             latency_rate: 1000,
             batch_size: None,
+            notify_seconds: 6.0,
+            check: false,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         };
@@ -59,7 +65,8 @@ impl Args {
                 match word.as_str() {
                     "all" => args.scenarios.extend(
                         [
-                            "drain", "latency", "write", "idle", "history", "scale", "wal",
+                            "drain", "latency", "write", "notify", "idle", "history", "scale",
+                            "wal",
                         ]
                         .map(String::from),
                     ),
@@ -69,6 +76,10 @@ impl Args {
             }
             if word == "--smoke" {
                 args.smoke = true;
+                continue;
+            }
+            if word == "--check" {
+                args.check = true;
                 continue;
             }
             let value = it.next().ok_or_else(|| format!("{word} needs a value"))?;
@@ -91,6 +102,7 @@ impl Args {
                         .max(10)
                 }
                 "--out" => args.out = value,
+                "--notify-seconds" => args.notify_seconds = number()?.max(1) as f64,
                 "--broker" => args.broker = (value != "memory").then(|| value.clone()),
                 "--latency-seconds" => args.latency_seconds = number()?.max(1),
                 "--latency-rate" => args.latency_rate = number()?.max(1),

@@ -20,7 +20,7 @@ use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent}
 use crate::BoxError;
 use crate::kafka;
 use crate::publisher::CountingPublisher;
-use crate::report::Report;
+use crate::report::{Report, Target};
 use crate::scenarios::sized;
 use crate::setup::{Args, BenchDb, quantile};
 
@@ -224,17 +224,17 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         table_relay,
         "events/s",
     );
-    report.add(
+    report.target(
         "wal",
         "(a) / min(b, d)",
         wal_relay / ceiling,
-        "ratio (target >= 0.8)",
+        Target::AtLeast(0.8),
     );
-    report.add(
+    report.target(
         "wal",
         "(a) / (c)",
         wal_relay / table_relay,
-        "ratio (target >= 1.5)",
+        Target::AtLeast(1.5),
     );
     write_cost(args, report, &db).await?;
     commit_throughput(args, report, &db).await?;
@@ -481,13 +481,21 @@ async fn commit_throughput(args: &Args, report: &mut Report, db: &WalDb) -> Resu
 /// Commits of one UPDATE with 0, 1 and 10 events, table and WAL mode interleaved.
 async fn write_cost(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
     let table = Outbox::new(db.outbox.pool().clone()); // same schema, table mode
-    let mut timings = crate::scenarios::commit_timings(args, &[&table, &db.outbox]).await?;
-    crate::scenarios::report_commit_timings(report, ("wal", "table mode: "), &mut timings[0], "%");
+    let mut timings =
+        crate::scenarios::commit_timings(args, &[&table, &db.outbox], args.payload).await?;
+    crate::scenarios::report_commit_timings(
+        report,
+        ("wal", "table mode: "),
+        &mut timings[0],
+        None,
+        None,
+    );
     crate::scenarios::report_commit_timings(
         report,
         ("wal", "WAL mode: "),
         &mut timings[1],
-        "% (target <= 10)",
+        Some(Target::AtMost(10.0)),
+        None,
     );
     Ok(())
 }

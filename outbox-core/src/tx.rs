@@ -35,10 +35,12 @@ use crate::{Outbox, OutboxEvent, OutboxMessage, Result};
 pub struct OutboxTx<'c, DB: Backend = crate::DefaultBackend> {
     tx: Transaction<'c, DB>,
     /// Opened by [`Outbox::begin`] at the top level, so its commit may take the one-round-
-    /// trip path ([`Backend::write_commit_and_begin`]).
+    /// trip path where the database has one ([`Backend::write_commit_and_begin`]).
     own: bool,
     outbox: Outbox<DB>,
     pending: Vec<OutboxMessage>,
+    /// Events were flushed before the commit: the commit still wakes an idle relay.
+    wrote: bool,
 }
 
 impl<'c, DB: Backend> OutboxTx<'c, DB> {
@@ -48,19 +50,22 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             own: true,
             outbox,
             pending: Vec::new(),
+            wrote: false,
         }
     }
 
     /// Wraps a transaction you started yourself, so events can be emitted into it.
     ///
-    /// Its commit costs one more round trip than a transaction from [`Outbox::begin`]
-    /// (the events are written, then `COMMIT` is sent).
+    /// In PostgreSQL's WAL mode its commit costs one more round trip than a transaction
+    /// from [`Outbox::begin`] (the events are written, then `COMMIT` is sent); elsewhere
+    /// both commit that way.
     pub fn from_transaction(tx: Transaction<'c, DB>, outbox: &Outbox<DB>) -> Self {
         OutboxTx {
             tx,
             own: false,
             outbox: outbox.clone(),
             pending: Vec::new(),
+            wrote: false,
         }
     }
 
@@ -123,12 +128,14 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             self.pending = pending;
             return Err(e);
         }
+        self.wrote = true;
         Ok(())
     }
 
     /// Writes the collected events in one statement and commits them with everything
-    /// else done in this transaction. On PostgreSQL, for a transaction from
-    /// [`Outbox::begin`], the events and the `COMMIT` travel in one round trip.
+    /// else done in this transaction: one prepared `INSERT` with bound parameters, then
+    /// `COMMIT`. In PostgreSQL's WAL mode, for a transaction from [`Outbox::begin`], the
+    /// events and the `COMMIT` travel in one round trip.
     ///
     /// Fails with [`Error::TransactionAborted`](crate::Error::TransactionAborted), writing
     /// nothing, if the transaction can no longer commit what was done in it, even with no
@@ -139,7 +146,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         let span = tracing::debug_span!("outbox.commit", events = count);
         let tables = self.outbox.tables().clone();
         if self.own {
-            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending)
+            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending, self.wrote)
                 .instrument(span.clone())
                 .await?;
             if done {
@@ -153,7 +160,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             // Nothing to write, which would have found out: a `COMMIT` alone does not
             // fail on a transaction that can no longer commit (PostgreSQL answers it
             // with a silent rollback; MySQL has nothing left to commit).
-            DB::check_open(&mut self.tx, &tables).await?;
+            DB::check_open(&mut self.tx, &tables, self.wrote).await?;
         } else {
             self.flush().instrument(span).await?;
         }

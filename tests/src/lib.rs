@@ -155,3 +155,49 @@ pub async fn relay_looked_again(relay: &outbox_core::RelayHandle, n: u64) {
     )
     .await;
 }
+
+/// The advisory lock an idle PostgreSQL relay holds (shared) on its connection while it
+/// waits for work: commits notify only while someone holds it. Keyed like every lock of
+/// one outbox: `(oid of the outbox table as int4, 4_000_000)` (`locks::IDLE` in
+/// `outbox-core/src/db/postgres/mod.rs`).
+pub const IDLE_RELAY_LOCK: i32 = 4_000_000;
+
+/// Holds the idle-relay lock of `outbox` on a connection of its own, as a relay waiting
+/// for work does, until dropped or [`release`](Self::release)d.
+#[derive(Debug)]
+pub struct IdleRelay {
+    conn: sqlx::PgConnection,
+    table: String,
+}
+
+impl IdleRelay {
+    pub async fn hold(db: &TestDb, outbox: &Outbox) -> IdleRelay {
+        let mut idle = IdleRelay {
+            conn: db.connect().await,
+            table: outbox.tables().outbox.quoted(),
+        };
+        idle.lock("pg_advisory_lock_shared").await;
+        idle
+    }
+
+    async fn lock(&mut self, function: &str) {
+        sqlx::query(&format!(
+            "SELECT {function}($1::text::regclass::oid::int4, $2)::text"
+        ))
+        .bind(&self.table)
+        .bind(IDLE_RELAY_LOCK)
+        .execute(&mut self.conn)
+        .await
+        .expect("idle relay lock");
+    }
+
+    /// Lets go of the lock, as a relay that found work does.
+    pub async fn release(&mut self) {
+        self.lock("pg_advisory_unlock_shared").await;
+    }
+
+    /// Takes it again.
+    pub async fn take(&mut self) {
+        self.lock("pg_advisory_lock_shared").await;
+    }
+}

@@ -478,6 +478,41 @@ async fn an_idle_relay_wakes_at_commit() {
     db.cleanup().await;
 }
 
+/// Commits that race the relay as it goes idle: the writer commits the moment the relay
+/// has published the previous event, while the relay marks it, finds nothing more and
+/// declares itself idle. Each commit must either find the relay still busy (it claims
+/// once more after declaring idle) or wake it; a lost wake-up would leave its event
+/// waiting for the hour-long poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_racing_a_relay_going_idle_are_never_left_waiting() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .spawn();
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..400_usize {
+        tx.emit_message(message(&format!("k{}", n % 7), n))
+            .expect("emit");
+        // Sweep the race window: commit 0 to 8 ms after the previous event was published
+        // (a spin: timers are too coarse; the relay runs on the other worker thread).
+        let until = std::time::Instant::now() + Duration::from_micros((n as u64 * 7919) % 8000);
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        tx.commit().await.expect("commit");
+        assert!(
+            publisher.wait_for(n + 1, Duration::from_secs(10)).await,
+            "event {n} was published within 10 s of its commit (a lost wake-up waits for the hourly poll)"
+        );
+        tx = outbox.begin().await.expect("begin");
+    }
+    drop(tx);
+    relay.shutdown().await;
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn graceful_shutdown_finishes_the_batch_in_flight() {
     let db = TestDb::new().await;

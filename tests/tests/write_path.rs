@@ -380,37 +380,108 @@ async fn enqueue_joins_a_transaction_the_caller_owns() {
     db.cleanup().await;
 }
 
+/// Notifications received until the marker (`NOTIFY channel, 'marker'` sent from another
+/// session): how many were empty (a commit's wake-up). Notifications arrive in commit
+/// order, so the marker sent last delimits what the commits before it sent, with no
+/// sleep before a negative assertion.
+async fn wake_ups_before_marker(
+    db: &TestDb,
+    listener: &mut sqlx::postgres::PgListener,
+    channel: &str,
+) -> usize {
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(channel)
+        .execute(&db.pool)
+        .await
+        .expect("marker");
+    let mut wake_ups = 0;
+    loop {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+            .await
+            .expect("the marker arrives within 10 s")
+            .expect("notification");
+        if n.payload() == "marker" {
+            return wake_ups;
+        }
+        assert_eq!(n.payload(), "", "a commit's wake-up is empty");
+        wake_ups += 1;
+    }
+}
+
+/// A `NOTIFY` takes an instance-wide lock through the commit, so notifying commits queue
+/// one behind another. Commits therefore notify only while a relay waits idle (holding
+/// the outbox's idle lock); a busy relay finds the rows by itself. Failed on main, where
+/// every emitting commit notified.
 #[tokio::test]
-async fn listeners_are_woken_at_commit_and_not_before() {
+async fn commits_notify_only_while_a_relay_waits_idle() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
+    let channel = outbox.notify_channel().await.expect("channel");
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
         .await
         .expect("listener");
-    listener
-        .listen(&outbox.notify_channel().await.expect("channel"))
-        .await
-        .expect("listen");
+    listener.listen(&channel).await.expect("listen");
 
+    // A relay waits idle: a commit wakes it, at commit and not before.
+    let mut idle = outbox_tests::IdleRelay::hold(&db, &outbox).await;
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit(Heartbeat {}).expect("emit");
     tx.flush().await.expect("flush");
-    let early = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
-    assert!(early.is_err(), "no notification before commit: {early:?}");
+    assert_eq!(
+        wake_ups_before_marker(&db, &mut listener, &channel).await,
+        0,
+        "nothing is delivered before the commit"
+    );
     tx.commit().await.expect("commit");
-    let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
-        .await
-        .expect("notified within 5 s of commit")
-        .expect("notification");
-    assert!(n.channel().starts_with("outbox_"), "{}", n.channel());
+    assert_eq!(
+        wake_ups_before_marker(&db, &mut listener, &channel).await,
+        1
+    );
 
     // A rolled-back transaction wakes nobody.
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit(Heartbeat {}).expect("emit");
     tx.flush().await.expect("flush");
     tx.rollback().await.expect("rollback");
-    let late = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
-    assert!(late.is_err(), "no notification after rollback: {late:?}");
+    assert_eq!(
+        wake_ups_before_marker(&db, &mut listener, &channel).await,
+        0
+    );
+
+    // The relay is busy: no commit notifies, whichever way it commits.
+    idle.release().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.commit().await.expect("commit in one round trip");
+    let mut tx = OutboxTx::from_transaction(db.pool.begin().await.expect("begin"), &outbox);
+    tx.emit(Heartbeat {}).expect("emit");
+    tx.commit()
+        .await
+        .expect("commit a transaction of the caller's");
+    assert_eq!(
+        wake_ups_before_marker(&db, &mut listener, &channel).await,
+        0
+    );
+
+    // Written while the relay was busy, committed after it went idle: the commit wakes it
+    // (the relay saw the writer in flight, but a rows-less commit would leave it waiting).
+    for own in [true, false] {
+        idle.release().await;
+        let mut tx = if own {
+            outbox.begin().await.expect("begin")
+        } else {
+            OutboxTx::from_transaction(db.pool.begin().await.expect("begin"), &outbox)
+        };
+        tx.emit(Heartbeat {}).expect("emit");
+        tx.flush().await.expect("flush");
+        idle.take().await;
+        tx.commit().await.expect("commit");
+        assert_eq!(
+            wake_ups_before_marker(&db, &mut listener, &channel).await,
+            1,
+            "flushed while busy, committed while idle (own transaction: {own})"
+        );
+    }
     db.cleanup().await;
 }
 

@@ -70,10 +70,12 @@ pub trait Write: sqlx::Database {
     /// Fails with [`Error::TransactionAborted`](crate::Error::TransactionAborted) if the
     /// transaction on `conn` can no longer commit what was done in it (PostgreSQL: an
     /// earlier statement failed; MySQL: the server rolled it back). Checked by a commit
-    /// that writes no events (writing them checks it too).
+    /// that writes no events (writing them checks it too). `wrote`: events were flushed
+    /// earlier in this transaction, so the commit wakes an idle relay (PostgreSQL).
     fn check_open<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
+        _wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async { Ok(()) })
     }
@@ -84,10 +86,12 @@ pub trait Write: sqlx::Database {
     /// (dropping it rolls the empty one back when the connection returns to the pool).
     /// Fails if the transaction was aborted by an earlier error. Returns `false` where the
     /// database has no such shortcut; the caller then writes and commits the usual way.
+    /// `wrote`: as for [`check_open`](Self::check_open).
     fn write_commit_and_begin<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
         _messages: &'c [OutboxMessage],
+        _wrote: bool,
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async { Ok(false) })
     }

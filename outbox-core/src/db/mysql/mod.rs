@@ -66,6 +66,7 @@ impl Write for MySql {
     fn check_open<'c>(
         conn: &'c mut MySqlConnection,
         tables: &'c Tables,
+        _wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
             let open = with_open_check(conn, |open| format!("SELECT {open}"))

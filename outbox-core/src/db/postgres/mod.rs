@@ -1,5 +1,5 @@
 //! PostgreSQL: the write path (one `INSERT ... SELECT FROM UNNEST(...)` per flush,
-//! `pg_notify` at commit), the migration dialect, the stored-message SQL (`ops.rs`) and
+//! `pg_notify` at commit while a relay waits idle), the migration dialect, the stored-message SQL (`ops.rs`) and
 //! the relay session (`session.rs`, with its publish horizon in `horizon.rs`).
 
 mod horizon;
@@ -28,23 +28,36 @@ impl Write for Postgres {
         Box::pin(insert_messages(conn, tables, messages))
     }
 
-    /// `SELECT 1` fails in an aborted transaction (25P02).
-    fn check_open<'c>(conn: &'c mut PgConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
+    /// `SELECT 1` (or the wake-up, when events were flushed earlier) fails in an aborted
+    /// transaction (25P02).
+    fn check_open<'c>(
+        conn: &'c mut PgConnection,
+        tables: &'c Tables,
+        wrote: bool,
+    ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            conn.execute("SELECT 1")
+            conn.execute(nothing_to_write(tables, wrote).as_str())
                 .await
                 .context("checking the transaction", &tables.outbox)?;
             Ok(())
         })
     }
 
+    /// WAL mode only: its events and the `COMMIT` travel in one round trip. In table mode
+    /// the events go through the prepared `INSERT` with bound parameters ([`insert_sql`])
+    /// and `COMMIT` follows: parsing and planning the rows as literals at every commit
+    /// cost more than the round trip saved (`docs/benchmarks.md`, scenario `notify`).
     fn write_commit_and_begin<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
         messages: &'c [OutboxMessage],
+        _wrote: bool,
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async move {
-            write_commit_and_begin(conn, tables, messages).await?;
+            let Some(w) = &tables.wal else {
+                return Ok(false);
+            };
+            write_commit_and_begin(conn, tables, w, messages).await?;
             Ok(true)
         })
     }
@@ -192,6 +205,9 @@ pub(crate) mod locks {
     /// `PARTITION_COUNT + n`: held shared by every running relay configured with `n`
     /// partitions, so that a relay configured differently can see it and stand by.
     pub(crate) const PARTITION_COUNT: i32 = 3_000_000;
+    /// Held shared by each relay while it waits idle: commits notify only then
+    /// (`wake_sql`).
+    pub(crate) const IDLE: i32 = 4_000_000;
     /// Held for a moment while a relay checks and registers its partition count.
     pub(crate) const PARTITION_COUNT_CHECK: i32 = 2_999_999;
 }
@@ -200,7 +216,8 @@ pub(crate) mod locks {
 /// runs first), the transaction takes the writer lock in shared mode and keeps it until
 /// it ends: relays compute their publish horizon from it (see `relay::horizon`). Rows get
 /// their `seq` in emit order (the `ORDER BY` keeps the sub-select from being flattened).
-/// The notification is delivered to listeners exactly when the transaction commits.
+/// The notification (sent while a relay waits idle: [`wake_sql`]) is delivered to listeners
+/// exactly when the transaction commits.
 fn insert_sql(tables: &Tables) -> String {
     format!(
         "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
@@ -213,10 +230,48 @@ fn insert_sql(tables: &Tables) -> String {
                 WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
            ORDER BY m.ord\
          ) \
-         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '')",
+         {wake}",
         outbox = tables.outbox.quoted(),
         writers = locks::WRITERS,
         utf8 = UTF8_GUARD,
+        wake = wake_sql(&tables.outbox.quoted(), "FROM x"),
+    )
+}
+
+/// [`insert_sql`] for one event, with scalar parameters: no arrays to encode and decode,
+/// no row source to order (most commits write one event).
+fn insert_one_sql(tables: &Tables) -> String {
+    format!(
+        "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
+         ins AS (\
+           INSERT INTO {outbox} \
+             (id, event_type, event_version, destination, partition_key, payload, headers) \
+           SELECT $1::uuid, $2::text, $3::int4, $4::text, $5::text, $6::text::jsonb, $7::text::jsonb FROM x\
+         ) \
+         {wake}",
+        outbox = tables.outbox.quoted(),
+        writers = locks::WRITERS,
+        utf8 = UTF8_GUARD,
+        wake = wake_sql(&tables.outbox.quoted(), "FROM x"),
+    )
+}
+
+/// The statement that wakes an idle relay at commit: `pg_notify` on the outbox's channel,
+/// but only while a relay waits idle, which it shows by holding the idle lock
+/// ([`locks::IDLE`]) in shared mode. A `NOTIFY` takes an instance-wide lock from the
+/// commit's start to its end (WAL flush included), so notifying commits queue one behind
+/// another; a relay that is busy finds the rows by itself.
+///
+/// The probe is a momentary exclusive try of the idle lock (taken and given back in one
+/// `CASE`, so never left held): it fails while any relay holds it. It runs after the
+/// writer lock is taken (`from`: the materialized CTE `x` that takes it, or nothing when
+/// the transaction took it with an earlier flush). Lock state is not subject to snapshots,
+/// so a relay that declares itself idle (takes the lock, then samples the writers and
+/// claims once more) either sees this writer in flight or is notified by it.
+fn wake_sql(outbox: &str, from: &str) -> String {
+    format!(
+        "SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '') {from}          WHERE CASE WHEN pg_try_advisory_lock('{outbox}'::regclass::oid::int4, {idle})            THEN NOT pg_advisory_unlock('{outbox}'::regclass::oid::int4, {idle}) ELSE true END",
+        idle = locks::IDLE,
     )
 }
 
@@ -232,65 +287,6 @@ fn insert_sql(tables: &Tables) -> String {
 const UTF8_GUARD: &str = "CASE WHEN pg_client_encoding() = 'UTF8' THEN 0 ELSE \
      ('the outbox needs client_encoding UTF8 but this connection uses ' || pg_client_encoding() || \
       '; nothing was written: do not change client_encoding on pooled connections')::int END";
-
-/// The flush statement with the rows spelled out as literals, to be sent with `COMMIT`
-/// as one simple-protocol query: the events cost no round trip of their own. Same
-/// semantics as [`insert_sql`] (writer lock before `seq`, emit order, notify at commit).
-///
-/// Literals are dollar-quoted (see [`literal`]), so no setting changes how they are read,
-/// and a connection whose `client_encoding` is not UTF-8 is refused ([`UTF8_GUARD`]).
-/// NUL, which PostgreSQL text cannot hold, is refused before anything is sent.
-fn commit_sql(tables: &Tables, messages: &[OutboxMessage]) -> Result<String> {
-    let outbox = tables.outbox.quoted();
-    let payload_bytes: usize = messages.iter().map(|m| m.payload.len() + 160).sum();
-    let mut sql = String::with_capacity(payload_bytes + 1024);
-    sql.push_str(&format!(
-        "WITH x AS MATERIALIZED (SELECT \
-           pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, \
-           {utf8} AS utf8), \
-         ins AS (\
-           INSERT INTO {outbox} \
-             (id, event_type, event_version, destination, partition_key, payload, headers) \
-           SELECT m.id::uuid, m.event_type, m.event_version::int4, m.destination, m.partition_key, \
-                  m.payload::jsonb, m.headers::jsonb \
-           FROM x, (VALUES ",
-        writers = locks::WRITERS,
-        utf8 = UTF8_GUARD,
-    ));
-    for (i, m) in messages.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        literal(&mut sql, &m.id.to_string(), m)?;
-        sql.push_str(", ");
-        literal(&mut sql, &m.event_type, m)?;
-        sql.push_str(", ");
-        match m.event_version {
-            Some(v) => sql.push_str(&v.to_string()),
-            None => sql.push_str("NULL"),
-        }
-        sql.push_str(", ");
-        literal(&mut sql, &m.destination, m)?;
-        sql.push_str(", ");
-        match &m.partition_key {
-            Some(k) => literal(&mut sql, k, m)?,
-            None => sql.push_str("NULL"),
-        }
-        sql.push_str(", ");
-        literal(&mut sql, &m.payload, m)?;
-        sql.push_str(", ");
-        literal(&mut sql, &m.headers_json()?, m)?;
-        sql.push_str(&format!(", {i})"));
-    }
-    sql.push_str(&format!(
-        ") AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
-           ORDER BY m.ord\
-         ) \
-         SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '')"
-    ));
-    Ok(sql)
-}
 
 /// Appends `value` as a dollar-quoted literal, `$o$...$o$`, with a tag (`$o$`, `$o1$`,
 /// ...) whose text without the closing `$` does not occur in `value`, so the first
@@ -340,19 +336,29 @@ fn dollar_tag(value: &str) -> String {
     }
 }
 
+/// The statement before a `COMMIT` with no events left to write. Events flushed earlier
+/// in the transaction took the writer lock then, and maybe found the relay busy: the
+/// commit looks again, so a relay that went idle meanwhile is woken.
+fn nothing_to_write(tables: &Tables, wrote: bool) -> String {
+    if wrote && tables.wal.is_none() {
+        wake_sql(&tables.outbox.quoted(), "")
+    } else {
+        "SELECT 1".to_owned()
+    }
+}
+
 async fn write_commit_and_begin(
     conn: &mut PgConnection,
     tables: &Tables,
+    wal: &crate::config::Wal,
     messages: &[OutboxMessage],
 ) -> Result<()> {
     // In an aborted transaction the first statement fails (25P02) and nothing after it
     // runs: `COMMIT` alone would answer `ROLLBACK` without an error.
     let mut sql = if messages.is_empty() {
         "SELECT 1".to_owned()
-    } else if let Some(w) = &tables.wal {
-        wal::commit_sql(w, messages)?
     } else {
-        commit_sql(tables, messages)?
+        wal::commit_sql(wal, messages)?
     };
     sql.push_str("; COMMIT; BEGIN");
     // No arguments: the simple protocol runs the statements in one round trip.
@@ -373,6 +379,20 @@ async fn insert_messages(
     }
     if let Some(w) = &tables.wal {
         return wal::emit(conn, tables, w, messages).await;
+    }
+    if let [m] = messages {
+        sqlx::query(&insert_one_sql(tables))
+            .bind(m.id)
+            .bind(&m.event_type)
+            .bind(m.event_version)
+            .bind(&m.destination)
+            .bind(&m.partition_key)
+            .bind(&m.payload)
+            .bind(m.headers_json()?)
+            .execute(conn)
+            .await
+            .context("writing events to the outbox", &tables.outbox)?;
+        return Ok(());
     }
     let n = messages.len();
     let mut ids = Vec::with_capacity(n);

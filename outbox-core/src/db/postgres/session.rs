@@ -178,6 +178,27 @@ const FIRST_RESAMPLE: Duration = Duration::from_millis(5);
 /// How long the horizon may be held back before the relay names the writer in a warning.
 const HELD_WARNING: Duration = Duration::from_secs(10);
 
+/// Whether the relay holds the idle lock ([`locks::IDLE`]), which makes commits notify
+/// (`wake_sql` in `mod.rs`). Commits notify only while a relay waits: a `NOTIFY`
+/// serialises every notifying commit on the server, and a busy relay looks for rows by
+/// itself before it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idle {
+    /// Working: commits do not notify.
+    Busy,
+    /// Has just taken the lock: claims once more before waiting. A commit that probed the
+    /// lock before it was taken held the writer lock while it did, so that claim's horizon
+    /// sample either sees the commit's rows or sees the writer still in flight (and looks
+    /// again soon, as for any writer holding the horizon back).
+    Declared,
+    /// Holds the lock and has claimed since taking it: may wait for a notification.
+    Waiting,
+}
+
+/// The first retry when taking the idle lock fails (a commit was probing it at that
+/// instant); doubles up to the poll interval.
+const FIRST_IDLE_RETRY: Duration = Duration::from_millis(1);
+
 pub struct PgSession<'a> {
     cx: Context<'a, Postgres>,
     conn: PgConnection,
@@ -196,6 +217,8 @@ pub struct PgSession<'a> {
     resample: Duration,
     held_since: Option<Instant>,
     held_reported: bool,
+    idle: Idle,
+    idle_retry: Duration,
 }
 
 impl std::fmt::Debug for PgSession<'_> {
@@ -287,6 +310,13 @@ impl<'a> PgSession<'a> {
         // partitions are taken over (the server drops the session and its locks).
         conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
             .await?;
+        // The relay's marks need not wait for their WAL flush: a mark lost in a server
+        // crash (at most about 3 x wal_writer_delay of them) leaves its message pending,
+        // and it is published again, which at-least-once delivery allows. Marks are lost as
+        // a suffix of the WAL, so a key's later mark is never kept without its earlier one.
+        // Waiting for the flush would put every relay round trip in the writers' fsync
+        // queue.
+        conn.execute("SET synchronous_commit = off").await?;
         // A relay process that stops answering (SIGSTOP, a frozen VM) keeps its TCP
         // connection alive (the kernel answers keepalives): the server ends its session,
         // and with it the partitions, once it has been idle that long (PostgreSQL >= 14).
@@ -355,7 +385,7 @@ impl<'a> PgSession<'a> {
         listener.listen(&channel).await?;
 
         let sql = Sql::new(&tables.outbox.quoted(), &seq_name, table_key, cx.config);
-        cx.count_queries(6);
+        cx.count_queries(7);
         tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
         Ok(PgSession {
             cx,
@@ -372,6 +402,8 @@ impl<'a> PgSession<'a> {
             resample: FIRST_RESAMPLE,
             held_since: None,
             held_reported: false,
+            idle: Idle::Busy,
+            idle_retry: FIRST_IDLE_RETRY,
         })
     }
 
@@ -491,6 +523,21 @@ impl<'a> PgSession<'a> {
     /// Claims the next batch: samples the horizon, then the oldest claimable rows of the
     /// owned partitions (after `after`, when a batch before them is still in flight).
     async fn claim_rows(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
+        match self.idle {
+            Idle::Busy => {}
+            // The claim after declaring idle: keep the lock; `wait` may wait now.
+            Idle::Declared => self.idle = Idle::Waiting,
+            // Woken: commits stop notifying; this relay looks again before it waits.
+            Idle::Waiting => {
+                self.count_queries(1);
+                sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+                    .bind(self.table_key)
+                    .bind(locks::IDLE)
+                    .execute(&mut self.conn)
+                    .await?;
+                self.idle = Idle::Busy;
+            }
+        }
         let sample = self.sample().await?;
         let horizon = self.horizon.observe(sample);
         if self.owned.is_empty() {
@@ -549,7 +596,9 @@ impl Session for PgSession<'_> {
         Ok(true)
     }
 
-    /// Waits for a notification, `until`, or shutdown. Notifications already buffered
+    /// Waits for a notification, `until`, or shutdown. A busy relay first declares itself
+    /// idle (takes the idle lock, so that commits notify) and returns at once, for the one
+    /// claim that must follow ([`Idle::Declared`]). Notifications already buffered
     /// are drained: one cycle serves them all. While writers held the horizon back at the
     /// last claim, looks again soon (a rollback sends no notification): after 5 ms, then
     /// doubling up to the poll interval while the same wait goes on, so a writer left
@@ -560,6 +609,29 @@ impl Session for PgSession<'_> {
         shutdown: &mut watch::Receiver<bool>,
         until: Instant,
     ) -> SessionResult<()> {
+        let mut until = until;
+        match self.idle {
+            Idle::Waiting => {}
+            Idle::Declared => return Ok(()),
+            Idle::Busy => {
+                self.count_queries(1);
+                let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock_shared($1, $2)")
+                    .bind(self.table_key)
+                    .bind(locks::IDLE)
+                    .fetch_one(&mut self.conn)
+                    .await?;
+                if taken {
+                    self.idle = Idle::Declared;
+                    self.idle_retry = FIRST_IDLE_RETRY;
+                    return Ok(());
+                }
+                // A commit held it for its probe at that instant: try again shortly,
+                // looking for rows meanwhile (commits do not notify yet).
+                until = until.min(Instant::now() + self.idle_retry);
+                self.idle_retry =
+                    (self.idle_retry * 2).min(self.cx.config.poll_interval.max(FIRST_IDLE_RETRY));
+            }
+        }
         let until = if self.horizon.waiting() {
             self.report_held().await?;
             let soon = Instant::now() + self.resample;
