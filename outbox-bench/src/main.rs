@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write notify idle history scale wal all; nats (needs NATS with JetStream,
+//! scenarios: drain latency write notify enqueue sustained idle history scale wal all; nats (needs NATS with JetStream,
 //! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
@@ -13,6 +13,7 @@
 //! Every scenario works in a schema of its own, dropped at the end.
 
 mod kafka;
+mod load;
 mod nats;
 mod notify;
 mod publisher;
@@ -53,6 +54,8 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "scale" => scenarios::scale_out(args, &mut report).await?,
             "nats" => nats::drain(args, &mut report).await?,
             "notify" => notify::notify(args, &mut report).await?,
+            "enqueue" => load::enqueue(args, &mut report).await?,
+            "sustained" => load::sustained(args, &mut report).await?,
             "wal" => wal::wal(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }

@@ -30,14 +30,19 @@ pub struct Args {
     pub notify_seconds: f64,
     /// Fail the run (exit code 3) when a figure misses its target.
     pub check: bool,
+    /// The `sustained` scenario: rates tried in order (events/s), seconds per rate, and
+    /// events per transaction.
+    pub sustained_rates: Vec<u64>,
+    pub sustained_seconds: u64,
+    pub sustained_batch: u64,
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|idle|history|scale|wal|nats|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--batch-size N (the relay's default)] [--notify-seconds S (6)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -56,6 +61,9 @@ impl Args {
             batch_size: None,
             notify_seconds: 6.0,
             check: false,
+            sustained_rates: vec![2_500, 5_000, 7_500, 10_000, 12_500, 15_000, 20_000],
+            sustained_seconds: 120,
+            sustained_batch: 10,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         };
@@ -103,6 +111,21 @@ impl Args {
                 }
                 "--out" => args.out = value,
                 "--notify-seconds" => args.notify_seconds = number()?.max(1) as f64,
+                "--sustained-seconds" => args.sustained_seconds = number()?.max(1),
+                "--sustained-batch" => args.sustained_batch = number()?.max(1),
+                "--sustained-rates" => {
+                    args.sustained_rates = value
+                        .split(',')
+                        .map(|r| {
+                            r.trim()
+                                .parse::<u64>()
+                                .map_err(|e| format!("--sustained-rates {r:?}: {e}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    if args.sustained_rates.is_empty() {
+                        return Err("--sustained-rates needs at least one rate".to_owned());
+                    }
+                }
                 "--broker" => args.broker = (value != "memory").then(|| value.clone()),
                 "--latency-seconds" => args.latency_seconds = number()?.max(1),
                 "--latency-rate" => args.latency_rate = number()?.max(1),
@@ -127,6 +150,8 @@ impl Args {
             args.write_iterations = args.write_iterations.min(50);
             args.latency_seconds = args.latency_seconds.min(2);
             args.latency_rate = args.latency_rate.min(100);
+            args.sustained_rates = vec![200];
+            args.sustained_seconds = args.sustained_seconds.min(2);
         }
         Ok(args)
     }

@@ -81,6 +81,15 @@ impl TestDb {
         outbox
     }
 
+    /// A one-connection pool into this schema, apart from [`pool`](Self::pool): for a
+    /// `PgListener` that must not share the writers' pool.
+    pub fn listen_pool(&self) -> sqlx::PgPool {
+        PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with(self.options.clone())
+    }
+
     /// A new single connection into this schema (outside the pool).
     pub async fn connect(&self) -> sqlx::PgConnection {
         sqlx::PgConnection::connect_with(&self.options)

@@ -414,10 +414,21 @@ async fn wake_ups_before_marker(
 /// every emitting commit notified.
 #[tokio::test]
 async fn commits_notify_only_while_a_relay_waits_idle() {
+    // Every step below is bounded; this bounds the whole, so that a hang names the test.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        commits_notify_only_while_a_relay_waits_idle_steps(),
+    )
+    .await
+    .expect("the test finishes within 60 s");
+}
+
+async fn commits_notify_only_while_a_relay_waits_idle_steps() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     let channel = outbox.notify_channel().await.expect("channel");
-    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+    // The listener on a connection of its own, outside the pool the writers use.
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.listen_pool())
         .await
         .expect("listener");
     listener.listen(&channel).await.expect("listen");
