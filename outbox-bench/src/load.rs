@@ -165,7 +165,8 @@ const MAX_P99_MS: f64 = 100.0;
 /// broker and a consumer reads. A rate passes when the writers keep it (98 %), the
 /// backlog (committed, not acknowledged) grows by at most 100 events/s between the first
 /// tenth of the run and its end, and p99 commit -> broker acknowledgement is at most
-/// 100 ms. Rates from `--sustained-rates` are tried in order until one fails.
+/// 100 ms. What the consumer read by the end is reported, not judged. Rates from
+/// `--sustained-rates` are tried in order until one fails.
 pub async fn sustained(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let brokers = args.broker.clone().ok_or(
         "the sustained scenario needs a broker (--broker HOST:PORT): it measures up to the broker's acknowledgement",
@@ -204,10 +205,11 @@ pub async fn sustained(args: &Args, report: &mut Report) -> Result<(), BoxError>
             run.consumed as f64,
             &format!("of {} events", run.committed),
         );
+        // The consumer is load on the broker, not part of the verdict: the bench's own
+        // consumer may fall behind a broker that keeps everything in memory.
         let passed = run.achieved >= 0.98 * rate as f64
             && run.growth <= MAX_GROWTH
-            && run.p99_ms <= MAX_P99_MS
-            && run.consumed == run.committed;
+            && run.p99_ms <= MAX_P99_MS;
         eprintln!(
             "  {rate} events/s: {}",
             if passed { "passed" } else { "failed" }
@@ -342,8 +344,9 @@ async fn sustained_run(args: &Args, brokers: &str, rate: u64) -> Result<Sustaine
         )
         .into());
     }
+    // What the consumer read by then (it is not waited for: it is load, not the verdict).
     arrivals
-        .wait_for(committed.len(), Duration::from_secs(120))
+        .wait_for(committed.len(), Duration::from_secs(5))
         .await;
     relay.shutdown().await;
     let mut ms: Vec<f64> = committed

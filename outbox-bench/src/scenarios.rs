@@ -410,6 +410,8 @@ pub async fn idle(args: &Args, report: &mut Report) -> Result<(), BoxError> {
 /// `scripts/services.sh`), in the bench database.
 pub(crate) struct ServerStatements {
     pool: sqlx::PgPool,
+    /// The extension's schema, quoted (the bench's connections search their own schema).
+    schema: String,
 }
 
 /// Calls and total execution time of the statements matched.
@@ -421,11 +423,17 @@ pub(crate) struct Executed {
 impl ServerStatements {
     pub(crate) async fn new(db: &BenchDb) -> Result<ServerStatements, BoxError> {
         let pool = db.outbox.pool().clone();
-        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
             .execute(&pool)
             .await?;
+        let schema: String = sqlx::query_scalar(
+            "SELECT quote_ident(extnamespace::regnamespace::text) FROM pg_extension \
+             WHERE extname = 'pg_stat_statements'",
+        )
+        .fetch_one(&pool)
+        .await?;
         // Loaded at server start only: without it the view errors on first use.
-        if let Err(e) = sqlx::query("SELECT count(*) FROM pg_stat_statements")
+        if let Err(e) = sqlx::query(&format!("SELECT count(*) FROM {schema}.pg_stat_statements"))
             .execute(&pool)
             .await
         {
@@ -435,26 +443,30 @@ impl ServerStatements {
             )
             .into());
         }
-        Ok(ServerStatements { pool })
+        Ok(ServerStatements { pool, schema })
     }
 
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
-        sqlx::query("SELECT pg_stat_statements_reset()")
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(&format!(
+            "SELECT {}.pg_stat_statements_reset()",
+            self.schema
+        ))
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
     /// Every statement run in this database since the reset (but these readings), or only
     /// those whose text contains `like`.
     pub(crate) async fn calls(&self, like: Option<&str>) -> Result<Executed, BoxError> {
-        let (calls, total_ms): (f64, f64) = sqlx::query_as(
+        let (calls, total_ms): (f64, f64) = sqlx::query_as(&format!(
             "SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(total_exec_time), 0)::float8 \
-             FROM pg_stat_statements \
+             FROM {}.pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND query NOT LIKE '%pg_stat_statements%' \
                AND ($1::text IS NULL OR strpos(query, $1) > 0)",
-        )
+            self.schema
+        ))
         .bind(like)
         .fetch_one(&self.pool)
         .await?;

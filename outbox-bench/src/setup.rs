@@ -73,8 +73,18 @@ impl Args {
                 match word.as_str() {
                     "all" => args.scenarios.extend(
                         [
-                            "drain", "latency", "write", "notify", "idle", "history", "scale",
+                            "drain",
+                            "latency",
+                            "write",
+                            "notify",
+                            "enqueue",
+                            "idle",
+                            "history",
+                            "scale",
                             "wal",
+                            // Last: it leaves the broker holding its messages (tansu keeps
+                            // topics in memory), which slows what runs after it.
+                            "sustained",
                         ]
                         .map(String::from),
                     ),

@@ -493,6 +493,9 @@ async fn commits_notify_only_while_a_relay_waits_idle_steps() {
             "flushed while busy, committed while idle (own transaction: {own})"
         );
     }
+    // Before the pool closes: a pool waits for its connections to come back.
+    drop(listener);
+    drop(idle);
     db.cleanup().await;
 }
 

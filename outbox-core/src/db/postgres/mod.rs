@@ -219,34 +219,34 @@ pub(crate) mod locks {
 /// The notification (sent while a relay waits idle: [`wake_sql`]) is delivered to listeners
 /// exactly when the transaction commits.
 fn insert_sql(tables: &Tables) -> String {
-    format!(
-        "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
-         ins AS (\
-           INSERT INTO {outbox} \
-             (id, event_type, event_version, destination, partition_key, payload, headers) \
-           SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
-                  m.payload::jsonb, m.headers::jsonb \
-           FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-                WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
-           ORDER BY m.ord\
-         ) \
-         {wake}",
-        outbox = tables.outbox.quoted(),
-        writers = locks::WRITERS,
-        utf8 = UTF8_GUARD,
-        wake = wake_sql(&tables.outbox.quoted(), "FROM x"),
+    write_statement(
+        tables,
+        "SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
+                m.payload::jsonb, m.headers::jsonb \
+         FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+              WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
+         ORDER BY m.ord",
     )
 }
 
 /// [`insert_sql`] for one event, with scalar parameters: no arrays to encode and decode,
 /// no row source to order (most commits write one event).
 fn insert_one_sql(tables: &Tables) -> String {
+    write_statement(
+        tables,
+        "SELECT $1::uuid, $2::text, $3::int4, $4::text, $5::text, $6::text::jsonb, $7::text::jsonb FROM x",
+    )
+}
+
+/// The writer lock and the UTF-8 guard (`x`, materialized first), the `INSERT` of the
+/// rows `select` gives (reading `x`), and the wake-up.
+fn write_statement(tables: &Tables, select: &str) -> String {
     format!(
         "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
              (id, event_type, event_version, destination, partition_key, payload, headers) \
-           SELECT $1::uuid, $2::text, $3::int4, $4::text, $5::text, $6::text::jsonb, $7::text::jsonb FROM x\
+           {select}\
          ) \
          {wake}",
         outbox = tables.outbox.quoted(),
