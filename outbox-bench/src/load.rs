@@ -166,70 +166,89 @@ const MAX_P99_MS: f64 = 100.0;
 /// backlog (committed, not acknowledged) grows by at most 100 events/s between the first
 /// tenth of the run and its end, and p99 commit -> broker acknowledgement is at most
 /// 100 ms. What the consumer read by the end is reported, not judged. Rates from
-/// `--sustained-rates` are tried in order until one fails.
+/// `--sustained-rates` are tried in order until one fails, in table mode, then in WAL
+/// mode (a slot of its own), side by side.
 pub async fn sustained(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let brokers = args.broker.clone().ok_or(
         "the sustained scenario needs a broker (--broker HOST:PORT): it measures up to the broker's acknowledgement",
     )?;
-    let mut best = 0_u64;
-    for &rate in &args.sustained_rates {
-        let run = sustained_run(args, &brokers, rate).await?;
-        let name = |what: &str| format!("{rate} events/s: {what}");
-        report.add(
-            "sustained",
-            &name("write rate achieved"),
-            run.achieved,
-            "events/s",
-        );
-        report.add(
-            "sustained",
-            &name("backlog growth"),
-            run.growth,
-            "events/s (pass <= 100)",
-        );
-        report.add(
-            "sustained",
-            &name("commit -> broker acknowledged, p50"),
-            run.p50_ms,
-            "ms",
-        );
-        report.add(
-            "sustained",
-            &name("commit -> broker acknowledged, p99"),
-            run.p99_ms,
-            "ms (pass <= 100)",
-        );
-        report.add(
-            "sustained",
-            &name("read by the consumer"),
-            run.consumed as f64,
-            &format!("of {} events", run.committed),
-        );
-        // The consumer is load on the broker, not part of the verdict: the bench's own
-        // consumer may fall behind a broker that keeps everything in memory.
-        let passed = run.achieved >= 0.98 * rate as f64
-            && run.growth <= MAX_GROWTH
-            && run.p99_ms <= MAX_P99_MS;
-        eprintln!(
-            "  {rate} events/s: {}",
-            if passed { "passed" } else { "failed" }
-        );
-        if !passed {
-            break;
+    for wal in [false, true] {
+        let mode = if wal { "WAL mode" } else { "table mode" };
+        let mut best = 0_u64;
+        for &rate in &args.sustained_rates {
+            let run = sustained_run(args, &brokers, rate, wal).await?;
+            let name = |what: &str| format!("{mode}, {rate} events/s: {what}");
+            report.add(
+                "sustained",
+                &name("write rate achieved"),
+                run.achieved,
+                "events/s",
+            );
+            report.add(
+                "sustained",
+                &name("backlog growth"),
+                run.growth,
+                "events/s (pass <= 100)",
+            );
+            report.add(
+                "sustained",
+                &name("commit -> broker acknowledged, p50"),
+                run.p50_ms,
+                "ms",
+            );
+            report.add(
+                "sustained",
+                &name("commit -> broker acknowledged, p99"),
+                run.p99_ms,
+                "ms (pass <= 100)",
+            );
+            report.add(
+                "sustained",
+                &name("read by the consumer"),
+                run.consumed as f64,
+                &format!("of {} events", run.committed),
+            );
+            // The consumer is load on the broker, not part of the verdict: the bench's own
+            // consumer may fall behind a broker that keeps everything in memory.
+            let passed = run.achieved >= 0.98 * rate as f64
+                && run.growth <= MAX_GROWTH
+                && run.p99_ms <= MAX_P99_MS;
+            eprintln!(
+                "  {mode}, {rate} events/s: {}",
+                if passed { "passed" } else { "failed" }
+            );
+            if !passed {
+                break;
+            }
+            best = rate;
         }
-        best = rate;
+        report.target_in(
+            "sustained",
+            &format!(
+                "{mode}: highest rate sustained for {} s ({} events per transaction, {SUSTAINED_WRITERS} writers)",
+                args.sustained_seconds, args.sustained_batch
+            ),
+            best as f64,
+            "events/s",
+            Target::AtLeast(10_000.0),
+        );
     }
-    report.target_in(
-        "sustained",
-        &format!(
-            "highest rate sustained for {} s ({} events per transaction, {SUSTAINED_WRITERS} writers)",
-            args.sustained_seconds, args.sustained_batch
-        ),
-        best as f64,
-        "events/s",
-        Target::AtLeast(10_000.0),
-    );
     Ok(())
+}
+
+/// The outbox a sustained run writes to: table mode or WAL mode.
+enum Db {
+    Table(BenchDb),
+    Wal(crate::wal::WalDb),
+}
+
+impl Db {
+    fn outbox(&self) -> &outbox_core::Outbox {
+        match self {
+            Db::Table(db) => &db.outbox,
+            Db::Wal(db) => &db.outbox,
+        }
+    }
 }
 
 struct SustainedRun {
@@ -241,19 +260,29 @@ struct SustainedRun {
     consumed: usize,
 }
 
-async fn sustained_run(args: &Args, brokers: &str, rate: u64) -> Result<SustainedRun, BoxError> {
-    let db = BenchDb::with_pool_size(args, 16).await?;
+async fn sustained_run(
+    args: &Args,
+    brokers: &str,
+    rate: u64,
+    wal: bool,
+) -> Result<SustainedRun, BoxError> {
+    let db = if wal {
+        Db::Wal(crate::wal::WalDb::with_pool_size(args, 16).await?)
+    } else {
+        Db::Table(BenchDb::with_pool_size(args, 16).await?)
+    };
+    let outbox = db.outbox().clone();
     let topic = kafka::create_topic(brokers).await?;
     let mut arrivals = kafka::Arrivals::start(brokers, &topic).await?;
     let publisher = kafka::publisher(brokers, &topic).await?;
     let (ack_tx, mut acks) = kafka::Arrivals::channel();
     let relay = Relay::builder(
-        db.outbox.clone(),
+        outbox.clone(),
         crate::publisher::Acked::new(publisher, ack_tx),
     )
     .spawn();
     // Warm-up: one event through the whole path before the clock starts.
-    let mut tx = db.outbox.begin().await?;
+    let mut tx = outbox.begin().await?;
     tx.emit_message(OutboxMessage::new("Load", topic.as_str(), "{}"))?;
     tx.commit().await?;
     if !acks.wait_for(1, Duration::from_secs(60)).await {
@@ -277,7 +306,7 @@ async fn sustained_run(args: &Args, brokers: &str, rate: u64) -> Result<Sustaine
     let mut writers = Vec::new();
     for w in 0..SUSTAINED_WRITERS {
         let (outbox, topic, payload, count) = (
-            db.outbox.clone(),
+            outbox.clone(),
             topic.clone(),
             payload.clone(),
             committed_count.clone(),
@@ -358,7 +387,10 @@ async fn sustained_run(args: &Args, brokers: &str, rate: u64) -> Result<Sustaine
         })
         .collect();
     ms.sort_by(f64::total_cmp);
-    db.drop().await?;
+    match db {
+        Db::Table(db) => db.drop().await?,
+        Db::Wal(db) => db.drop(&[]).await?,
+    }
     Ok(SustainedRun {
         achieved,
         growth,

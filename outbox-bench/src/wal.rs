@@ -28,16 +28,20 @@ use crate::setup::{Args, BenchDb, quantile};
 const PER_COMMIT: u64 = 100;
 
 /// A schema of its own with a WAL-mode outbox and its slot (`bench_<random>`).
-struct WalDb {
+pub(crate) struct WalDb {
     db: BenchDb,
-    outbox: Outbox,
+    pub(crate) outbox: Outbox,
     slot: String,
 }
 
 impl WalDb {
     async fn new(args: &Args) -> Result<WalDb, BoxError> {
+        Self::with_pool_size(args, 8).await
+    }
+
+    pub(crate) async fn with_pool_size(args: &Args, size: u32) -> Result<WalDb, BoxError> {
         let slot = format!("bench_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
-        let db = BenchDb::create(args, 8, |pool| {
+        let db = BenchDb::create(args, size, |pool| {
             Outbox::builder(pool).wal_slot(&slot).build()
         })
         .await?;
@@ -48,7 +52,7 @@ impl WalDb {
         })
     }
 
-    async fn drop(self, extra_slots: &[&str]) -> Result<(), BoxError> {
+    pub(crate) async fn drop(self, extra_slots: &[&str]) -> Result<(), BoxError> {
         let pool = self.outbox.pool().clone();
         for slot in std::iter::once(self.slot.as_str()).chain(extra_slots.iter().copied()) {
             // The relay may still be letting go of it.
