@@ -146,7 +146,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         let span = tracing::debug_span!("outbox.commit", events = count);
         let tables = self.outbox.tables().clone();
         if self.own {
-            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending, self.wrote)
+            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending)
                 .instrument(span.clone())
                 .await?;
             if done {

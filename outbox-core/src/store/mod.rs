@@ -86,12 +86,10 @@ pub trait Write: sqlx::Database {
     /// (dropping it rolls the empty one back when the connection returns to the pool).
     /// Fails if the transaction was aborted by an earlier error. Returns `false` where the
     /// database has no such shortcut; the caller then writes and commits the usual way.
-    /// `wrote`: as for [`check_open`](Self::check_open).
     fn write_commit_and_begin<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
         _messages: &'c [OutboxMessage],
-        _wrote: bool,
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async { Ok(false) })
     }

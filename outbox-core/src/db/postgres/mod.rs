@@ -51,7 +51,6 @@ impl Write for Postgres {
         conn: &'c mut PgConnection,
         tables: &'c Tables,
         messages: &'c [OutboxMessage],
-        _wrote: bool,
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async move {
             let Some(w) = &tables.wal else {
