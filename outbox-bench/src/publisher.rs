@@ -21,21 +21,40 @@ impl Publisher for CountingPublisher {
 
 /// Wraps a publisher and reports when each message was acknowledged to the relay (for
 /// a batch: when its last acknowledgement arrived, an upper bound for each message).
+/// It also records each publish call's duration and batch size: the broker's share of
+/// the latency, against which the relay's own share shows.
 pub struct Acked<P> {
     inner: P,
     acks: mpsc::UnboundedSender<(uuid::Uuid, Instant)>,
+    calls: PublishCalls,
 }
+
+/// Each publish call: (milliseconds, messages).
+pub type PublishCalls = Arc<std::sync::Mutex<Vec<(f64, usize)>>>;
 
 impl<P> Acked<P> {
     pub fn new(inner: P, acks: mpsc::UnboundedSender<(uuid::Uuid, Instant)>) -> Self {
-        Acked { inner, acks }
+        Acked {
+            inner,
+            acks,
+            calls: PublishCalls::default(),
+        }
+    }
+
+    /// The publish calls recorded so far (shared: it fills while the relay runs).
+    pub fn calls(&self) -> PublishCalls {
+        self.calls.clone()
     }
 }
 
 impl<P: Publisher> Publisher for Acked<P> {
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
+        let started = Instant::now();
         let results = self.inner.publish(batch).await;
         let now = Instant::now();
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push(((now - started).as_secs_f64() * 1000.0, batch.len()));
+        }
         for (record, result) in batch.iter().zip(&results) {
             if result.is_ok() {
                 let _ = self.acks.send((record.id, now));

@@ -578,6 +578,7 @@ pub(crate) async fn measure_latency(
     // Through a broker, the acknowledgement times are recorded too: commit -> broker
     // acknowledged is what the target is about; the consumer adds its fetch path.
     let mut acks = None;
+    let mut calls = None;
     let (mut arrivals, relay, sink) = match &args.broker {
         Some(brokers) => {
             *destination = kafka::create_topic(brokers).await?;
@@ -585,9 +586,11 @@ pub(crate) async fn measure_latency(
             let publisher = kafka::publisher(brokers, destination).await?;
             let (tx, acked) = kafka::Arrivals::channel();
             acks = Some(acked);
+            let publisher = crate::publisher::Acked::new(publisher, tx);
+            calls = Some(publisher.calls());
             (
                 arrivals,
-                Relay::builder(outbox.clone(), crate::publisher::Acked::new(publisher, tx)).spawn(),
+                Relay::builder(outbox.clone(), publisher).spawn(),
                 "consumer",
             )
         }
@@ -619,6 +622,9 @@ pub(crate) async fn measure_latency(
         }
         acks.seen.clear();
     }
+    if let Some(Ok(mut calls)) = calls.as_ref().map(|c| c.lock()) {
+        calls.clear(); // the warm-up's
+    }
     let (committed, achieved) =
         paced_writers(args, outbox, rate, destination.clone(), args.keys).await?;
 
@@ -641,6 +647,21 @@ pub(crate) async fn measure_latency(
         "tx/s",
     );
     let at = (group, prefix);
+    if let Some(Ok(calls)) = calls.as_ref().map(|c| c.lock()) {
+        // The broker's share: how long each publish call took, and how full it was.
+        let mut ms: Vec<f64> = calls.iter().map(|c| c.0).collect();
+        ms.sort_by(f64::total_cmp);
+        let messages: usize = calls.iter().map(|c| c.1).sum();
+        let name = |q: &str| format!("{prefix}publish call (relay -> broker acks), {q}");
+        report.add(group, &name("p50"), quantile(&ms, 0.5), "ms");
+        report.add(group, &name("p99"), quantile(&ms, 0.99), "ms");
+        report.add(
+            group,
+            &format!("{prefix}messages per publish call, mean"),
+            messages as f64 / calls.len().max(1) as f64,
+            "messages",
+        );
+    }
     let p99 = if let Some(mut acks) = acks {
         // Every consumed message was acknowledged before: all acks are in the channel.
         // Quantiles over fewer would hide the missing ones: the run fails instead.

@@ -513,6 +513,83 @@ async fn commits_racing_a_relay_going_idle_are_never_left_waiting() {
     db.cleanup().await;
 }
 
+/// The relay's statements are prepared once per session and run for days, while the
+/// outbox table goes from a handful of rows to millions and back. A plan chosen while the
+/// table was tiny (a sequential scan is the cheapest way to read one page) must not stay:
+/// marking 100 rows would then read the whole table. Counted by the server: the table's
+/// sequential scans while a relay that started on a near-empty table marks a backlog.
+#[tokio::test]
+async fn a_relay_that_started_on_a_small_table_marks_a_backlog_by_index() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(100)
+        .poll_interval(Duration::from_secs(3600))
+        .spawn();
+    // Ten one-row batches on a table of a page or two: PostgreSQL settles on a generic
+    // plan for a statement prepared on a connection after five executions.
+    for n in 0..10 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.emit_message(message("warm", n)).expect("emit");
+        tx.commit().await.expect("commit");
+        assert!(publisher.wait_for(n + 1, WAIT).await, "event {n} published");
+    }
+    let stats = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables                  WHERE relid = 'outbox'::regclass",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_user_tables")
+        }
+    };
+    // The relay's statistics reach the server's counters in the background: wait for
+    // its ten marks.
+    wait_until("the warm-up's marks are counted", WAIT, || async {
+        stats(&db).await.1 >= 10
+    })
+    .await;
+    let (scans_before, updated_before) = stats(&db).await;
+
+    // 5,000 rows of about 1 KB in one commit: about 700 pages, 50 marks of 100 rows.
+    let filler = "x".repeat(1000);
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..5000 {
+        tx.emit_message(
+            OutboxMessage::new(
+                "Counted",
+                "counts",
+                format!(r#"{{"n":{n},"f":"{filler}"}}"#),
+            )
+            .with_key(format!("k{}", n % 10)),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    assert!(
+        publisher.wait_for(5010, WAIT).await,
+        "the backlog published"
+    );
+    relay.shutdown().await;
+    // Counted when the relay's session reported its last statistics (at the latest when
+    // it ended): every mark, so the scans of those marks too.
+    wait_until("the backlog's marks are counted", WAIT, || async {
+        stats(&db).await.1 >= updated_before + 5000
+    })
+    .await;
+    let (scans_after, _) = stats(&db).await;
+    let scans = scans_after - scans_before;
+    assert!(
+        scans <= 3,
+        "{scans} sequential scans of the outbox table while 50 batches of 100 rows were \
+         claimed and marked: the relay's statements kept a plan chosen for a tiny table"
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn graceful_shutdown_finishes_the_batch_in_flight() {
     let db = TestDb::new().await;

@@ -121,15 +121,6 @@ pub trait Session: Send {
         until: Instant,
     ) -> impl Future<Output = SessionResult<()>> + Send;
 
-    /// Whether the loop claims the next batch while the current one is being published
-    /// (it hides a claim's round trip to the database). A session whose claims cost
-    /// nothing says no: unless the current batch is full (a backlog), the next batch is
-    /// then claimed once the current one is acknowledged, and takes everything that
-    /// arrived meanwhile instead of waiting for one more publish call.
-    fn claims_ahead(&self) -> bool {
-        true
-    }
-
     /// The keys with a pending row waiting for a retry.
     fn retrying_keys(&mut self) -> impl Future<Output = SessionResult<Vec<String>>> + Send;
 

@@ -1213,10 +1213,6 @@ impl Session for WalSession<'_> {
 
     /// Claims are in memory: claiming after each acknowledgement takes everything that
     /// arrived during the publish call (lower latency, same throughput).
-    fn claims_ahead(&self) -> bool {
-        false
-    }
-
     async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
         Ok(self
             .buffer
