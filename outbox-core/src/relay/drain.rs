@@ -54,11 +54,9 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     while !current.is_empty() || unrecorded.is_some() {
         // A full batch means a backlog: claiming ahead keeps the broker busy. Otherwise
         // the next batch is claimed late, below, to be as fresh as it can be.
-        let more = |current: &Vec<OutboxRecord>| {
-            !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until
-        };
-        let prefetch = current.len() >= relay.config.batch_size && more(&current);
-        let late = !prefetch && more(&current);
+        let more = !current.is_empty() && !*shutdown.borrow() && Instant::now() < prefetch_until;
+        let full = current.len() >= relay.config.batch_size;
+        let (prefetch, late) = (more && full, more && !full);
         let after = current.last().map(|r| r.seq);
         let span = tracing::info_span!(
             "outbox.relay.batch",
@@ -77,28 +75,19 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         .instrument(span);
         let previous = unrecorded.take();
         let database = async {
-            type Claimed = (Vec<OutboxRecord>, Option<Vec<String>>);
             if let Some(outcome) = previous {
                 let retry_in = record(relay, store, outcome).await?;
                 drained.retry_in = min_retry(drained.retry_in, retry_in);
             }
             if !prefetch {
-                return SessionResult::<Claimed>::Ok((Vec::new(), None));
+                return Ok((Vec::new(), None));
             }
-            let retrying = if blocked_loaded {
-                None
-            } else {
-                Some(store.retrying_keys().await?)
-            };
-            Ok((store.claim(after).await?, retrying))
+            claim_next(store, after, blocked_loaded).await
         };
         let (results, next) = tokio::join!(publish, database);
         let (mut next, mut retrying) = next?;
         if late && !*shutdown.borrow() {
-            if !blocked_loaded {
-                retrying = Some(store.retrying_keys().await?);
-            }
-            next = store.claim(after).await?;
+            (next, retrying) = claim_next(store, after, blocked_loaded).await?;
         }
         if let Some(keys) = retrying {
             blocked.extend(keys);
@@ -126,6 +115,20 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     }
     drained.claimed = claimed;
     Ok(drained)
+}
+
+/// The batch after `after`, and the keys in retry unless they are loaded already.
+async fn claim_next<S: Session>(
+    store: &mut S,
+    after: Option<i64>,
+    blocked_loaded: bool,
+) -> SessionResult<(Vec<OutboxRecord>, Option<Vec<String>>)> {
+    let retrying = if blocked_loaded {
+        None
+    } else {
+        Some(store.retrying_keys().await?)
+    };
+    Ok((store.claim(after).await?, retrying))
 }
 
 /// What a drain did: rows claimed, and when the earliest row it rescheduled may be due.

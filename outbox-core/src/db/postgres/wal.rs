@@ -1211,8 +1211,6 @@ impl Session for WalSession<'_> {
         }
     }
 
-    /// Claims are in memory: claiming after each acknowledgement takes everything that
-    /// arrived during the publish call (lower latency, same throughput).
     async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
         Ok(self
             .buffer
