@@ -150,7 +150,7 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
 }
 
 /// (d) claim 1,000 pending rows in `seq` order and mark them sent, one connection.
-async fn pg_ceiling(args: &Args) -> Result<(f64, u64), BoxError> {
+pub(crate) async fn pg_ceiling(args: &Args) -> Result<(f64, u64), BoxError> {
     let db = BenchDb::new(args).await?;
     db.fill(args.events, args.keys, args.payload).await?;
     let mut conn = db.outbox.pool().acquire().await?;

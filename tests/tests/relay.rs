@@ -590,6 +590,78 @@ async fn a_relay_that_started_on_a_small_table_marks_a_backlog_by_index() {
     db.cleanup().await;
 }
 
+/// During a backlog the relay marks batch N-1 on a second connection while its first
+/// claims N+1. Between backlogs that connection sits idle, and the server ends a relay
+/// session idle for `session_timeout`: the next backlog must open a new one, not fail
+/// its mark on the closed one (which ends the relay's session and publishes the batch
+/// again).
+#[tokio::test]
+async fn the_marks_connection_outlives_a_quiet_spell_longer_than_the_session_timeout() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    let name = format!("outbox-relay-marks-{}", std::process::id());
+    // The timeout used is at least 2 x publish_timeout + poll_interval + 5 s: 8 s here.
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batch_size(10)
+        .publish_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_secs(1))
+        .session_timeout(Duration::from_secs(1))
+        .application_name(&name)
+        .spawn();
+    let backlog = |from: usize| {
+        let outbox = outbox.clone();
+        async move {
+            let mut tx = outbox.begin().await.expect("begin");
+            for n in from..from + 100 {
+                tx.emit_message(message("k", n)).expect("emit");
+            }
+            tx.commit().await.expect("commit");
+        }
+    };
+    let sessions = || {
+        let (pool, name) = (db.pool.clone(), name.clone());
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            )
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_activity")
+        }
+    };
+    backlog(0).await;
+    assert!(
+        publisher.wait_for(100, WAIT).await,
+        "first backlog published"
+    );
+    // The claiming connection, the LISTEN connection and the marks connection.
+    wait_until("the relay has its marks connection", WAIT, || async {
+        sessions().await == 3
+    })
+    .await;
+    wait_until(
+        "the server ends the idle marks connection",
+        WAIT,
+        || async { sessions().await == 2 },
+    )
+    .await;
+    backlog(100).await;
+    assert!(
+        publisher.wait_for(200, WAIT).await,
+        "second backlog published"
+    );
+    let stats = relay.stats();
+    relay.shutdown().await;
+    assert_eq!(
+        stats.reconnects, 0,
+        "the relay's session failed on the closed marks connection"
+    );
+    assert_eq!(check_order(&publisher.published(), 1, 200), 0, "duplicates");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn graceful_shutdown_finishes_the_batch_in_flight() {
     let db = TestDb::new().await;

@@ -75,14 +75,29 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         .instrument(span);
         let previous = unrecorded.take();
         let database = async {
-            if let Some(outcome) = previous {
-                let retry_in = record(relay, store, outcome).await?;
-                drained.retry_in = min_retry(drained.retry_in, retry_in);
-            }
-            if !prefetch {
-                return Ok((Vec::new(), None));
-            }
-            claim_next(store, after, blocked_loaded).await
+            let Some(outcome) = previous else {
+                if !prefetch {
+                    return Ok((Vec::new(), None));
+                }
+                return claim_next(store, after, blocked_loaded).await;
+            };
+            let (dead, next) = if prefetch {
+                let retrying = if blocked_loaded {
+                    None
+                } else {
+                    Some(store.retrying_keys().await?)
+                };
+                let (dead, claimed) = store.record_and_claim(&outcome, after).await?;
+                (dead, (claimed, retrying))
+            } else {
+                if !outcome.sent.is_empty() {
+                    store.acknowledge(&outcome).await?;
+                }
+                (fail(store, &outcome).await?, (Vec::new(), None))
+            };
+            let retry_in = recorded(relay, &outcome, dead);
+            drained.retry_in = min_retry(drained.retry_in, retry_in);
+            Ok(next)
         };
         let (results, next) = tokio::join!(publish, database);
         let (mut next, mut retrying) = next?;
@@ -149,45 +164,51 @@ fn min_retry(
     }
 }
 
-/// Writes a batch's outcome: acknowledged rows marked sent (or deleted), failed rows
-/// rescheduled or dead-lettered.
-async fn record<P: Publisher, DB: Backend, S: Session>(
+/// Reschedules or dead-letters a batch's failed rows; returns how many died.
+async fn fail<S: Session>(store: &mut S, outcome: &Outcome) -> SessionResult<u64> {
+    if outcome.failed_seq.is_empty() {
+        return Ok(0);
+    }
+    store.fail(outcome).await
+}
+
+/// The stats and logs of a batch whose outcome is written (its sent rows marked or
+/// deleted, `dead` of its failed rows dead-lettered); returns when the earliest row it
+/// rescheduled may be due.
+fn recorded<P: Publisher, DB: Backend>(
     relay: &Relay<P, DB>,
-    store: &mut S,
-    outcome: Outcome,
-) -> SessionResult<Option<std::time::Duration>> {
+    outcome: &Outcome,
+    dead: u64,
+) -> Option<std::time::Duration> {
     let stats = &relay.stats;
-    let mut retry_in = None;
     if !outcome.sent.is_empty() {
-        store.acknowledge(&outcome).await?;
         let n = outcome.sent.len() as u64;
         RelayStats::add(&stats.published, n);
         metrics::counter!("outbox_published_total").increment(n);
     }
-    if !outcome.failed_seq.is_empty() {
-        let dead = store.fail(&outcome).await?;
-        let failed = outcome.failed_seq.len() as u64;
-        RelayStats::add(&stats.failed, failed);
-        RelayStats::add(&stats.dead, dead);
-        metrics::counter!("outbox_failed_total").increment(failed);
-        metrics::counter!("outbox_dead_lettered_total").increment(dead);
-        // The earliest a rescheduled row can be due: the outage delay, or a message's
-        // first backoff (-25% jitter); a later one is found by the next look.
-        let broker = outcome.failed_unavailable.iter().any(|u| *u);
-        let own = outcome.failed_unavailable.iter().any(|u| !*u);
-        let first_backoff = relay.config.backoff_base.mul_f64(0.75);
-        retry_in = min_retry(
-            broker.then_some(outcome.unavailable_delay),
-            own.then_some(first_backoff),
-        );
-        if dead > 0 {
-            tracing::error!(
-                count = dead,
-                "outbox messages dead-lettered after their last attempt"
-            );
-        }
+    if outcome.failed_seq.is_empty() {
+        return None;
     }
-    Ok(retry_in)
+    let failed = outcome.failed_seq.len() as u64;
+    RelayStats::add(&stats.failed, failed);
+    RelayStats::add(&stats.dead, dead);
+    metrics::counter!("outbox_failed_total").increment(failed);
+    metrics::counter!("outbox_dead_lettered_total").increment(dead);
+    if dead > 0 {
+        tracing::error!(
+            count = dead,
+            "outbox messages dead-lettered after their last attempt"
+        );
+    }
+    // The earliest a rescheduled row can be due: the outage delay, or a message's
+    // first backoff (-25% jitter); a later one is found by the next look.
+    let broker = outcome.failed_unavailable.iter().any(|u| *u);
+    let own = outcome.failed_unavailable.iter().any(|u| !*u);
+    let first_backoff = relay.config.backoff_base.mul_f64(0.75);
+    min_retry(
+        broker.then_some(outcome.unavailable_delay),
+        own.then_some(first_backoff),
+    )
 }
 
 /// Hands `batch` to the publisher, bounded by `publish_timeout`; one result per message.

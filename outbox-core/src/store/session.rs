@@ -134,6 +134,28 @@ pub trait Session: Send {
     /// Records `outcome.sent` as acknowledged (marked sent or deleted, per `on_sent`).
     fn acknowledge(&mut self, outcome: &Outcome) -> impl Future<Output = SessionResult<()>> + Send;
 
+    /// Records `outcome` ([`acknowledge`](Self::acknowledge), then [`fail`](Self::fail))
+    /// and [`claim`](Self::claim)s the batch after `after`; returns how many rows died,
+    /// and the batch. A session with a connection of its own for marks (PostgreSQL) marks
+    /// while it claims; by default each step waits for the one before.
+    fn record_and_claim(
+        &mut self,
+        outcome: &Outcome,
+        after: Option<i64>,
+    ) -> impl Future<Output = SessionResult<(u64, Vec<OutboxRecord>)>> + Send {
+        async move {
+            if !outcome.sent.is_empty() {
+                self.acknowledge(outcome).await?;
+            }
+            let dead = if outcome.failed_seq.is_empty() {
+                0
+            } else {
+                self.fail(outcome).await?
+            };
+            Ok((dead, self.claim(after).await?))
+        }
+    }
+
     /// Reschedules the failed rows with backoff or dead-letters them; returns how many
     /// died.
     fn fail(&mut self, outcome: &Outcome) -> impl Future<Output = SessionResult<u64>> + Send;

@@ -1,5 +1,7 @@
 //! One relay session on PostgreSQL: a dedicated connection that holds the relay's
-//! advisory locks and runs every claim and mark, plus a `LISTEN` connection.
+//! advisory locks and runs every claim, reschedule and mark, plus a `LISTEN` connection,
+//! and, during a backlog, a second connection that marks batch N-1 while the first
+//! claims N+1.
 //!
 //! - **Wake-up**: `LISTEN` on the outbox channel (writers notify at commit), plus a
 //!   safety probe every `poll_interval` that costs one query while idle.
@@ -8,8 +10,9 @@
 //! - **Several relays**: rows are spread over `partitions` by key; each relay holds the
 //!   partitions it publishes through advisory locks on its own connection, and relays
 //!   share partitions evenly. A relay that dies loses its connection and with it its
-//!   partitions; it cannot mark anything after that, because claims and marks go through
-//!   that same connection.
+//!   partitions; it cannot claim, reschedule or dead-letter anything after that, because
+//!   those go through that same connection. (A mark through the second connection can
+//!   still land: it records an acknowledgement the broker gave, which is true anyway.)
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -197,11 +200,58 @@ enum Idle {
 
 /// The first retry when taking the idle lock fails (a commit was probing it at that
 /// instant); doubles up to the poll interval.
+/// A connection of the relay's, with its settings: keepalives, marks without waiting for
+/// the WAL flush, custom plans, and the idle-session timeout.
+async fn connect_configured(
+    options: &sqlx::postgres::PgConnectOptions,
+    config: &RelayConfig,
+) -> SessionResult<PgConnection> {
+    let mut conn = PgConnection::connect_with(options).await?;
+    // Notice a vanished relay host in ~25 s instead of the OS default of 2 hours, so its
+    // partitions are taken over (the server drops the session and its locks).
+    conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
+        .await?;
+    // The relay's marks need not wait for their WAL flush: a mark lost in a server
+    // crash (at most about 3 x wal_writer_delay of them) leaves its message pending,
+    // and it is published again, which at-least-once delivery allows. Marks are lost as
+    // a suffix of the WAL, so a key's later mark is never kept without its earlier one.
+    // Waiting for the flush would put every relay round trip in the writers' fsync
+    // queue.
+    conn.execute("SET synchronous_commit = off").await?;
+    // Each statement is planned for its own arguments and the table as it is now. A
+    // session lives for days while the outbox grows from a few rows to millions and
+    // back; after five runs PostgreSQL may keep a generic plan chosen while the table
+    // was tiny (a sequential scan of its one page), and until an ANALYZE invalidated
+    // it every mark read the whole table: 4.7 ms for 10 rows of a 30,000-row table
+    // (test `a_relay_that_started_on_a_small_table_marks_a_backlog_by_index`). Planning
+    // costs tens of microseconds per statement.
+    conn.execute("SET plan_cache_mode = force_custom_plan")
+        .await?;
+    // A relay process that stops answering (SIGSTOP, a frozen VM) keeps its TCP
+    // connection alive (the kernel answers keepalives): the server ends its session,
+    // and with it the partitions, once it has been idle that long (PostgreSQL >= 14).
+    sqlx::query(
+        "SELECT set_config('idle_session_timeout', $1, false) \
+         WHERE current_setting('server_version_num')::int >= 140000",
+    )
+    .bind(format!(
+        "{}ms",
+        config.effective_session_timeout().as_millis()
+    ))
+    .execute(&mut conn)
+    .await?;
+    Ok(conn)
+}
+
 const FIRST_IDLE_RETRY: Duration = Duration::from_millis(1);
 
 pub struct PgSession<'a> {
     cx: Context<'a, Postgres>,
     conn: PgConnection,
+    options: sqlx::postgres::PgConnectOptions,
+    /// The connection that marks a backlog's batches while `conn` claims the next
+    /// (`record_and_claim`), opened when first needed, and when it was last used.
+    marks: Option<(PgConnection, Instant)>,
     listener: PgListener,
     sql: Sql,
     table_key: i32,
@@ -290,6 +340,13 @@ impl<T: Session, W: Session> Session for Either<T, W> {
     async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
         both!(self, s => s.acknowledge(outcome).await)
     }
+    async fn record_and_claim(
+        &mut self,
+        outcome: &Outcome,
+        after: Option<i64>,
+    ) -> SessionResult<(u64, Vec<OutboxRecord>)> {
+        both!(self, s => s.record_and_claim(outcome, after).await)
+    }
     async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
         both!(self, s => s.fail(outcome).await)
     }
@@ -304,40 +361,7 @@ impl<'a> PgSession<'a> {
         let options = (*cx.pool.connect_options())
             .clone()
             .application_name(&cx.config.application_name);
-        let mut conn = PgConnection::connect_with(&options).await?;
-        // Notice a vanished relay host in ~25 s instead of the OS default of 2 hours, so its
-        // partitions are taken over (the server drops the session and its locks).
-        conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
-            .await?;
-        // The relay's marks need not wait for their WAL flush: a mark lost in a server
-        // crash (at most about 3 x wal_writer_delay of them) leaves its message pending,
-        // and it is published again, which at-least-once delivery allows. Marks are lost as
-        // a suffix of the WAL, so a key's later mark is never kept without its earlier one.
-        // Waiting for the flush would put every relay round trip in the writers' fsync
-        // queue.
-        conn.execute("SET synchronous_commit = off").await?;
-        // Each statement is planned for its own arguments and the table as it is now. A
-        // session lives for days while the outbox grows from a few rows to millions and
-        // back; after five runs PostgreSQL may keep a generic plan chosen while the table
-        // was tiny (a sequential scan of its one page), and until an ANALYZE invalidated
-        // it every mark read the whole table: 4.7 ms for 10 rows of a 30,000-row table
-        // (test `a_relay_that_started_on_a_small_table_marks_a_backlog_by_index`). Planning
-        // costs tens of microseconds per statement.
-        conn.execute("SET plan_cache_mode = force_custom_plan")
-            .await?;
-        // A relay process that stops answering (SIGSTOP, a frozen VM) keeps its TCP
-        // connection alive (the kernel answers keepalives): the server ends its session,
-        // and with it the partitions, once it has been idle that long (PostgreSQL >= 14).
-        sqlx::query(
-            "SELECT set_config('idle_session_timeout', $1, false) \
-             WHERE current_setting('server_version_num')::int >= 140000",
-        )
-        .bind(format!(
-            "{}ms",
-            cx.config.effective_session_timeout().as_millis()
-        ))
-        .execute(&mut conn)
-        .await?;
+        let mut conn = connect_configured(&options, cx.config).await?;
         let (seq_name, cache): (Option<String>, Option<i64>) = sqlx::query_as(
             "SELECT s.name, (SELECT seqcache FROM pg_sequence WHERE seqrelid = s.name::regclass) \
              FROM (SELECT pg_get_serial_sequence($1, 'seq') AS name) s",
@@ -387,7 +411,7 @@ impl<'a> PgSession<'a> {
         // The listener reconnects by itself through this one-connection pool.
         let listen_pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.clone());
         let mut listener = PgListener::connect_with(&listen_pool).await?;
         listener.ignore_pool_close_event(true);
         listener.listen(&channel).await?;
@@ -398,6 +422,8 @@ impl<'a> PgSession<'a> {
         Ok(PgSession {
             cx,
             conn,
+            options,
+            marks: None,
             listener,
             sql,
             table_key,
@@ -418,6 +444,20 @@ impl<'a> PgSession<'a> {
 
     fn count_queries(&self, n: u64) {
         self.cx.count_queries(n);
+    }
+
+    /// The marks connection, opened again once it has been idle for half the server's
+    /// idle-session timeout (which would end it under a later mark).
+    async fn marks_connection(&mut self) -> SessionResult<PgConnection> {
+        let fresh_for = self.cx.config.effective_session_timeout() / 2;
+        match self.marks.take() {
+            Some((conn, used)) if used.elapsed() < fresh_for => Ok(conn),
+            _ => {
+                // The settings: four statements.
+                self.count_queries(4);
+                connect_configured(&self.options, self.cx.config).await
+            }
+        }
     }
 
     /// The horizon is no longer held back: the gauge and the backoff start afresh.
@@ -712,6 +752,37 @@ impl Session for PgSession<'_> {
         Ok(())
     }
 
+    /// The mark runs on a second connection while `conn` claims. During a backlog the
+    /// mark of batch N-1 (about 15 µs a row: a new row version and its index entries)
+    /// and the claim of N+1 then take as long as the longer of the two, not their sum
+    /// (`outbox-bench -- drain --broker memory`: 52k → 70k events/s). A mark records a
+    /// broker's acknowledgement, which stays true whoever owns the partition by the time
+    /// it lands, so it needs none of `conn`'s locks. Reschedules and dead letters stay on
+    /// `conn` (a relay that lost its partitions no longer has it), before the claim, as
+    /// in the default.
+    async fn record_and_claim(
+        &mut self,
+        outcome: &Outcome,
+        after: Option<i64>,
+    ) -> SessionResult<(u64, Vec<OutboxRecord>)> {
+        let dead = if outcome.failed_seq.is_empty() {
+            0
+        } else {
+            self.fail(outcome).await?
+        };
+        if outcome.sent.is_empty() {
+            return Ok((dead, self.claim_rows(after).await?));
+        }
+        let mut marks = self.marks_connection().await?;
+        let sql = self.sql.mark.clone();
+        self.count_queries(1);
+        let mark = sqlx::query(&sql).bind(&outcome.sent).execute(&mut marks);
+        let (marked, claimed) = tokio::join!(mark, self.claim_rows(after));
+        marked?;
+        self.marks = Some((marks, Instant::now()));
+        Ok((dead, claimed?))
+    }
+
     async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
         let config = self.cx.config;
         self.count_queries(1);
@@ -732,5 +803,8 @@ impl Session for PgSession<'_> {
     async fn close(self) {
         // Hands the partitions over at once instead of when the connection times out.
         let _ = self.conn.close().await;
+        if let Some((marks, _)) = self.marks {
+            let _ = marks.close().await;
+        }
     }
 }
