@@ -11,6 +11,7 @@ pub mod nats;
 pub mod order;
 pub mod process;
 pub mod proxy;
+pub mod rabbitmq;
 pub mod wal;
 
 use std::str::FromStr;

@@ -1,0 +1,782 @@
+//! `outbox-rabbitmq`: publishes outbox messages to [RabbitMQ](https://www.rabbitmq.com/)
+//! (AMQP 0-9-1, with the [`lapin`] client).
+//!
+//! ```no_run
+//! # async fn demo(outbox: outbox_core::Outbox) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::Relay;
+//! use outbox_rabbitmq::RabbitPublisher;
+//!
+//! // Every exchange named by the event catalog's destinations must exist.
+//! let publisher = RabbitPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .build()
+//!     .await?;
+//! let relay = Relay::builder(outbox, publisher).spawn();
+//! # relay.shutdown().await; Ok(()) }
+//! ```
+//!
+//! # Destinations
+//! A destination is `exchange/routing.key`: the message goes to `exchange` with that
+//! routing key (which may itself hold `/`). A destination without `/` goes to the
+//! default exchange with the destination as its routing key, that is straight to the
+//! queue of that name.
+//!
+//! # What it guarantees
+//! - **Confirmed, persistent, routed**: the channel is in confirm mode, every message is
+//!   persistent (`delivery_mode = 2`) and published `mandatory`. A message counts as
+//!   sent once the broker confirmed it. A message that no queue is bound to take comes
+//!   back (`NO_ROUTE`) and fails for good ([`PublishError::permanent`], a dead letter
+//!   naming the exchange and routing key), instead of being dropped silently. A
+//!   negative confirm (`nack`) is retried.
+//! - **Per-key order**: the messages of one partition key are published one after the
+//!   other, each after the broker confirmed the one before; messages of different keys
+//!   are all in flight at once on one channel. After a failure, the later messages of
+//!   that key in the batch are not attempted, so a key never reaches a queue out of
+//!   order. RabbitMQ keeps the order of one channel's messages in each queue; consumers
+//!   keep it with one consumer per queue (or a single active consumer). The cost: a
+//!   batch of one hot key takes one round trip per message.
+//! - **Deduplication**: `message_id` is the outbox id; consumers skip ids they saw (a
+//!   message is published again when the relay crashed between the confirm and the
+//!   mark).
+//! - **Recovery**: a lost connection or a closed channel fails the batch in flight as
+//!   unavailable (no attempt counted, retried with the relay's outage backoff), and the
+//!   next batch connects again. The relay does not restart.
+//! - **Start-up check**: [`RabbitPublisherBuilder::build`] fails with
+//!   [`Error::MissingDestinations`] naming every exchange (or, for the default
+//!   exchange, queue) of the catalog's destinations that does not exist. A missing
+//!   exchange met later fails its messages as retryable errors naming it, without
+//!   publishing them: RabbitMQ would close the channel, and with it every confirm in
+//!   flight.
+//!
+//! # Message layout
+//! Body = the JSON payload. Properties: `message_id` = the outbox id, `type` = the event
+//! type, `content_type = application/json`, `timestamp` = when the event was written,
+//! `delivery_mode = 2`. Headers: `message-id`, `event-type`, `event-version` (if any),
+//! `content-type`, `partition-key` (if any), and every header stored with the row
+//! (`traceparent`, ...): the broker-neutral names of `outbox_core::publisher::headers`,
+//! which `outbox-kafka` and `outbox-nats` write too.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, key_chains};
+use tokio::time::Instant;
+
+/// The headers this publisher writes.
+pub mod headers {
+    pub use outbox_core::publisher::headers::{
+        CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, PARTITION_KEY,
+    };
+
+    /// Headers the publisher sets itself; row headers with these names are not copied.
+    pub const RESERVED: [&str; 5] = [
+        MESSAGE_ID,
+        EVENT_TYPE,
+        EVENT_VERSION,
+        CONTENT_TYPE,
+        PARTITION_KEY,
+    ];
+}
+
+/// Why the publisher could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The broker could not be reached, refused the login, or did not answer in time.
+    #[error(
+        "cannot connect to RabbitMQ at {url}: {reason}; check that the broker runs and that the URL, user and vhost are right"
+    )]
+    Connect {
+        /// The URL given, without its password.
+        url: String,
+        /// The client's error.
+        reason: String,
+    },
+    /// Destinations whose exchange (or, for the default exchange, queue) does not exist.
+    #[error(
+        "RabbitMQ has no {}; declare them (e.g. `rabbitmqadmin declare exchange name={} type=topic durable=true`), \
+         or leave the catalog out of the check with `.skip_catalog_check()`",
+        .missing.join(", "),
+        .missing.first().and_then(|m| m.strip_prefix("exchange ")).unwrap_or("<exchange>")
+    )]
+    MissingDestinations {
+        /// What is missing, e.g. `exchange orders (for orders/order.created)`.
+        missing: Vec<String>,
+    },
+    /// A destination that is not `exchange/routing.key` or a queue name.
+    #[error("destination {destination:?} cannot be published to RabbitMQ: {reason}")]
+    InvalidDestination {
+        /// The destination.
+        destination: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The broker did not answer a lookup.
+    #[error("cannot look up {what} on RabbitMQ: {reason}")]
+    Lookup {
+        /// The exchange or queue looked up.
+        what: String,
+        /// The client's error.
+        reason: String,
+    },
+}
+
+/// The URL with its password replaced by `***`, for errors, logs and `Debug`.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The user information ends at the last `@` before the path.
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let user = rest[..at].split(':').next().unwrap_or("");
+    format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+}
+
+/// Where a destination goes: `(exchange, routing key)`.
+fn route(destination: &str) -> Result<(&str, &str), String> {
+    let (exchange, routing_key) = destination.split_once('/').unwrap_or(("", destination));
+    if destination.contains('/') && exchange.is_empty() {
+        return Err(
+            "it has an empty exchange before `/`; name the queue alone to use the default exchange"
+                .to_owned(),
+        );
+    }
+    if exchange.len() > 127
+        || !exchange
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
+        return Err(format!(
+            "exchange {exchange:?} is not a RabbitMQ exchange name (at most 127 letters, digits, `-`, `_`, `.`, `:`)"
+        ));
+    }
+    if routing_key.is_empty() && exchange.is_empty() {
+        return Err("it is empty".to_owned());
+    }
+    if routing_key.len() > 255 {
+        return Err(format!(
+            "the routing key is {} bytes, over AMQP's 255",
+            routing_key.len()
+        ));
+    }
+    Ok((exchange, routing_key))
+}
+
+/// What a destination needs to exist: its exchange, or for the default exchange the
+/// queue it routes to.
+fn needs(destination: &str) -> Result<Needed, String> {
+    let (exchange, routing_key) = route(destination)?;
+    Ok(if exchange.is_empty() {
+        Needed::Queue(routing_key.to_owned())
+    } else {
+        Needed::Exchange(exchange.to_owned())
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Needed {
+    Exchange(String),
+    Queue(String),
+}
+
+impl fmt::Display for Needed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Needed::Exchange(name) => write!(f, "exchange {name}"),
+            Needed::Queue(name) => write!(f, "queue {name}"),
+        }
+    }
+}
+
+/// Whether an error is the broker's `404 NOT_FOUND`.
+fn not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp)
+        if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+}
+
+/// Looks `needed` up with a passive declare, on a channel of its own: a failed passive
+/// declare closes its channel. `Ok(false)` when it does not exist.
+async fn exists(connection: &Connection, needed: &Needed) -> Result<bool, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    let result = match needed {
+        Needed::Exchange(name) => {
+            channel
+                .exchange_declare(
+                    name.as_str().into(),
+                    lapin::ExchangeKind::Direct,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+        }
+        Needed::Queue(name) => channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map(|_| ()),
+    };
+    match result {
+        Ok(()) => {
+            let _ = channel
+                .close(200, "outbox-rabbitmq: looked up".into())
+                .await;
+            Ok(true)
+        }
+        Err(e) if not_found(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Configures a [`RabbitPublisher`]; start with [`RabbitPublisher::builder`].
+pub struct RabbitPublisherBuilder {
+    url: String,
+    destinations: Vec<String>,
+    check_catalog: bool,
+    confirm_timeout: Duration,
+    connect_timeout: Duration,
+    batch_budget: Duration,
+}
+
+impl fmt::Debug for RabbitPublisherBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitPublisherBuilder")
+            .field("url", &redacted(&self.url))
+            .field("destinations", &self.destinations)
+            .field("check_catalog", &self.check_catalog)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitPublisherBuilder {
+    /// Also check at start-up that `destination`'s exchange (or queue) exists.
+    pub fn destination(mut self, destination: impl Into<String>) -> Self {
+        self.destinations.push(destination.into());
+        self
+    }
+
+    /// Do not check the destinations of the event catalog (`outbox_core::catalog()`) at
+    /// start-up; destinations added with [`destination`](Self::destination) are still
+    /// checked.
+    pub fn skip_catalog_check(mut self) -> Self {
+        self.check_catalog = false;
+        self
+    }
+
+    /// How long to wait for the broker's confirm of one message (default 5 s); past it
+    /// the message is reported as unavailable (no attempt counted) and the connection is
+    /// opened again for the next batch.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// How long connecting (TCP, TLS, login, channel) may take (default 5 s); also
+    /// bounds, as a whole, a batch's look-ups of exchanges it has not met yet.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a batch may start new messages (default 12 s): a key's chain still going
+    /// when it runs out reports its remaining messages as not attempted. A batch takes
+    /// at most `2 × connect_timeout + batch_budget + confirm_timeout`
+    /// ([`Publisher::max_publish_time`]): 27 s with the defaults, below the relay's 30 s
+    /// `publish_timeout`.
+    pub fn batch_budget(mut self, budget: Duration) -> Self {
+        self.batch_budget = budget;
+        self
+    }
+
+    /// Connects and checks that every destination's exchange (or queue) exists.
+    pub async fn build(self) -> Result<RabbitPublisher, Error> {
+        let shown = redacted(&self.url);
+        let inner = Inner {
+            url: self.url,
+            shown: shown.clone(),
+            link: tokio::sync::Mutex::new(None),
+            known: std::sync::Mutex::new(HashSet::new()),
+            confirm_timeout: self.confirm_timeout,
+            connect_timeout: self.connect_timeout,
+            batch_budget: self.batch_budget,
+        };
+        let link = inner.connect().await.map_err(|reason| Error::Connect {
+            url: shown.clone(),
+            reason,
+        })?;
+        let wanted =
+            outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog);
+        let mut missing = Vec::new();
+        for destination in wanted {
+            let needed = needs(&destination).map_err(|reason| Error::InvalidDestination {
+                destination: destination.clone(),
+                reason,
+            })?;
+            let found =
+                tokio::time::timeout(inner.connect_timeout, exists(&link.connection, &needed))
+                    .await
+                    .map_err(|_| Error::Lookup {
+                        what: needed.to_string(),
+                        reason: format!("no answer within {:?}", inner.connect_timeout),
+                    })?
+                    .map_err(|e| Error::Lookup {
+                        what: needed.to_string(),
+                        reason: e.to_string(),
+                    })?;
+            if found {
+                inner.remember(&needed);
+            } else {
+                missing.push(format!("{needed} (for {destination})"));
+            }
+        }
+        if !missing.is_empty() {
+            return Err(Error::MissingDestinations { missing });
+        }
+        *inner.link.lock().await = Some(link);
+        tracing::info!(url = %shown, "outbox-rabbitmq publisher ready");
+        Ok(RabbitPublisher {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+/// Publishes outbox messages to RabbitMQ. See the [crate docs](crate).
+///
+/// Cheap to clone; clones share one connection.
+#[derive(Clone)]
+pub struct RabbitPublisher {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RabbitPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitPublisher")
+            .field("url", &self.inner.shown)
+            .field("confirm_timeout", &self.inner.confirm_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// With its password: only ever handed to the client.
+    url: String,
+    /// Without it: for errors, logs and `Debug`.
+    shown: String,
+    /// The connection and its confirm-mode channel; `None` after a transport failure,
+    /// until the next batch connects again.
+    link: tokio::sync::Mutex<Option<Link>>,
+    /// Exchanges and queues seen to exist, since the last connect.
+    known: std::sync::Mutex<HashSet<Needed>>,
+    confirm_timeout: Duration,
+    connect_timeout: Duration,
+    batch_budget: Duration,
+}
+
+struct Link {
+    connection: Connection,
+    channel: Channel,
+}
+
+impl Inner {
+    /// A connection and a channel in confirm mode, within `connect_timeout`.
+    async fn connect(&self) -> Result<Link, String> {
+        let connect = async {
+            let connection = Connection::connect(
+                &self.url,
+                ConnectionProperties::default().with_connection_name("outbox-rabbitmq".into()),
+            )
+            .await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(Link {
+                connection,
+                channel,
+            })
+        };
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(link)) => Ok(link),
+            // lapin's errors do not carry the URL.
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.connect_timeout)),
+        }
+    }
+
+    fn lock_known(&self) -> std::sync::MutexGuard<'_, HashSet<Needed>> {
+        self.known
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn remember(&self, needed: &Needed) {
+        self.lock_known().insert(needed.clone());
+    }
+}
+
+/// One message's properties and headers.
+fn properties(record: &OutboxRecord) -> BasicProperties {
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+    let id = record.id.to_string();
+    let mut table = FieldTable::default();
+    table.insert(headers::MESSAGE_ID.into(), text(&id));
+    table.insert(headers::EVENT_TYPE.into(), text(&record.event_type));
+    table.insert(headers::CONTENT_TYPE.into(), text(headers::JSON));
+    if let Some(version) = record.event_version {
+        table.insert(headers::EVENT_VERSION.into(), text(&version.to_string()));
+    }
+    if let Some(key) = &record.partition_key {
+        table.insert(headers::PARTITION_KEY.into(), text(key));
+    }
+    for (key, value) in &record.headers {
+        if headers::RESERVED
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(key))
+        {
+            tracing::debug!(id = %record.id, header = %key, "row header shadows a reserved header; not copied");
+            continue;
+        }
+        if key.len() > 255 {
+            tracing::warn!(id = %record.id, "row header name over 255 bytes; not copied");
+            continue;
+        }
+        table.insert(ShortString::from(key.as_str()), text(value));
+    }
+    BasicProperties::default()
+        .with_message_id(ShortString::from(id.as_str()))
+        .with_type(ShortString::from(record.event_type.as_str()))
+        .with_content_type(headers::JSON.into())
+        .with_delivery_mode(2)
+        .with_timestamp(u64::try_from(record.created_at.timestamp()).unwrap_or(0))
+        .with_headers(table)
+}
+
+/// A failure that says something about the transport, not the message: the link is
+/// dropped and the next batch connects again.
+fn transport(e: &lapin::Error) -> PublishError {
+    PublishError::unavailable(format!("rabbitmq: {e}"))
+}
+
+impl RabbitPublisher {
+    /// A publisher connecting to `url` (`amqp://user:password@host:5672/vhost`, or
+    /// `amqps://` for TLS; the default vhost `/` is `%2f`).
+    ///
+    /// Errors, logs and `Debug` show the URL with its password replaced by `***`.
+    pub fn builder(url: impl Into<String>) -> RabbitPublisherBuilder {
+        RabbitPublisherBuilder {
+            url: url.into(),
+            destinations: Vec::new(),
+            check_catalog: true,
+            confirm_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            batch_budget: Duration::from_secs(12),
+        }
+    }
+
+    /// Whether `needed` exists, asked once per connection, by `deadline`.
+    async fn check(
+        &self,
+        link: &Link,
+        needed: &Needed,
+        deadline: Instant,
+    ) -> Result<bool, PublishError> {
+        if self.inner.lock_known().contains(needed) {
+            return Ok(true);
+        }
+        match tokio::time::timeout_at(deadline, exists(&link.connection, needed)).await {
+            Ok(Ok(true)) => {
+                self.inner.remember(needed);
+                Ok(true)
+            }
+            Ok(Ok(false)) => Ok(false),
+            Ok(Err(e)) => Err(transport(&e)),
+            Err(_) => Err(PublishError::unavailable(format!(
+                "rabbitmq: no answer to the lookup of {needed} within {:?}",
+                self.inner.connect_timeout
+            ))),
+        }
+    }
+
+    /// Publishes one message and waits for its confirm. `Err` with `true`: the link is
+    /// broken.
+    async fn publish_one(
+        &self,
+        channel: &Channel,
+        record: &OutboxRecord,
+    ) -> Result<(), (PublishError, bool)> {
+        let (exchange, routing_key) = route(&record.destination).map_err(|reason| {
+            (
+                PublishError::permanent(format!(
+                    "rabbitmq: destination {:?} cannot be published to: {reason}",
+                    record.destination
+                )),
+                false,
+            )
+        })?;
+        let send = async {
+            channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    record.payload.as_bytes(),
+                    properties(record),
+                )
+                .await?
+                .await
+        };
+        match tokio::time::timeout(self.inner.confirm_timeout, send).await {
+            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => Err((
+                PublishError::permanent(format!(
+                    "rabbitmq: no queue is bound to exchange {exchange:?} for routing key {routing_key:?} \
+                     ({} {}); bind one, then release the message",
+                    returned.reply_code, returned.reply_text
+                )),
+                false,
+            )),
+            Ok(Ok(Confirmation::Nack(_))) => Err((
+                PublishError::retryable(
+                    "rabbitmq: the broker refused the message (basic.nack: an internal error of the queue)",
+                ),
+                false,
+            )),
+            Ok(Ok(Confirmation::NotRequested)) => Err((
+                PublishError::unavailable(
+                    "rabbitmq: the channel is not in confirm mode; connecting again",
+                ),
+                true,
+            )),
+            Ok(Err(e)) => Err((transport(&e), true)),
+            Err(_) => Err((
+                PublishError::unavailable(format!(
+                    "rabbitmq: no confirm within {:?}; connecting again",
+                    self.inner.confirm_timeout
+                )),
+                true,
+            )),
+        }
+    }
+}
+
+impl Publisher for RabbitPublisher {
+    /// `connect_timeout` (a reconnect, and once more for the lookups) plus `batch_budget
+    /// + confirm_timeout`.
+    fn max_publish_time(&self) -> Option<Duration> {
+        Some(2 * self.inner.connect_timeout + self.inner.batch_budget + self.inner.confirm_timeout)
+    }
+
+    async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
+        let mut guard = self.inner.link.lock().await;
+        if guard.is_none() {
+            match self.inner.connect().await {
+                Ok(link) => {
+                    tracing::info!(url = %self.inner.shown, "outbox-rabbitmq: connected again");
+                    self.inner.lock_known().clear();
+                    *guard = Some(link);
+                }
+                Err(reason) => {
+                    let error = PublishError::unavailable(format!(
+                        "rabbitmq: cannot connect to {}: {reason}",
+                        self.inner.shown
+                    ));
+                    return vec![Err(error); batch.len()];
+                }
+            }
+        }
+        let Some(link) = guard.as_ref() else {
+            return vec![Err(PublishError::unavailable("rabbitmq: not connected")); batch.len()];
+        };
+
+        // The destinations' exchanges: a publish to a missing one closes the channel.
+        let mut missing: HashSet<&str> = HashSet::new();
+        let mut seen: HashSet<&str> = HashSet::new();
+        let lookups_until = Instant::now() + self.inner.connect_timeout;
+        for record in batch {
+            let destination = record.destination.as_str();
+            if !seen.insert(destination) {
+                continue;
+            }
+            let Ok(needed) = needs(destination) else {
+                continue; // refused per message below
+            };
+            match self.check(link, &needed, lookups_until).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    missing.insert(destination);
+                }
+                Err(error) => {
+                    *guard = None;
+                    return vec![Err(error); batch.len()];
+                }
+            }
+        }
+
+        let deadline = Instant::now() + self.inner.batch_budget;
+        let broken = std::sync::atomic::AtomicBool::new(false);
+        let channel = &link.channel;
+        let (missing, broken_ref) = (&missing, &broken);
+        let runs = key_chains(batch).into_iter().map(|chain| async move {
+            let mut results = Vec::with_capacity(chain.len());
+            let mut failed = false;
+            for i in chain {
+                let record = &batch[i];
+                let result = if failed
+                    || Instant::now() >= deadline
+                    || broken_ref.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    Err(PublishError::not_attempted())
+                } else if missing.contains(record.destination.as_str()) {
+                    Err(PublishError::retryable(format!(
+                        "rabbitmq: {} does not exist; declare it, the message is retried",
+                        needs(&record.destination)
+                            .map(|n| n.to_string())
+                            .unwrap_or_default()
+                    )))
+                } else {
+                    self.publish_one(channel, record)
+                        .await
+                        .map_err(|(e, gone)| {
+                            if gone {
+                                broken_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            e
+                        })
+                };
+                failed |= result.is_err();
+                results.push((i, result));
+            }
+            results
+        });
+        let mut out: Vec<Option<Result<(), PublishError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        for (i, result) in futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            out[i] = Some(result);
+        }
+        if broken.into_inner() {
+            tracing::warn!(url = %self.inner.shown, "outbox-rabbitmq: the connection or channel failed; connecting again for the next batch");
+            if let Some(link) = guard.take() {
+                // Closed off the batch's path: a stalled connection never answers the close.
+                tokio::spawn(async move {
+                    let close = link
+                        .connection
+                        .close(200, "outbox-rabbitmq: reconnecting".into());
+                    let _ = tokio::time::timeout(Duration::from_secs(5), close).await;
+                });
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(PublishError::unavailable("rabbitmq: message not published"))
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_map_to_an_exchange_and_a_routing_key() {
+        assert_eq!(
+            route("orders/order.created"),
+            Ok(("orders", "order.created"))
+        );
+        assert_eq!(route("orders/a/b"), Ok(("orders", "a/b")));
+        assert_eq!(route("work-queue"), Ok(("", "work-queue")));
+        assert_eq!(route("orders/"), Ok(("orders", "")));
+        for bad in ["/order.created", "", "or ders/x", "örders/x"] {
+            assert!(route(bad).is_err(), "{bad:?} is refused");
+        }
+        assert!(route(&format!("x/{}", "k".repeat(256))).is_err());
+        assert_eq!(needs("orders/x"), Ok(Needed::Exchange("orders".to_owned())));
+        assert_eq!(needs("jobs"), Ok(Needed::Queue("jobs".to_owned())));
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redacted("amqp://svc:hunter2@rabbit:5672/%2f"),
+            "amqp://svc:***@rabbit:5672/%2f"
+        );
+        assert_eq!(
+            redacted("amqps://svc:p%40ss@rabbit/vh"),
+            "amqps://svc:***@rabbit/vh"
+        );
+        assert_eq!(redacted("amqp://rabbit:5672"), "amqp://rabbit:5672");
+        let builder = RabbitPublisher::builder("amqp://svc:hunter2@rabbit:5672/%2f");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_layout_carries_the_id_type_and_headers() {
+        let record = OutboxRecord {
+            seq: 1,
+            id: uuid::Uuid::now_v7(),
+            event_type: "OrderPlaced".to_owned(),
+            event_version: Some(2),
+            destination: "orders/order.placed".to_owned(),
+            partition_key: Some("order-1".to_owned()),
+            payload: "{}".to_owned(),
+            headers: [
+                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+                ("Event-Type".to_owned(), "spoofed".to_owned()),
+            ]
+            .into(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let p = properties(&record);
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            Some(record.id.to_string())
+        );
+        assert_eq!(
+            p.kind().as_ref().map(|s| s.as_str().to_owned()),
+            Some("OrderPlaced".to_owned())
+        );
+        assert_eq!(*p.delivery_mode(), Some(2));
+        let table = p.headers().clone().unwrap_or_default();
+        let get = |k: &str| match table.inner().get(k) {
+            Some(AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            _ => None,
+        };
+        assert_eq!(get("event-type").as_deref(), Some("OrderPlaced"));
+        assert_eq!(get("event-version").as_deref(), Some("2"));
+        assert_eq!(get("partition-key").as_deref(), Some("order-1"));
+        assert_eq!(get("traceparent").as_deref(), Some("00-abc-def-01"));
+        assert_eq!(get("Event-Type"), None, "a reserved header is not copied");
+    }
+}

@@ -1,0 +1,347 @@
+//! `outbox-rabbitmq` against the real RabbitMQ (`OUTBOX_TEST_RABBITMQ_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`). Each test declares an exchange and a queue
+//! of its own.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outbox_core::admin::{Admin, ListFilter};
+use outbox_core::{OutboxMessage, Relay};
+use outbox_rabbitmq::{Error, RabbitPublisher, headers};
+use outbox_tests::proxy::Proxy;
+use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
+use outbox_tests::{TestDb, order, wait_until};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_confirmed_persistent_messages_in_key_order() {
+    let topology = Topology::declare("orders.#").await;
+    let destination = format!("{}/orders.placed", topology.exchange);
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    for round in 0..4 {
+        let mut tx = outbox.begin().await.expect("begin");
+        for n in round * 5..round * 5 + 5 {
+            for key in ["a", "b", "c"] {
+                let mut message = OutboxMessage::new(
+                    "OrderPlaced",
+                    destination.as_str(),
+                    format!(r#"{{"key":"{key}","n":{n}}}"#),
+                )
+                .with_key(key)
+                .with_header("traceparent", "00-abc-def-01");
+                message.event_version = Some(2);
+                tx.emit_message(message).expect("emit");
+            }
+        }
+        tx.commit().await.expect("commit");
+    }
+    let publisher = RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .destination(&destination)
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher)
+        .batch_size(7)
+        .spawn();
+    let read = topology.read(60, WAIT).await;
+    relay.shutdown().await;
+
+    let mut next = std::collections::HashMap::<String, u64>::new();
+    let mut ids = HashSet::new();
+    for m in &read {
+        let id = m.message_id.clone().expect("message_id");
+        assert!(ids.insert(id.clone()), "{id} twice");
+        assert_eq!(m.headers.get(headers::MESSAGE_ID), Some(&id));
+        assert_eq!(m.kind.as_deref(), Some("OrderPlaced"));
+        assert_eq!(m.delivery_mode, Some(2), "persistent");
+        assert_eq!(m.routing_key, "orders.placed");
+        assert_eq!(
+            m.headers.get(headers::EVENT_TYPE).map(String::as_str),
+            Some("OrderPlaced")
+        );
+        assert_eq!(
+            m.headers.get(headers::EVENT_VERSION).map(String::as_str),
+            Some("2")
+        );
+        assert_eq!(
+            m.headers.get("traceparent").map(String::as_str),
+            Some("00-abc-def-01")
+        );
+        let body: serde_json::Value = serde_json::from_str(&m.body).expect("JSON body");
+        let key = body["key"].as_str().expect("key").to_owned();
+        assert_eq!(m.headers.get(headers::PARTITION_KEY), Some(&key));
+        let n = body["n"].as_u64().expect("n");
+        let expected = next.entry(key.clone()).or_default();
+        assert_eq!(n, *expected, "key {key} out of order");
+        *expected += 1;
+    }
+    wait_until("every row is marked sent", WAIT, || async {
+        Admin::new(outbox.clone())
+            .status()
+            .await
+            .expect("status")
+            .pending
+            == 0
+    })
+    .await;
+    topology.delete().await;
+    db.cleanup().await;
+}
+
+/// `mandatory`: a message no queue is bound to take comes back, and is a dead letter
+/// that names the exchange and routing key; the later messages of its key wait behind
+/// it, other keys flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_message_is_dead_lettered_not_dropped() {
+    let topology = Topology::declare("bound").await;
+    let (bound, unbound) = (
+        format!("{}/bound", topology.exchange),
+        format!("{}/unbound", topology.exchange),
+    );
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("E", unbound.as_str(), r#"{"n":0}"#).with_key("p"))
+        .expect("emit");
+    tx.emit_message(OutboxMessage::new("E", bound.as_str(), r#"{"n":1}"#).with_key("p"))
+        .expect("emit");
+    tx.emit_message(OutboxMessage::new("E", bound.as_str(), r#"{"n":2}"#).with_key("q"))
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    let publisher = RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher).spawn();
+    let admin = Admin::new(outbox.clone());
+    wait_until("the unroutable message is dead", WAIT, || async {
+        admin.status().await.expect("status").dead == 1
+    })
+    .await;
+    let read = topology.read(1, WAIT).await;
+    let body: serde_json::Value = serde_json::from_str(&read[0].body).expect("JSON body");
+    assert_eq!(body["n"], 2, "q flows past the dead letter of p");
+    let dead = admin
+        .dead(&ListFilter::default())
+        .await
+        .expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    let error = dead[0].last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("no queue is bound")
+            && error.contains(&topology.exchange)
+            && error.contains("unbound"),
+        "{error}"
+    );
+    assert_eq!(dead[0].held_back, 1, "p:1 waits behind its dead letter");
+    relay.shutdown().await;
+    topology.delete().await;
+    db.cleanup().await;
+}
+
+/// An exchange that does not exist when a message for it comes (created after start-up,
+/// or deleted since): publishing to it would close the channel, and with it the confirms
+/// of every other key in flight. The message fails alone, naming the exchange, and is a
+/// dead letter after its attempts; the other keys flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_missing_exchange_fails_alone() {
+    let topology = Topology::declare("ok").await;
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let missing = format!("gone-{id}/x");
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..5 {
+        tx.emit_message(
+            OutboxMessage::new("E", missing.as_str(), format!(r#"{{"n":{n}}}"#)).with_key("m"),
+        )
+        .expect("emit");
+        tx.emit_message(
+            OutboxMessage::new(
+                "E",
+                format!("{}/ok", topology.exchange),
+                format!(r#"{{"n":{n}}}"#),
+            )
+            .with_key("q"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    let publisher = RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher)
+        .max_attempts(2)
+        .backoff(Duration::from_millis(50), Duration::from_millis(100))
+        .spawn();
+    let read = topology.read(5, WAIT).await;
+    assert_eq!(read.len(), 5, "q's messages all went out");
+    let admin = Admin::new(outbox.clone());
+    wait_until("m's first message is a dead letter", WAIT, || async {
+        admin.status().await.expect("status").dead == 1
+    })
+    .await;
+    let dead = admin.dead(&ListFilter::default()).await.expect("dead letters");
+    let error = dead[0].last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains(&format!("exchange gone-{id} does not exist")),
+        "{error}"
+    );
+    assert_eq!(relay.stats().reconnects, 0);
+    relay.shutdown().await;
+    topology.delete().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_start_up_check_names_every_missing_exchange_and_queue() {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let topology = Topology::declare("#").await;
+    let err = RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .destination(format!("{}/fine", topology.exchange))
+        .destination(format!("missing-{id}/order.created"))
+        .destination(format!("no-such-queue-{id}"))
+        .build()
+        .await
+        .expect_err("missing destinations");
+    let Error::MissingDestinations { missing } = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert_eq!(missing.len(), 2, "{missing:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("exchange missing-{id}"))
+            && text.contains(&format!("queue no-such-queue-{id}"))
+            && !text.contains(&topology.exchange),
+        "{text}"
+    );
+    topology.delete().await;
+}
+
+#[tokio::test]
+async fn a_refused_login_is_reported_without_the_password() {
+    let url = rabbitmq_url().replace("guest:guest@", "guest:s3cret-pw@");
+    let err = RabbitPublisher::builder(url)
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect_err("wrong password");
+    let text = format!("{err} {err:?}");
+    assert!(matches!(err, Error::Connect { .. }), "{text}");
+    assert!(!text.contains("s3cret-pw"), "{text}");
+    assert!(text.contains("guest:***@"), "{text}");
+}
+
+/// Stalls around the confirm timeout and connection resets between the relay and the
+/// broker: the publisher connects again by itself (the relay keeps running), and read
+/// back and deduplicated by message id, every key is in order with nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
+    outbox_tests::init_tracing();
+    let topology = Topology::declare("ticks").await;
+    let destination = format!("{}/ticks", topology.exchange);
+    let server = rabbitmq_url();
+    let authority = server
+        .split_once('@')
+        .map_or(server.as_str(), |(_, rest)| rest);
+    let upstream = authority
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .expect("OUTBOX_TEST_RABBITMQ_URL is amqp://user:password@ip:port/vhost");
+    let proxy = Proxy::start(upstream).await;
+    let db = TestDb::with_max_connections(8).await;
+    let outbox = db.outbox().await;
+    let publisher = RabbitPublisher::builder(proxy.url_for(&server))
+        .skip_catalog_check()
+        .destination(&destination)
+        .confirm_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher)
+        .batch_size(50)
+        .max_attempts(3)
+        .backoff(Duration::from_millis(100), Duration::from_millis(500))
+        .publish_timeout(Duration::from_secs(20))
+        .spawn();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = order::spawn_rounds(outbox.clone(), destination.clone(), Arc::clone(&stop));
+    order::stalls_and_resets(&proxy, &[700, 1_300, 400, 2_100, 1_000, 2_600]).await;
+    stop.store(true, Ordering::SeqCst);
+    let rounds = writer.await.expect("writer");
+    let total = rounds * order::KEYS;
+    order::wait_drained(&db, Duration::from_secs(120), || {
+        format!("relay {:?}", relay.stats())
+    })
+    .await;
+    let stats = relay.stats();
+    relay.shutdown().await;
+    assert!(
+        proxy.accepted() > 1,
+        "the publisher connected again after the resets"
+    );
+
+    // Every copy the queue holds: at least `total`, duplicates included.
+    let queued = queued(&topology).await;
+    assert!(queued >= total, "{queued} of {total} messages queued");
+    let read = topology.read(queued, WAIT).await;
+    let copies: Vec<(String, String, usize)> = read
+        .iter()
+        .map(|m| {
+            (
+                m.message_id.clone().expect("message_id"),
+                m.headers
+                    .get(headers::PARTITION_KEY)
+                    .cloned()
+                    .expect("partition key"),
+                m.body.parse().expect("a round number"),
+            )
+        })
+        .collect();
+    let (applied, duplicates) =
+        order::applied(copies.iter().map(|(i, k, r)| (i.as_str(), k.as_str(), *r)));
+    eprintln!(
+        "measured: {total} events in {rounds} rounds; {} copies read, {duplicates} duplicates; \
+         {} connections through the proxy; relay {stats:?}",
+        copies.len(),
+        proxy.accepted()
+    );
+    assert_eq!(
+        applied.values().map(Vec::len).sum::<usize>(),
+        total,
+        "every event"
+    );
+    order::assert_in_order(&applied);
+    order::assert_no_dead_letter(&db).await;
+    topology.delete().await;
+    db.cleanup().await;
+}
+
+/// How many messages the queue holds (a passive declare's count).
+async fn queued(topology: &Topology) -> usize {
+    let channel = topology.connection.create_channel().await.expect("channel");
+    let queue = channel
+        .queue_declare(
+            topology.queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("queue");
+    queue.message_count() as usize
+}
