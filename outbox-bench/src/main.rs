@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
 //! scenarios: drain latency write notify enqueue sustained idle history scale wal all; nats (needs NATS with JetStream,
-//! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`)
+//! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`); rabbitmq (needs
+//! RabbitMQ, `OUTBOX_BENCH_RABBITMQ`, default amqp://guest:guest@127.0.0.1:5672/%2f; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
 //!            --smoke (tiny sizes, seconds) --out DIR (JSON + SVG, default target/bench)
@@ -17,6 +18,7 @@ mod load;
 mod nats;
 mod notify;
 mod publisher;
+mod rabbitmq;
 mod report;
 mod scenarios;
 mod setup;
@@ -53,6 +55,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "history" => scenarios::history(args, &mut report).await?,
             "scale" => scenarios::scale_out(args, &mut report).await?,
             "nats" => nats::drain(args, &mut report).await?,
+            "rabbitmq" => rabbitmq::drain(args, &mut report).await?,
             "notify" => notify::notify(args, &mut report).await?,
             "enqueue" => load::enqueue(args, &mut report).await?,
             "sustained" => load::sustained(args, &mut report).await?,

@@ -189,7 +189,10 @@ async fn a_message_for_a_missing_exchange_fails_alone() {
         admin.status().await.expect("status").dead == 1
     })
     .await;
-    let dead = admin.dead(&ListFilter::default()).await.expect("dead letters");
+    let dead = admin
+        .dead(&ListFilter::default())
+        .await
+        .expect("dead letters");
     let error = dead[0].last_error.clone().unwrap_or_default();
     assert!(
         error.contains(&format!("exchange gone-{id} does not exist")),
