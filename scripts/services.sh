@@ -8,6 +8,8 @@
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
 #   installed; skipped if OUTBOX_TEST_NATS_URL is set)
+#   RabbitMQ on 127.0.0.1:5672 (started with the service manager if it is down and
+#   installed; waited for up to 60 s; skipped if OUTBOX_TEST_RABBITMQ_URL is set)
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
 # brokers of their own on other ports): `eval "$(scripts/services.sh)"` keeps it.
@@ -183,9 +185,32 @@ ensure_nats() {
   log "NATS is up on 127.0.0.1:4222"
 }
 
+# ---------------------------------------------------------------------- RabbitMQ
+ensure_rabbitmq() {
+  if ! port_open 127.0.0.1 5672; then
+    command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] \
+      || die "RabbitMQ is not listening on 127.0.0.1:5672 and rabbitmq-server is not installed; install it (apt-get install rabbitmq-server) or set OUTBOX_TEST_RABBITMQ_URL"
+    log "starting RabbitMQ"
+    service rabbitmq-server start >/dev/null 2>&1 \
+      || (nohup /usr/sbin/rabbitmq-server >"$OUTBOX_TOOLS_DIR/rabbitmq.log" 2>&1 &)
+  fi
+  # The port opens before the broker accepts logins: wait for the AMQP handshake.
+  local i
+  for ((i = 0; i < 600; i++)); do
+    if timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/5672 && printf 'AMQP\\x00\\x00\\x09\\x01' >&3 \
+        && head -c 4 <&3 | grep -q ." 2>/dev/null; then
+      log "RabbitMQ is up on 127.0.0.1:5672"
+      return 0
+    fi
+    sleep 0.1
+  done
+  die "RabbitMQ did not answer on 127.0.0.1:5672 within 60 s"
+}
+
 ensure_postgres
 ensure_pg_settings
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
+if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
 ensure_kafka
 echo "export TANSU_BIN=$TANSU_BIN"
