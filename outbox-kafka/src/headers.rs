@@ -11,6 +11,10 @@
 //!
 //! A row header with one of the reserved names above is not copied (the publisher's
 //! value wins).
+//!
+//! With [`cloudevents`](crate::KafkaPublisherBuilder::cloudevents), every message also
+//! carries the CloudEvents attributes as `ce_*` headers (`ce_id`, `ce_source`,
+//! `ce_specversion`, `ce_type`, `ce_time`); row headers named `ce_*` are then not copied.
 
 pub use outbox_core::publisher::headers::{
     CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, TRACEPARENT,
@@ -18,3 +22,6 @@ pub use outbox_core::publisher::headers::{
 
 /// Headers the publisher sets itself; row headers with these names are not copied.
 pub const RESERVED: [&str; 4] = [MESSAGE_ID, EVENT_TYPE, EVENT_VERSION, CONTENT_TYPE];
+
+/// The prefix of the CloudEvents attribute headers (the Kafka binding's binary mode).
+pub const CLOUDEVENTS_PREFIX: &str = "ce_";

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use futures_util::future::{BoxFuture, Shared};
+use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -44,6 +45,8 @@ pub struct KafkaPublisher {
 
 struct Inner {
     settings: Settings,
+    /// CloudEvents binary mode: the `ce_*` headers.
+    cloudevents: Option<CloudEvents>,
     producer: Mutex<Current>,
     rebuilds: AtomicU64,
     /// How long to wait for room in librdkafka's local queue, from the start of a batch:
@@ -106,6 +109,7 @@ pub struct KafkaPublisherBuilder {
     create: Option<CreateTopics>,
     startup_timeout: Duration,
     delivery_wait: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl KafkaPublisher {
@@ -124,6 +128,7 @@ impl KafkaPublisher {
             create: None,
             startup_timeout: Duration::from_secs(10),
             delivery_wait: DEFAULT_DELIVERY_WAIT,
+            cloudevents: None,
         }
     }
 
@@ -168,6 +173,15 @@ impl KafkaPublisherBuilder {
     /// default, below the relay's default `publish_timeout` of 30 s).
     pub fn delivery_wait(mut self, wait: Duration) -> Self {
         self.delivery_wait = wait;
+        self
+    }
+
+    /// CloudEvents 1.0 binary content mode: every message also carries the `ce_id`,
+    /// `ce_source`, `ce_specversion`, `ce_type` and `ce_time` headers (Kafka binding),
+    /// with the outbox headers and the payload unchanged
+    /// ([`outbox_core::publisher::cloudevents`]).
+    pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
+        self.cloudevents = Some(cloudevents);
         self
     }
 
@@ -249,6 +263,7 @@ impl KafkaPublisherBuilder {
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {
                 settings: self.settings,
+                cloudevents: self.cloudevents,
                 producer: Mutex::new(Current {
                     generation: 0,
                     producer,
@@ -438,10 +453,10 @@ fn is_unavailable(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-fn kafka_headers(record: &OutboxRecord) -> OwnedHeaders {
+fn kafka_headers(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> OwnedHeaders {
     let id = record.id.to_string();
     let version = record.event_version.map(|v| v.to_string());
-    let mut h = OwnedHeaders::new_with_capacity(4 + record.headers.len())
+    let mut h = OwnedHeaders::new_with_capacity(9 + record.headers.len())
         .insert(Header {
             key: headers::MESSAGE_ID,
             value: Some(id.as_str()),
@@ -460,8 +475,18 @@ fn kafka_headers(record: &OutboxRecord) -> OwnedHeaders {
             value: Some(version.as_str()),
         });
     }
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.attributes(record) {
+            h = h.insert(Header {
+                key: &format!("{}{name}", headers::CLOUDEVENTS_PREFIX),
+                value: Some(value.as_str()),
+            });
+        }
+    }
     for (key, value) in &record.headers {
-        if headers::RESERVED.contains(&key.as_str()) {
+        let attribute =
+            cloudevents.is_some() && is_attribute_header(key, headers::CLOUDEVENTS_PREFIX);
+        if headers::RESERVED.contains(&key.as_str()) || attribute {
             tracing::debug!(id = %record.id, header = %key, "row header shadows a reserved header; not copied");
             continue;
         }
@@ -598,7 +623,7 @@ impl KafkaPublisher {
     ) -> Result<DeliveryFuture, KafkaError> {
         let mut kafka = FutureRecord::<str, str>::to(&record.destination)
             .payload(record.payload.as_str())
-            .headers(kafka_headers(record))
+            .headers(kafka_headers(record, self.inner.cloudevents.as_ref()))
             .timestamp(record.created_at.timestamp_millis());
         if let Some(key) = &record.partition_key {
             kafka = kafka.key(key.as_str());

@@ -44,7 +44,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
 use outbox_core::config::percent_decoded;
-use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, key_chains};
+use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
+use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 
 /// The headers this publisher writes.
 pub mod headers {
@@ -54,6 +55,10 @@ pub mod headers {
 
     /// JetStream's deduplication header: the outbox message id.
     pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+    /// The prefix of the CloudEvents attribute headers (binary mode, with
+    /// [`cloudevents`](crate::NatsPublisherBuilder::cloudevents)).
+    pub const CLOUDEVENTS_PREFIX: &str = "ce-";
+
     /// Headers the publisher sets itself; row headers with these names are not copied.
     pub const RESERVED: [&str; 6] = [
         NATS_MSG_ID,
@@ -158,6 +163,7 @@ pub struct NatsPublisherBuilder {
     check_catalog: bool,
     ack_timeout: Duration,
     batch_budget: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for NatsPublisherBuilder {
@@ -210,6 +216,15 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// CloudEvents 1.0 binary content mode: every message also carries the `ce-id`,
+    /// `ce-source`, `ce-specversion`, `ce-type` and `ce-time` headers (NATS binding),
+    /// with the outbox headers and the payload unchanged
+    /// ([`outbox_core::publisher::cloudevents`]).
+    pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
+        self.cloudevents = Some(cloudevents);
+        self
+    }
+
     /// Connects and checks that every destination is captured by a stream.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
         let options = match self.credentials {
@@ -253,6 +268,7 @@ impl NatsPublisherBuilder {
             ack_timeout: self.ack_timeout,
             batch_budget: self.batch_budget,
             max_payload,
+            cloudevents: self.cloudevents,
         })
     }
 }
@@ -265,6 +281,8 @@ pub struct NatsPublisher {
     batch_budget: Duration,
     /// The server's limit for one message, headers included.
     max_payload: usize,
+    /// CloudEvents binary mode: the `ce-*` headers.
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -291,13 +309,14 @@ impl NatsPublisher {
             check_catalog: true,
             ack_timeout: Duration::from_secs(10),
             batch_budget: Duration::from_secs(15),
+            cloudevents: None,
         }
     }
 
     /// Publishes one message and waits for JetStream's acknowledgement.
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
         check_subject(&record.destination)?;
-        let headers = nats_headers(record)?;
+        let headers = nats_headers(record, self.cloudevents.as_ref())?;
         // The server closes the connection on a message over its limit (dropping every
         // acknowledgement in flight), so such a message is refused before it is sent.
         let size = record.payload.len() + headers_len(&headers);
@@ -372,7 +391,10 @@ fn check_subject(subject: &str) -> Result<(), PublishError> {
 /// headers (a `Nats-Msg-Id` making JetStream drop the message as a duplicate), and
 /// `Nats-*` headers are commands to JetStream (`Nats-Rollup` purges a stream): both
 /// are refused as permanent errors rather than sent or silently dropped.
-fn nats_headers(record: &OutboxRecord) -> Result<HeaderMap, PublishError> {
+fn nats_headers(
+    record: &OutboxRecord,
+    cloudevents: Option<&CloudEvents>,
+) -> Result<HeaderMap, PublishError> {
     let refuse = |what: String| {
         Err(PublishError::permanent(format!(
             "nats: {what}; change the header or key where the event is emitted, then release the message"
@@ -397,10 +419,21 @@ fn nats_headers(record: &OutboxRecord) -> Result<HeaderMap, PublishError> {
         }
         h.insert(headers::PARTITION_KEY, key.as_str());
     }
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.attributes(record) {
+            h.insert(
+                format!("{}{name}", headers::CLOUDEVENTS_PREFIX).as_str(),
+                value.as_str(),
+            );
+        }
+    }
     for (key, value) in &record.headers {
-        if headers::RESERVED
-            .iter()
-            .any(|r| r.eq_ignore_ascii_case(key))
+        let attribute =
+            cloudevents.is_some() && is_attribute_header(key, headers::CLOUDEVENTS_PREFIX);
+        if attribute
+            || headers::RESERVED
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(key))
         {
             continue;
         }
@@ -447,34 +480,7 @@ impl Publisher for NatsPublisher {
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         // One chain per key, in batch order; messages without a key are chains of one.
         let deadline = Instant::now() + self.batch_budget;
-        let runs = key_chains(batch).into_iter().map(|chain| async move {
-            let mut results = Vec::with_capacity(chain.len());
-            let mut failed = false;
-            for i in chain {
-                let result = if failed || Instant::now() >= deadline {
-                    Err(PublishError::not_attempted())
-                } else {
-                    self.publish_one(&batch[i]).await
-                };
-                failed |= result.is_err();
-                results.push((i, result));
-            }
-            results
-        });
-        let mut out: Vec<Option<Result<(), PublishError>>> =
-            (0..batch.len()).map(|_| None).collect();
-        for (i, result) in futures_util::future::join_all(runs)
-            .await
-            .into_iter()
-            .flatten()
-        {
-            out[i] = Some(result);
-        }
-        out.into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(PublishError::unavailable("nats: message not published")))
-            })
-            .collect()
+        publish_in_chains(batch, deadline, |record| self.publish_one(record)).await
     }
 }
 
@@ -567,7 +573,7 @@ mod tests {
     #[test]
     fn a_multi_byte_header_name_is_refused_not_a_panic() {
         for name in ["abcdé", "natsé", "ñats-x", "é"] {
-            let refused = nats_headers(&record_with_header(name))
+            let refused = nats_headers(&record_with_header(name), None)
                 .err()
                 .unwrap_or_else(|| panic!("{name:?} is not a valid NATS header name"));
             assert_eq!(
@@ -579,9 +585,9 @@ mod tests {
                 "{refused}"
             );
         }
-        let refused = nats_headers(&record_with_header("NATS-Expected-Stream"))
+        let refused = nats_headers(&record_with_header("NATS-Expected-Stream"), None)
             .expect_err("a Nats-* header is refused");
         assert!(refused.message().contains("command"), "{refused}");
-        assert!(nats_headers(&record_with_header("trace-id")).is_ok());
+        assert!(nats_headers(&record_with_header("trace-id"), None).is_ok());
     }
 }

@@ -58,6 +58,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lapin::options::{
@@ -66,7 +67,8 @@ use lapin::options::{
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
-use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, key_chains};
+use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
+use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 use tokio::time::Instant;
 
 /// The headers this publisher writes.
@@ -74,6 +76,11 @@ pub mod headers {
     pub use outbox_core::publisher::headers::{
         CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, PARTITION_KEY,
     };
+
+    /// The prefix of the CloudEvents attribute headers (binary mode, with
+    /// [`cloudevents`](crate::RabbitPublisherBuilder::cloudevents)): the AMQP binding's
+    /// `cloudEvents_` (the `cloudEvents:` form is for AMQP 1.0 application properties).
+    pub const CLOUDEVENTS_PREFIX: &str = "cloudEvents_";
 
     /// Headers the publisher sets itself; row headers with these names are not copied.
     pub const RESERVED: [&str; 5] = [
@@ -254,6 +261,7 @@ pub struct RabbitPublisherBuilder {
     confirm_timeout: Duration,
     connect_timeout: Duration,
     batch_budget: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -308,6 +316,16 @@ impl RabbitPublisherBuilder {
         self
     }
 
+    /// CloudEvents 1.0 binary content mode: every message also carries the
+    /// `cloudEvents_id`, `cloudEvents_source`, `cloudEvents_specversion`,
+    /// `cloudEvents_type` and `cloudEvents_time` headers (the AMQP binding's names), with
+    /// the outbox headers and the payload unchanged
+    /// ([`outbox_core::publisher::cloudevents`]).
+    pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
+        self.cloudevents = Some(cloudevents);
+        self
+    }
+
     /// Connects and checks that every destination's exchange (or queue) exists.
     pub async fn build(self) -> Result<RabbitPublisher, Error> {
         let shown = redacted(&self.url);
@@ -319,6 +337,7 @@ impl RabbitPublisherBuilder {
             confirm_timeout: self.confirm_timeout,
             connect_timeout: self.connect_timeout,
             batch_budget: self.batch_budget,
+            cloudevents: self.cloudevents,
         };
         let link = inner.connect().await.map_err(|reason| Error::Connect {
             url: shown.clone(),
@@ -390,6 +409,8 @@ struct Inner {
     confirm_timeout: Duration,
     connect_timeout: Duration,
     batch_budget: Duration,
+    /// CloudEvents binary mode: the `cloudEvents_*` headers.
+    cloudevents: Option<CloudEvents>,
 }
 
 struct Link {
@@ -435,7 +456,7 @@ impl Inner {
 }
 
 /// One message's properties and headers.
-fn properties(record: &OutboxRecord) -> BasicProperties {
+fn properties(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> BasicProperties {
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     let id = record.id.to_string();
     let mut table = FieldTable::default();
@@ -448,10 +469,21 @@ fn properties(record: &OutboxRecord) -> BasicProperties {
     if let Some(key) = &record.partition_key {
         table.insert(headers::PARTITION_KEY.into(), text(key));
     }
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.attributes(record) {
+            table.insert(
+                ShortString::from(format!("{}{name}", headers::CLOUDEVENTS_PREFIX)),
+                text(&value),
+            );
+        }
+    }
     for (key, value) in &record.headers {
-        if headers::RESERVED
-            .iter()
-            .any(|r| r.eq_ignore_ascii_case(key))
+        let attribute =
+            cloudevents.is_some() && is_attribute_header(key, headers::CLOUDEVENTS_PREFIX);
+        if attribute
+            || headers::RESERVED
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(key))
         {
             tracing::debug!(id = %record.id, header = %key, "row header shadows a reserved header; not copied");
             continue;
@@ -490,6 +522,7 @@ impl RabbitPublisher {
             confirm_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             batch_budget: Duration::from_secs(12),
+            cloudevents: None,
         }
     }
 
@@ -543,7 +576,7 @@ impl RabbitPublisher {
                         ..BasicPublishOptions::default()
                     },
                     record.payload.as_bytes(),
-                    properties(record),
+                    properties(record, self.inner.cloudevents.as_ref()),
                 )
                 .await?
                 .await
@@ -636,50 +669,31 @@ impl Publisher for RabbitPublisher {
         }
 
         let deadline = Instant::now() + self.inner.batch_budget;
-        let broken = std::sync::atomic::AtomicBool::new(false);
-        let channel = &link.channel;
-        let (missing, broken_ref) = (&missing, &broken);
-        let runs = key_chains(batch).into_iter().map(|chain| async move {
-            let mut results = Vec::with_capacity(chain.len());
-            let mut failed = false;
-            for i in chain {
-                let record = &batch[i];
-                let result = if failed
-                    || Instant::now() >= deadline
-                    || broken_ref.load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    Err(PublishError::not_attempted())
-                } else if missing.contains(record.destination.as_str()) {
-                    Err(PublishError::retryable(format!(
-                        "rabbitmq: {} does not exist; declare it, the message is retried",
-                        needs(&record.destination)
-                            .map(|n| n.to_string())
-                            .unwrap_or_default()
-                    )))
-                } else {
-                    self.publish_one(channel, record)
-                        .await
-                        .map_err(|(e, gone)| {
-                            if gone {
-                                broken_ref.store(true, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            e
-                        })
-                };
-                failed |= result.is_err();
-                results.push((i, result));
+        let broken = AtomicBool::new(false);
+        let (channel, missing, broken_ref) = (&link.channel, &missing, &broken);
+        let out = publish_in_chains(batch, deadline, |record| async move {
+            if broken_ref.load(Ordering::Relaxed) {
+                // The link failed under another key: nothing more goes out on it.
+                return Err(PublishError::not_attempted());
             }
-            results
-        });
-        let mut out: Vec<Option<Result<(), PublishError>>> =
-            (0..batch.len()).map(|_| None).collect();
-        for (i, result) in futures_util::future::join_all(runs)
-            .await
-            .into_iter()
-            .flatten()
-        {
-            out[i] = Some(result);
-        }
+            if missing.contains(record.destination.as_str()) {
+                return Err(PublishError::retryable(format!(
+                    "rabbitmq: {} does not exist; declare it, the message is retried",
+                    needs(&record.destination)
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                )));
+            }
+            self.publish_one(channel, record)
+                .await
+                .map_err(|(e, gone)| {
+                    if gone {
+                        broken_ref.store(true, Ordering::Relaxed);
+                    }
+                    e
+                })
+        })
+        .await;
         if broken.into_inner() {
             tracing::warn!(url = %self.inner.shown, "outbox-rabbitmq: the connection or channel failed; connecting again for the next batch");
             if let Some(link) = guard.take() {
@@ -692,13 +706,7 @@ impl Publisher for RabbitPublisher {
                 });
             }
         }
-        out.into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(PublishError::unavailable("rabbitmq: message not published"))
-                })
-            })
-            .collect()
+        out
     }
 }
 
@@ -756,7 +764,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             attempts: 0,
         };
-        let p = properties(&record);
+        let p = properties(&record, None);
         assert_eq!(
             p.message_id().as_ref().map(|s| s.as_str().to_owned()),
             Some(record.id.to_string())

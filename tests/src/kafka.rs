@@ -220,6 +220,8 @@ pub struct Read {
     pub id: String,
     /// Its value.
     pub payload: String,
+    /// Its headers, as text.
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// Every message of `topic`, partition by partition in log order, read until `distinct`
@@ -265,6 +267,19 @@ pub fn read_topic(brokers: &str, topic: &str, distinct: usize, timeout: Duration
                 .map(|k| String::from_utf8_lossy(k).into_owned()),
             id,
             payload: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+            headers: message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         });
     }
     read

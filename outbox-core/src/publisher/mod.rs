@@ -1,5 +1,6 @@
 //! Publishers: where the relay sends outbox messages (Kafka, an in-memory channel, ...).
 
+pub mod cloudevents;
 pub mod headers;
 mod memory;
 
@@ -138,6 +139,49 @@ pub fn key_chains(batch: &[OutboxRecord]) -> Vec<Vec<usize>> {
     chains
 }
 
+/// Publishes `batch` chain by chain ([`key_chains`]): each key's messages one after the
+/// other with `send`, each once the one before succeeded, and the keys side by side.
+/// After a failure of a key, and for messages not started by `deadline` (so a long chain
+/// of one hot key progresses batch after batch instead of timing out as a whole), the
+/// later messages of the chain are reported [`PublishError::not_attempted`]. Returns one
+/// result per message, in batch order: the [`Publisher`] contract, for a broker that
+/// does not keep the order of messages in flight.
+pub async fn publish_in_chains<'b, F, Fut>(
+    batch: &'b [OutboxRecord],
+    deadline: tokio::time::Instant,
+    send: F,
+) -> Vec<Result<(), PublishError>>
+where
+    F: Fn(&'b OutboxRecord) -> Fut,
+    Fut: Future<Output = Result<(), PublishError>>,
+{
+    let send = &send;
+    let runs = key_chains(batch).into_iter().map(|chain| async move {
+        let mut results = Vec::with_capacity(chain.len());
+        let mut failed = false;
+        for i in chain {
+            let result = if failed || tokio::time::Instant::now() >= deadline {
+                Err(PublishError::not_attempted())
+            } else {
+                send(&batch[i]).await
+            };
+            failed |= result.is_err();
+            results.push((i, result));
+        }
+        results
+    });
+    let mut out: Vec<Result<(), PublishError>> =
+        vec![Err(PublishError::not_attempted()); batch.len()];
+    for (i, result) in futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        out[i] = result;
+    }
+    out
+}
+
 /// Sends batches of outbox messages to a broker.
 ///
 /// The relay hands over a whole batch in `seq` order; an implementation should have all
@@ -198,5 +242,81 @@ mod tests {
             vec![vec![0, 3, 6], vec![1], vec![2, 5], vec![4]]
         );
         assert!(key_chains(&[]).is_empty());
+    }
+
+    fn keyed(seq: i64, key: &str) -> OutboxRecord {
+        OutboxRecord {
+            seq,
+            id: Uuid::now_v7(),
+            event_type: "T".to_owned(),
+            event_version: None,
+            destination: "d".to_owned(),
+            partition_key: Some(key.to_owned()),
+            payload: "{}".to_owned(),
+            headers: BTreeMap::new(),
+            created_at: Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    /// A key's next message is sent only after the one before succeeded; a failure
+    /// leaves the rest of its key unattempted and the other keys untouched.
+    #[tokio::test]
+    async fn chains_send_a_key_in_order_and_stop_it_at_its_first_failure() {
+        let batch = [
+            keyed(1, "a"),
+            keyed(2, "b"),
+            keyed(3, "a"),
+            keyed(4, "b"),
+            keyed(5, "a"),
+            keyed(6, "c"),
+        ];
+        let sent = std::sync::Mutex::new(Vec::new());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        let results = publish_in_chains(&batch, deadline, |record| {
+            let sent = &sent;
+            async move {
+                // Yield, so that the chains interleave.
+                tokio::task::yield_now().await;
+                sent.lock().expect("lock").push(record.seq);
+                if record.seq == 3 {
+                    Err(PublishError::retryable("refused"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        let kinds: Vec<Option<PublishErrorKind>> = results
+            .iter()
+            .map(|r| r.as_ref().err().map(PublishError::kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                None,
+                None,
+                Some(PublishErrorKind::Retryable),
+                None,
+                Some(PublishErrorKind::NotAttempted),
+                None
+            ]
+        );
+        let sent = sent.into_inner().expect("lock");
+        assert!(!sent.contains(&5), "a:5 was not sent after a:3 failed");
+        let position = |seq| sent.iter().position(|s| *s == seq);
+        assert!(position(1) < position(3), "a in order: {sent:?}");
+        assert!(position(2) < position(4), "b in order: {sent:?}");
+    }
+
+    #[tokio::test]
+    async fn chains_start_nothing_after_the_deadline() {
+        let batch = [keyed(1, "a"), keyed(2, "b")];
+        let past = tokio::time::Instant::now();
+        let results = publish_in_chains(&batch, past, |_| async { Ok(()) }).await;
+        assert!(results.iter().all(|r| matches!(
+            r,
+            Err(e) if e.kind() == PublishErrorKind::NotAttempted
+        )));
     }
 }

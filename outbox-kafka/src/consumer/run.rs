@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use outbox_core::Backend;
 use outbox_core::inbox::{InboxError, Processed};
+use outbox_core::publisher::cloudevents::split_type;
 use outbox_core::task::{TaskHandle, stopped};
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer};
@@ -18,6 +19,10 @@ use uuid::Uuid;
 use crate::{Error, Result, headers};
 
 use super::dispatch::Meta;
+
+/// The CloudEvents attribute headers the consumer reads when the outbox ones are absent.
+const CE_TYPE: &str = "ce_type";
+const CE_ID: &str = "ce_id";
 use super::*;
 
 pub(super) enum Step {
@@ -118,7 +123,17 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 all.insert(header.key.to_owned(), value);
             }
         }
-        let Some(event_type) = all.get(headers::EVENT_TYPE).cloned() else {
+        // The outbox headers, or a CloudEvent's in binary mode (`ce_type`, `ce_id`) from
+        // a producer that writes only those.
+        let (ce_type, ce_version) = match all.get(CE_TYPE) {
+            Some(kind) => {
+                let (name, version) = split_type(kind);
+                (Some(name.to_owned()), version)
+            }
+            None => (None, None),
+        };
+        let cloudevent = !all.contains_key(headers::EVENT_TYPE) && ce_type.is_some();
+        let Some(event_type) = all.get(headers::EVENT_TYPE).cloned().or(ce_type) else {
             return self
                 .policy(
                     message,
@@ -128,14 +143,21 @@ impl<DB: Backend> KafkaConsumer<DB> {
                 )
                 .await;
         };
-        let id = match all.get(headers::MESSAGE_ID).map(|v| v.parse::<Uuid>()) {
+        let id_header = if all.contains_key(headers::MESSAGE_ID) || !cloudevent {
+            headers::MESSAGE_ID
+        } else {
+            CE_ID
+        };
+        let id = match all.get(id_header).map(|v| v.parse::<Uuid>()) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {
                 return self
                     .policy(
                         message,
                         self.undecodable,
-                        undecodable(format!("bad `{}` header: {e}", headers::MESSAGE_ID)),
+                        undecodable(format!(
+                            "bad `{id_header}` header (the inbox needs a UUID): {e}"
+                        )),
                         shutdown,
                     )
                     .await;
@@ -145,7 +167,7 @@ impl<DB: Backend> KafkaConsumer<DB> {
                     .policy(
                         message,
                         self.undecodable,
-                        undecodable(format!("no `{}` header", headers::MESSAGE_ID)),
+                        undecodable(format!("no `{id_header}` header")),
                         shutdown,
                     )
                     .await;
@@ -164,7 +186,11 @@ impl<DB: Backend> KafkaConsumer<DB> {
         let meta = Meta {
             id,
             event_type: event_type.clone(),
-            version: all.get(headers::EVENT_VERSION).and_then(|v| v.parse().ok()),
+            version: match all.get(headers::EVENT_VERSION) {
+                Some(v) => v.parse().ok(),
+                None if cloudevent => ce_version,
+                None => None,
+            },
             key: message
                 .key()
                 .map(|k| String::from_utf8_lossy(k).into_owned()),

@@ -1,0 +1,272 @@
+//! CloudEvents 1.0 binary content mode on every publisher (#17 part 3): the attributes
+//! ride as headers with each binding's prefix (`ce_` Kafka, `ce-` NATS, `cloudEvents_`
+//! RabbitMQ), next to the outbox headers; the payload is the body, unwrapped; a row
+//! header that would shadow an attribute is not copied. One expectation, three brokers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::TimeZone;
+use futures_util::StreamExt;
+use outbox_core::OutboxRecord;
+use outbox_core::publisher::Publisher;
+use outbox_core::publisher::cloudevents::CloudEvents;
+
+const SOURCE: &str = "/outbox-tests/orders";
+
+fn record(destination: &str, spoofed: &str) -> OutboxRecord {
+    OutboxRecord {
+        seq: 1,
+        id: uuid::Uuid::now_v7(),
+        event_type: "OrderPlaced".to_owned(),
+        event_version: Some(2),
+        destination: destination.to_owned(),
+        partition_key: Some("order-7".to_owned()),
+        payload: r#"{"order":7}"#.to_owned(),
+        headers: [
+            ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+            (spoofed.to_owned(), "spoofed".to_owned()),
+        ]
+        .into(),
+        created_at: chrono::Utc
+            .with_ymd_and_hms(2026, 12, 1, 10, 30, 0)
+            .single()
+            .expect("a time"),
+        attempts: 0,
+    }
+}
+
+/// What every broker must show: the five attributes under `prefix`, the outbox headers,
+/// the body as written.
+fn check(prefix: &str, sent: &OutboxRecord, headers: &BTreeMap<String, String>, body: &str) {
+    let attribute = |name: &str| headers.get(&format!("{prefix}{name}")).cloned();
+    assert_eq!(
+        attribute("specversion").as_deref(),
+        Some("1.0"),
+        "{headers:?}"
+    );
+    assert_eq!(attribute("id"), Some(sent.id.to_string()), "{headers:?}");
+    assert_eq!(attribute("source").as_deref(), Some(SOURCE), "{headers:?}");
+    assert_eq!(
+        attribute("type").as_deref(),
+        Some("OrderPlaced.v2"),
+        "a row header must not shadow an attribute: {headers:?}"
+    );
+    assert_eq!(
+        attribute("time").as_deref(),
+        Some("2026-12-01T10:30:00.000000Z")
+    );
+    assert_eq!(
+        headers.get("message-id"),
+        Some(&sent.id.to_string()),
+        "the outbox headers stay"
+    );
+    assert_eq!(
+        headers.get("traceparent").map(String::as_str),
+        Some("00-abc-def-01")
+    );
+    assert_eq!(body, sent.payload, "the payload is not wrapped");
+}
+
+fn ce() -> CloudEvents {
+    CloudEvents::new(SOURCE).expect("a source")
+}
+
+#[tokio::test]
+async fn kafka_writes_ce_headers() {
+    use outbox_tests::kafka::{brokers, create_topic, delete_topic, read_topic, unique};
+    let brokers = brokers();
+    let topic = unique("cloudevents");
+    create_topic(&brokers, &topic, 1).await;
+    let publisher = outbox_kafka::KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .cloudevents(ce())
+        .build()
+        .await
+        .expect("publisher");
+    let sent = record(&topic, "ce_type");
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let read = tokio::task::spawn_blocking({
+        let (brokers, topic) = (brokers.clone(), topic.clone());
+        move || read_topic(&brokers, &topic, 1, Duration::from_secs(30))
+    })
+    .await
+    .expect("reader");
+    check("ce_", &sent, &read[0].headers, &read[0].payload);
+    delete_topic(&brokers, &topic).await;
+}
+
+#[tokio::test]
+async fn nats_writes_ce_headers() {
+    use async_nats::jetstream::consumer;
+    use outbox_tests::nats::{fresh_stream, nats_url};
+    let (js, name, prefix) = fresh_stream().await;
+    let subject = format!("{prefix}.orders");
+    let publisher = outbox_nats::NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .cloudevents(ce())
+        .build()
+        .await
+        .expect("publisher");
+    let sent = record(&subject, "ce-type");
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let reader = js
+        .get_stream(&name)
+        .await
+        .expect("stream")
+        .create_consumer(consumer::pull::Config::default())
+        .await
+        .expect("consumer");
+    let message = tokio::time::timeout(
+        Duration::from_secs(30),
+        reader.messages().await.expect("messages").next(),
+    )
+    .await
+    .expect("a message within 30 s")
+    .expect("a message")
+    .expect("no error");
+    let headers: BTreeMap<String, String> = message
+        .headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                v.first().map(|v| v.to_string()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let body = std::str::from_utf8(&message.payload).expect("text");
+    check("ce-", &sent, &headers, body);
+    js.delete_stream(&name).await.expect("delete stream");
+}
+
+#[tokio::test]
+async fn rabbitmq_writes_cloud_events_headers() {
+    use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
+    let topology = Topology::declare("orders").await;
+    let destination = format!("{}/orders", topology.exchange);
+    let publisher = outbox_rabbitmq::RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .destination(&destination)
+        .cloudevents(ce())
+        .build()
+        .await
+        .expect("publisher");
+    let sent = record(&destination, "cloudEvents_type");
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let read = topology.read(1, Duration::from_secs(30)).await;
+    check("cloudEvents_", &sent, &read[0].headers, &read[0].body);
+    topology.delete().await;
+}
+
+/// The Kafka consumer takes an event in either form: with the outbox headers, or from a
+/// producer that writes only the CloudEvents attributes (`ce_id`, `ce_type`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kafka_consumer_accepts_a_cloud_event_without_the_outbox_headers() {
+    use outbox_core::inbox::Inbox;
+    use outbox_kafka::KafkaConsumer;
+    use outbox_kafka::rdkafka::ClientConfig;
+    use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+    use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    use outbox_tests::kafka::{
+        TEST_CONSUMER_SETTINGS, brokers, create_topic, delete_topic, unique,
+    };
+    use std::sync::{Arc, Mutex};
+
+    let brokers = brokers();
+    let topic = unique("cloudevents-in");
+    create_topic(&brokers, &topic, 1).await;
+    // A foreign producer: CloudEvents binary mode only.
+    let foreign = uuid::Uuid::now_v7();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .expect("producer");
+    let id = foreign.to_string();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "ce_specversion",
+            value: Some("1.0"),
+        })
+        .insert(Header {
+            key: "ce_id",
+            value: Some(id.as_str()),
+        })
+        .insert(Header {
+            key: "ce_source",
+            value: Some("/elsewhere"),
+        })
+        .insert(Header {
+            key: "ce_type",
+            value: Some("OrderPlaced.v3"),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        });
+    producer
+        .send(
+            FutureRecord::to(&topic)
+                .key("order-9")
+                .payload(r#"{"order":9}"#)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("produce the foreign event");
+    // Ours, CloudEvents on: both forms in one message.
+    let publisher = outbox_kafka::KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .cloudevents(ce())
+        .build()
+        .await
+        .expect("publisher");
+    let ours = record(&topic, "x-other");
+    assert!(publisher.publish(std::slice::from_ref(&ours)).await[0].is_ok());
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Order {
+        order: i64,
+    }
+    let db = outbox_tests::TestDb::new().await;
+    let outbox = db.outbox().await;
+    /// Each handled event: its id, version and order number.
+    type Seen = Vec<(uuid::Uuid, Option<i32>, i64)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    let mut builder = KafkaConsumer::builder(&brokers, unique("group"), Inbox::new(&outbox, "ce"))
+        .topic(&topic)
+        .on_event_type::<Order, _>("OrderPlaced", move |_tx, msg| {
+            let sink = Arc::clone(&sink);
+            Box::pin(async move {
+                sink.lock()
+                    .expect("lock")
+                    .push((msg.id, msg.version, msg.event.order));
+                Ok(())
+            })
+        });
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        builder = builder.set(k, v);
+    }
+    let consumer = builder.build().expect("consumer").spawn();
+    outbox_tests::wait_until("both events handled", Duration::from_secs(60), || async {
+        consumer.stats().handled >= 2
+    })
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(
+        seen,
+        vec![(foreign, Some(3), 9), (ours.id, Some(2), 7)],
+        "ids from ce_id / message-id, versions from the type / event-version"
+    );
+    delete_topic(&brokers, &topic).await;
+    db.cleanup().await;
+}
