@@ -55,7 +55,7 @@
 //! (`traceparent`, ...): the broker-neutral names of `outbox_core::publisher::headers`,
 //! which `outbox-kafka` and `outbox-nats` write too.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,7 +111,7 @@ pub enum Error {
         "RabbitMQ has no {}; declare them (e.g. `rabbitmqadmin declare exchange name={} type=topic durable=true`), \
          or leave the catalog out of the check with `.skip_catalog_check()`",
         .missing.join(", "),
-        .missing.first().and_then(|m| m.strip_prefix("exchange ")).unwrap_or("<exchange>")
+        .missing.first().and_then(|m| m.strip_prefix("exchange ")).and_then(|m| m.split(' ').next()).unwrap_or("<exchange>")
     )]
     MissingDestinations {
         /// What is missing, e.g. `exchange orders (for orders/order.created)`.
@@ -140,9 +140,9 @@ fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    // The user information ends at the last `@` before the path.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The user information ends at the last `@`: a password may hold an unencoded `/`
+    // (lapin then refuses the URL, and the error must not show it either).
+    let Some(at) = rest.rfind('@') else {
         return url.to_owned();
     };
     let user = rest[..at].split(':').next().unwrap_or("");
@@ -503,6 +503,12 @@ fn properties(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> Basic
         .with_headers(table)
 }
 
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A failure that says something about the transport, not the message: the link is
 /// dropped and the next batch connects again.
 fn transport(e: &lapin::Error) -> PublishError {
@@ -552,10 +558,15 @@ impl RabbitPublisher {
 
     /// Publishes one message and waits for its confirm. `Err` with `true`: the link is
     /// broken.
+    ///
+    /// lapin hands a returned message to whichever confirm it resolves next, not
+    /// necessarily its own (a `multiple` ack resolves several at once): a return is
+    /// recorded in `returned` under the id it carries, and counts for that message.
     async fn publish_one(
         &self,
         channel: &Channel,
         record: &OutboxRecord,
+        returned: &std::sync::Mutex<HashMap<String, String>>,
     ) -> Result<(), (PublishError, bool)> {
         let (exchange, routing_key) = route(&record.destination).map_err(|reason| {
             (
@@ -582,15 +593,30 @@ impl RabbitPublisher {
                 .await
         };
         match tokio::time::timeout(self.inner.confirm_timeout, send).await {
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(returned)))) => Err((
-                PublishError::permanent(format!(
-                    "rabbitmq: no queue is bound to exchange {exchange:?} for routing key {routing_key:?} \
-                     ({} {}); bind one, then release the message",
-                    returned.reply_code, returned.reply_text
-                )),
-                false,
-            )),
+            Ok(Ok(Confirmation::Ack(carried))) => {
+                if let Some(message) = carried {
+                    let id = message
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.to_string())
+                        .unwrap_or_default();
+                    let reason = format!(
+                        "rabbitmq: no queue is bound to exchange {:?} for routing key {:?} ({} {}); \
+                         bind one, then release the message",
+                        message.delivery.exchange.as_str(),
+                        message.delivery.routing_key.as_str(),
+                        message.reply_code,
+                        message.reply_text
+                    );
+                    lock(returned).insert(id, reason);
+                }
+                match lock(returned).get(&record.id.to_string()) {
+                    Some(reason) => Err((PublishError::permanent(reason.clone()), false)),
+                    None => Ok(()),
+                }
+            }
             Ok(Ok(Confirmation::Nack(_))) => Err((
                 PublishError::retryable(
                     "rabbitmq: the broker refused the message (basic.nack: an internal error of the queue)",
@@ -670,7 +696,9 @@ impl Publisher for RabbitPublisher {
 
         let deadline = Instant::now() + self.inner.batch_budget;
         let broken = AtomicBool::new(false);
-        let (channel, missing, broken_ref) = (&link.channel, &missing, &broken);
+        let returned = std::sync::Mutex::new(HashMap::new());
+        let (channel, missing, broken_ref, returned_ref) =
+            (&link.channel, &missing, &broken, &returned);
         let out = publish_in_chains(batch, deadline, |record| async move {
             if broken_ref.load(Ordering::Relaxed) {
                 // The link failed under another key: nothing more goes out on it.
@@ -684,7 +712,7 @@ impl Publisher for RabbitPublisher {
                         .unwrap_or_default()
                 )));
             }
-            self.publish_one(channel, record)
+            self.publish_one(channel, record, returned_ref)
                 .await
                 .map_err(|(e, gone)| {
                     if gone {
@@ -694,6 +722,21 @@ impl Publisher for RabbitPublisher {
                 })
         })
         .await;
+        // Every confirm of the batch has resolved: every return is recorded now. A
+        // message reported published whose return came with another's confirm fails
+        // after all (a dead letter, never a silent loss).
+        let returned = returned
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut out = out;
+        for (record, result) in batch.iter().zip(out.iter_mut()) {
+            if result.is_ok() {
+                if let Some(reason) = returned.get(&record.id.to_string()) {
+                    tracing::warn!(id = %record.id, "outbox-rabbitmq: a message came back unroutable after later messages of its key went out");
+                    *result = Err(PublishError::permanent(reason.clone()));
+                }
+            }
+        }
         if broken.into_inner() {
             tracing::warn!(url = %self.inner.shown, "outbox-rabbitmq: the connection or channel failed; connecting again for the next batch");
             if let Some(link) = guard.take() {
@@ -742,6 +785,18 @@ mod tests {
             "amqps://svc:***@rabbit/vh"
         );
         assert_eq!(redacted("amqp://rabbit:5672"), "amqp://rabbit:5672");
+        assert_eq!(
+            redacted("amqp://svc:pa/ss@rabbit/vh"),
+            "amqp://svc:***@rabbit/vh",
+            "an unencoded `/` in the password"
+        );
+        let missing = Error::MissingDestinations {
+            missing: vec!["exchange orders (for orders/order.created)".to_owned()],
+        };
+        assert!(
+            missing.to_string().contains("name=orders type=topic"),
+            "{missing}"
+        );
         let builder = RabbitPublisher::builder("amqp://svc:hunter2@rabbit:5672/%2f");
         assert!(!format!("{builder:?}").contains("hunter2"));
     }

@@ -34,7 +34,8 @@ pub struct TestDb {
     pub pool: PgPool,
     /// The schema's name.
     pub schema: String,
-    options: PgConnectOptions,
+    /// The pool's connect options (the test's schema as `search_path`).
+    pub options: PgConnectOptions,
 }
 
 impl TestDb {

@@ -662,6 +662,75 @@ async fn the_marks_connection_outlives_a_quiet_spell_longer_than_the_session_tim
     db.cleanup().await;
 }
 
+/// Where the relay may not open a second connection (a role's connection limit, a pool
+/// in front of the server), a backlog's marks go through its own connection, one after
+/// the claim, as before: the relay neither fails nor publishes anything twice.
+#[tokio::test]
+async fn a_relay_without_a_second_connection_marks_on_its_own() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let role = format!("outbox_limited_{}", uuid::Uuid::now_v7().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2"),
+        format!("GRANT ALL ON SCHEMA \"{}\" TO {role}", db.schema),
+        format!(
+            "GRANT ALL ON ALL TABLES IN SCHEMA \"{}\" TO {role}",
+            db.schema
+        ),
+        format!(
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA \"{}\" TO {role}",
+            db.schema
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    write_events(&outbox, 10, 100, 1000, 1).await;
+    // The relay's own connection and its LISTEN connection use up the role's limit; its
+    // pool is never connected.
+    let options = db
+        .options
+        .clone()
+        .username(&role)
+        .application_name("outbox-relay-limited");
+    let limited = Outbox::new(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(options),
+    );
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(limited, publisher.clone())
+        .batch_size(50)
+        .spawn();
+    assert!(
+        publisher.wait_for(1000, WAIT).await,
+        "the backlog published"
+    );
+    let stats = relay.stats();
+    relay.shutdown().await;
+    assert_eq!(stats.reconnects, 0, "the relay's session never failed");
+    assert_eq!(
+        check_order(&publisher.published(), 10, 100),
+        0,
+        "duplicates"
+    );
+    wait_until("every row is marked sent", WAIT, || async {
+        sent_count(&db).await == 1000
+    })
+    .await;
+    let admin = db.options.clone();
+    db.cleanup().await;
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect_with(&admin)
+        .await
+        .expect("connect");
+    sqlx::query(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .expect("drop the role");
+}
+
 #[tokio::test]
 async fn graceful_shutdown_finishes_the_batch_in_flight() {
     let db = TestDb::new().await;

@@ -125,7 +125,11 @@ impl<DB: Backend> KafkaConsumer<DB> {
         }
         // The outbox headers, or a CloudEvent's in binary mode (`ce_type`, `ce_id`) from
         // a producer that writes only those.
+        // A handler registered for the whole `type` takes it as it is; otherwise
+        // `OrderPlaced.v2` is event type `OrderPlaced`, version 2 (as our publishers
+        // write it).
         let (ce_type, ce_version) = match all.get(CE_TYPE) {
+            Some(kind) if self.handlers.contains_key(kind.as_str()) => (Some(kind.clone()), None),
             Some(kind) => {
                 let (name, version) = split_type(kind);
                 (Some(name.to_owned()), version)

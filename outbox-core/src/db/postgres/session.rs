@@ -198,8 +198,6 @@ enum Idle {
     Waiting,
 }
 
-/// The first retry when taking the idle lock fails (a commit was probing it at that
-/// instant); doubles up to the poll interval.
 /// A connection of the relay's, with its settings: keepalives, marks without waiting for
 /// the WAL flush, custom plans, and the idle-session timeout.
 async fn connect_configured(
@@ -243,6 +241,8 @@ async fn connect_configured(
     Ok(conn)
 }
 
+/// The first retry when taking the idle lock fails (a commit was probing it at that
+/// instant); doubles up to the poll interval.
 const FIRST_IDLE_RETRY: Duration = Duration::from_millis(1);
 
 pub struct PgSession<'a> {
@@ -252,6 +252,8 @@ pub struct PgSession<'a> {
     /// The connection that marks a backlog's batches while `conn` claims the next
     /// (`record_and_claim`), opened when first needed, and when it was last used.
     marks: Option<(PgConnection, Instant)>,
+    /// Opening `marks` failed: not tried again before then.
+    marks_retry_at: Option<Instant>,
     listener: PgListener,
     sql: Sql,
     table_key: i32,
@@ -424,6 +426,7 @@ impl<'a> PgSession<'a> {
             conn,
             options,
             marks: None,
+            marks_retry_at: None,
             listener,
             sql,
             table_key,
@@ -448,14 +451,44 @@ impl<'a> PgSession<'a> {
 
     /// The marks connection, opened again once it has been idle for half the server's
     /// idle-session timeout (which would end it under a later mark).
-    async fn marks_connection(&mut self) -> SessionResult<PgConnection> {
-        let fresh_for = self.cx.config.effective_session_timeout() / 2;
+    ///
+    /// `None` when it cannot be opened within `connect_timeout` (a connection limit, a
+    /// pool in front of the server): the marks then go through `conn`, one after the
+    /// claim, as before, and opening it is tried again a session timeout later.
+    async fn marks_connection(&mut self) -> Option<PgConnection> {
+        let config = self.cx.config;
+        let fresh_for = config.effective_session_timeout() / 2;
         match self.marks.take() {
-            Some((conn, used)) if used.elapsed() < fresh_for => Ok(conn),
-            _ => {
-                // The settings: four statements.
-                self.count_queries(4);
-                connect_configured(&self.options, self.cx.config).await
+            Some((conn, used)) if used.elapsed() < fresh_for => return Some(conn),
+            _ => {}
+        }
+        if self.marks_retry_at.is_some_and(|at| Instant::now() < at) {
+            return None;
+        }
+        // The settings: four statements.
+        self.count_queries(4);
+        let opened = tokio::time::timeout(
+            config.connect_timeout,
+            connect_configured(&self.options, config),
+        )
+        .await;
+        match opened {
+            Ok(Ok(conn)) => {
+                self.marks_retry_at = None;
+                Some(conn)
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {:?}", config.connect_timeout),
+                };
+                tracing::warn!(
+                    error,
+                    "outbox relay: cannot open a second connection for marks; marking on the \
+                     relay's connection, after each claim"
+                );
+                self.marks_retry_at = Some(Instant::now() + config.effective_session_timeout());
+                None
             }
         }
     }
@@ -773,7 +806,10 @@ impl Session for PgSession<'_> {
         if outcome.sent.is_empty() {
             return Ok((dead, self.claim_rows(after).await?));
         }
-        let mut marks = self.marks_connection().await?;
+        let Some(mut marks) = self.marks_connection().await else {
+            self.acknowledge(outcome).await?;
+            return Ok((dead, self.claim_rows(after).await?));
+        };
         let sql = self.sql.mark.clone();
         self.count_queries(1);
         let mark = sqlx::query(&sql).bind(&outcome.sent).execute(&mut marks);
