@@ -4,11 +4,10 @@
 //! in-memory storage in `drain`). The target is judged against the lower of that
 //! ceiling and the database's claim+mark ceiling (d), both measured in the same run.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
-use outbox_core::relay::Relay;
 use outbox_nats::NatsPublisher;
 
 use crate::BoxError;
@@ -54,17 +53,7 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         .destination(&subject)
         .build()
         .await?;
-    let started = Instant::now();
-    let relay = Relay::builder(db.outbox.clone(), publisher).spawn();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while relay.stats().published < args.events {
-        if Instant::now() > deadline {
-            return Err(format!("the relay published only {}", relay.stats().published).into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let relay_rate = args.events as f64 / started.elapsed().as_secs_f64();
-    relay.shutdown().await;
+    let relay_rate = crate::scenarios::timed_drain(args, &db, publisher).await?;
     db.drop().await?;
     js.delete_stream(&name).await?;
 

@@ -5,7 +5,7 @@
 //! exchange and queue. The target is judged against the lower of that ceiling and the
 //! database's claim+mark ceiling (d), both measured in the same run.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::StreamExt;
 use lapin::options::{
@@ -14,7 +14,6 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::relay::Relay;
 use outbox_rabbitmq::RabbitPublisher;
 
 use crate::BoxError;
@@ -92,17 +91,7 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         .destination(&destination)
         .build()
         .await?;
-    let started = Instant::now();
-    let relay = crate::scenarios::sized(args, Relay::builder(db.outbox.clone(), publisher)).spawn();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while relay.stats().published < args.events {
-        if Instant::now() > deadline {
-            return Err(format!("the relay published only {}", relay.stats().published).into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let relay_rate = args.events as f64 / started.elapsed().as_secs_f64();
-    relay.shutdown().await;
+    let relay_rate = crate::scenarios::timed_drain(args, &db, publisher).await?;
     db.drop().await?;
     delete(&connection, &name).await?;
 

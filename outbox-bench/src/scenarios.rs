@@ -79,6 +79,27 @@ pub(crate) async fn relay_drain(
     Ok((args.events as f64 / seconds, rss))
 }
 
+/// Drains `db`'s backlog of `--events` rows with one relay (`--batch-size` if given)
+/// through `publisher`; returns events/s from the relay's start to its last mark.
+pub(crate) async fn timed_drain<P: outbox_core::publisher::Publisher>(
+    args: &Args,
+    db: &BenchDb,
+    publisher: P,
+) -> Result<f64, BoxError> {
+    let started = Instant::now();
+    let relay = sized(args, Relay::builder(db.outbox.clone(), publisher)).spawn();
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    while relay.stats().published < args.events {
+        if Instant::now() > deadline {
+            return Err(format!("the relay published only {}", relay.stats().published).into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let rate = args.events as f64 / started.elapsed().as_secs_f64();
+    relay.shutdown().await;
+    Ok(rate)
+}
+
 /// `builder` with `--batch-size`, if given.
 pub(crate) fn sized<P: outbox_core::publisher::Publisher>(
     args: &Args,
