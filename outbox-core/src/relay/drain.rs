@@ -82,18 +82,11 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
                 return claim_next(store, after, blocked_loaded).await;
             };
             let (dead, next) = if prefetch {
-                let retrying = if blocked_loaded {
-                    None
-                } else {
-                    Some(store.retrying_keys().await?)
-                };
+                let retrying = retrying_keys(store, blocked_loaded).await?;
                 let (dead, claimed) = store.record_and_claim(&outcome, after).await?;
                 (dead, (claimed, retrying))
             } else {
-                if !outcome.sent.is_empty() {
-                    store.acknowledge(&outcome).await?;
-                }
-                (fail(store, &outcome).await?, (Vec::new(), None))
+                (store.record(&outcome).await?, (Vec::new(), None))
             };
             let retry_in = recorded(relay, &outcome, dead);
             drained.retry_in = min_retry(drained.retry_in, retry_in);
@@ -138,12 +131,20 @@ async fn claim_next<S: Session>(
     after: Option<i64>,
     blocked_loaded: bool,
 ) -> SessionResult<(Vec<OutboxRecord>, Option<Vec<String>>)> {
-    let retrying = if blocked_loaded {
+    let retrying = retrying_keys(store, blocked_loaded).await?;
+    Ok((store.claim(after).await?, retrying))
+}
+
+/// The keys in retry, unless they are loaded already.
+async fn retrying_keys<S: Session>(
+    store: &mut S,
+    loaded: bool,
+) -> SessionResult<Option<Vec<String>>> {
+    Ok(if loaded {
         None
     } else {
         Some(store.retrying_keys().await?)
-    };
-    Ok((store.claim(after).await?, retrying))
+    })
 }
 
 /// What a drain did: rows claimed, and when the earliest row it rescheduled may be due.
@@ -162,14 +163,6 @@ fn min_retry(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// Reschedules or dead-letters a batch's failed rows; returns how many died.
-async fn fail<S: Session>(store: &mut S, outcome: &Outcome) -> SessionResult<u64> {
-    if outcome.failed_seq.is_empty() {
-        return Ok(0);
-    }
-    store.fail(outcome).await
 }
 
 /// The stats and logs of a batch whose outcome is written (its sent rows marked or

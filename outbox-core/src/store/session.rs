@@ -144,15 +144,23 @@ pub trait Session: Send {
         after: Option<i64>,
     ) -> impl Future<Output = SessionResult<(u64, Vec<OutboxRecord>)>> + Send {
         async move {
+            let dead = self.record(outcome).await?;
+            Ok((dead, self.claim(after).await?))
+        }
+    }
+
+    /// Records `outcome`: [`acknowledge`](Self::acknowledge)s its sent rows, then
+    /// [`fail`](Self::fail)s its failed ones (each only if there are any); returns how
+    /// many rows died.
+    fn record(&mut self, outcome: &Outcome) -> impl Future<Output = SessionResult<u64>> + Send {
+        async move {
             if !outcome.sent.is_empty() {
                 self.acknowledge(outcome).await?;
             }
-            let dead = if outcome.failed_seq.is_empty() {
-                0
-            } else {
-                self.fail(outcome).await?
-            };
-            Ok((dead, self.claim(after).await?))
+            if outcome.failed_seq.is_empty() {
+                return Ok(0);
+            }
+            self.fail(outcome).await
         }
     }
 
