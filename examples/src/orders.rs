@@ -7,10 +7,11 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::admin::Admin;
+use outbox_core::consumer::{Consumer, Policy};
 use outbox_core::inbox::Inbox;
 use outbox_core::relay::{Relay, RelayHandle};
 use outbox_core::{Outbox, OutboxEvent, OutboxTx, destinations, sqlx, transactional_outbox};
-use outbox_kafka::{KafkaConsumer, KafkaPublisher, Policy};
+use outbox_kafka::{KafkaPublisher, KafkaTransport};
 use uuid::Uuid;
 
 destinations! {
@@ -147,10 +148,12 @@ async fn scenario(
     // Inventory service: reserves stock, once per order, in one transaction with the
     // record of the message id. Orders of other runs (the broker may still hold them)
     // are not in this schema's `orders` table and are ignored.
-    let consumer = KafkaConsumer::builder(&config.brokers, format!("inventory-{schema}"), Inbox::new(&outbox, "inventory"))
+    let transport = KafkaTransport::builder(&config.brokers, format!("inventory-{schema}"))
         .topic(ORDER_EVENTS.as_str())
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
+        .build()?;
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "inventory"))
         .on::<OrderConfirmed, _>(|tx, msg| {
             Box::pin(async move {
                 let ours: Option<Uuid> = sqlx::query_scalar("SELECT id FROM orders WHERE id = $1")

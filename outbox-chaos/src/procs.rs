@@ -9,16 +9,16 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use outbox_core::Outbox;
-use outbox_core::inbox::{Inbox, InboxError};
+use outbox_core::consumer::{Consumer, Transport};
+use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::relay::Relay;
 use outbox_core::relay::RelayBuilder;
 use outbox_core::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use outbox_core::sqlx::{self, PgPool, Postgres};
-use outbox_kafka::{KafkaConsumer, KafkaPublisher};
-use outbox_nats::NatsPublisher;
+use outbox_kafka::{KafkaPublisher, KafkaTransport};
+use outbox_nats::{NatsPublisher, NatsTransport};
 
 /// The relay's settings in the rig: short timeouts, so that a takeover after a SIGSTOP
 /// takes ~15 s (`session_timeout` is at least `2 × publish_timeout + poll + 5 s`).
@@ -249,11 +249,8 @@ pub async fn consume(args: &[String]) -> Result<(), String> {
     let inbox = Inbox::new(&outbox, group.as_str());
     match broker_kind.as_str() {
         "kafka" => {
-            let mut builder = KafkaConsumer::builder(broker.as_str(), group.as_str(), inbox)
-                .topic(destination.as_str())
-                .on_event_type::<Tick, _>("Tick", |tx, msg| {
-                    Box::pin(async move { Ok(apply(tx, msg.id, &msg.event).await?) })
-                });
+            let mut builder = KafkaTransport::builder(broker.as_str(), group.as_str())
+                .topic(destination.as_str());
             for (k, v) in [
                 ("session.timeout.ms", "3000"),
                 ("heartbeat.interval.ms", "500"),
@@ -261,95 +258,50 @@ pub async fn consume(args: &[String]) -> Result<(), String> {
             ] {
                 builder = builder.set(k, v);
             }
-            let consumer = builder.build().map_err(|e| e.to_string())?.spawn();
-            loop {
-                let stats = consumer.stats();
-                record_stats(&pool, group, stats.handled, stats.duplicates).await;
-                if consumer.is_finished() {
-                    return consumer.join().await.map_err(|e| e.to_string());
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
+            let transport = builder.build().map_err(|e| e.to_string())?;
+            consume_with(&pool, group, transport, inbox).await
         }
         "nats" => {
             let (stream, _) = destination
                 .split_once('/')
                 .ok_or("the NATS destination is <stream>/<subject>")?;
-            consume_nats(&pool, &inbox, broker, stream, group).await
+            // One message unacknowledged at a time: JetStream redelivers a crashed
+            // consumer's messages after `AckWait`, and a later message of the same key
+            // must not overtake them meanwhile.
+            let transport = NatsTransport::builder(broker.as_str(), stream, group.as_str())
+                .ack_wait(Duration::from_secs(5))
+                .max_ack_pending(1)
+                .build()
+                .await
+                .map_err(|e| e.to_string())?;
+            consume_with(&pool, group, transport, inbox).await
         }
         other => Err(format!("unknown broker {other:?}: kafka or nats")),
     }
 }
 
-/// A JetStream durable pull consumer, acknowledged after the inbox's commit.
-async fn consume_nats(
+/// Runs the rig's consumer on `transport` until it ends, recording its counters.
+async fn consume_with<T: Transport>(
     pool: &PgPool,
-    inbox: &Inbox<Postgres>,
-    url: &str,
-    stream: &str,
     group: &str,
+    transport: T,
+    inbox: Inbox<Postgres>,
 ) -> Result<(), String> {
-    use async_nats::jetstream::{self, consumer};
-    let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
-    let js = jetstream::new(client);
-    let consumer = js
-        .get_stream(stream)
-        .await
+    // Below the pool's four connections.
+    let consumer = Consumer::builder(transport, inbox)
+        .concurrency(2)
+        .on_event_type::<Tick, _>("Tick", |tx, msg| {
+            Box::pin(async move { Ok(apply(tx, msg.id, &msg.event).await?) })
+        })
+        .build()
         .map_err(|e| e.to_string())?
-        .get_or_create_consumer(
-            group,
-            consumer::pull::Config {
-                durable_name: Some(group.to_owned()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(5),
-                max_ack_pending: 1,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
-    let (mut handled, mut duplicates) = (0u64, 0u64);
+        .spawn();
     loop {
-        let next = tokio::time::timeout(Duration::from_millis(300), messages.next()).await;
-        let Ok(next) = next else {
-            record_stats(pool, group, handled, duplicates).await;
-            continue;
-        };
-        let Some(message) = next else { break };
-        let message = match message {
-            Ok(m) => m,
-            Err(e) => {
-                eprintln!("nats consumer: {e}");
-                continue;
-            }
-        };
-        let id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(outbox_nats::headers::MESSAGE_ID))
-            .and_then(|v| uuid::Uuid::parse_str(v.as_str()).ok())
-            .ok_or("a message without a message-id header")?;
-        let tick: Tick = serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?;
-        let result = inbox
-            .process(id, |tx| Box::pin(async move { apply(tx, id, &tick).await }))
-            .await;
-        match result {
-            Ok(processed) => {
-                if processed.is_duplicate() {
-                    duplicates += 1;
-                } else {
-                    handled += 1;
-                }
-                if (handled + duplicates) % 200 == 0 {
-                    record_stats(pool, group, handled, duplicates).await;
-                }
-                // Acknowledged after the commit; a lost ack only redelivers it.
-                let _ = message.ack().await;
-            }
-            Err(InboxError::Database(e)) => eprintln!("nats consumer: database: {e}"),
-            Err(InboxError::Handler(e)) => eprintln!("nats consumer: handler: {e}"),
+        let stats = consumer.stats();
+        record_stats(pool, group, stats.handled, stats.duplicates).await;
+        if consumer.is_finished() {
+            return consumer.join().await.map_err(|e| e.to_string());
         }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    Err("the NATS message stream ended".to_owned())
 }

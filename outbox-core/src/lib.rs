@@ -113,6 +113,7 @@
 pub mod admin;
 pub mod catalog;
 pub mod config;
+pub mod consumer;
 mod db;
 mod error;
 pub mod event;

@@ -47,111 +47,13 @@ pub enum Error {
         reason: String,
     },
 
-    /// `.on::<T, _>()` was given a type the event catalog does not know.
-    #[error(
-        "`{rust_type}` is not in the event catalog, so its event type name is unknown; derive `OutboxEvent` \
-         for it, or register the handler with `.on_event_type::<T, _>(\"EventTypeName\", handler)`"
-    )]
-    NotInCatalog {
-        /// The Rust type.
-        rust_type: &'static str,
-    },
-
-    /// Two handlers were registered for one event type.
-    #[error("two handlers registered for event type `{0}`; register one handler per event type")]
-    DuplicateHandler(String),
-
-    /// The consumer was built without topics or without handlers.
-    #[error("the consumer has {0}; add them with `.topic(..)` and `.on::<T, _>(..)`")]
+    /// The consumer transport was built without topics.
+    #[error("the Kafka consumer has {0}; add them with `.topic(..)`")]
     Incomplete(&'static str),
 
     /// The consumer could not subscribe, or librdkafka reported a fatal consumer error.
     #[error("Kafka consumer error: {0}")]
     Consumer(#[source] KafkaError),
-
-    /// A message's event type has no handler and the policy is [`Policy::Stop`](crate::Policy::Stop).
-    #[error(
-        "no handler for event type `{event_type}` (message {topic}/{partition}@{offset}); the consumer stopped \
-         as configured (`on_unknown_event_type(Policy::Stop)`): register a handler, or choose `Policy::Skip`"
-    )]
-    UnknownEventType {
-        /// The event type header's value.
-        event_type: String,
-        /// Topic of the message.
-        topic: String,
-        /// Partition of the message.
-        partition: i32,
-        /// Offset of the message.
-        offset: i64,
-    },
-
-    /// A message could not be decoded and the policy is [`Policy::Stop`](crate::Policy::Stop).
-    #[error(
-        "cannot decode message {topic}/{partition}@{offset}: {reason}; the consumer stopped as configured \
-         (`on_undecodable(Policy::Stop)`); its offset is not committed, so it is read again after a restart"
-    )]
-    Undecodable {
-        /// Why: a missing header, a bad message id, a payload that does not deserialize.
-        reason: String,
-        /// Topic of the message.
-        topic: String,
-        /// Partition of the message.
-        partition: i32,
-        /// Offset of the message.
-        offset: i64,
-    },
-
-    /// A handler failed as often as `handler_attempts` allows and the policy is
-    /// [`Policy::Stop`](crate::Policy::Stop).
-    #[error(
-        "the handler of message {id} ({event_type}, {topic}/{partition}@{offset}) failed {attempts} times, \
-         last with: {error}; the consumer stopped as configured (`handler_attempts(.., Policy::Stop)`); \
-         nothing was recorded and its offset is not committed, so it is read again after a restart"
-    )]
-    HandlerFailed {
-        /// The message id.
-        id: uuid::Uuid,
-        /// The event type header's value.
-        event_type: String,
-        /// How many times the handler ran.
-        attempts: u32,
-        /// The last error.
-        error: String,
-        /// Topic of the message.
-        topic: String,
-        /// Partition of the message.
-        partition: i32,
-        /// Offset of the message.
-        offset: i64,
-    },
-
-    /// A policy is [`Policy::DeadLetter`](crate::Policy::DeadLetter) but no dead-letter
-    /// topic is set.
-    #[error(
-        "a policy is `Policy::DeadLetter` but the consumer has no dead-letter topic; \
-         set one with `.dead_letter_topic(\"<topic>.dlq\")`"
-    )]
-    NoDeadLetterTopic,
-
-    /// A message could not be written to the dead-letter topic; the consumer stopped
-    /// without committing its offset.
-    #[error(
-        "could not write message {topic}/{partition}@{offset} to the dead-letter topic `{dead_letter_topic}`: \
-         {reason}; the consumer stopped and did not commit the message's offset, so it is read again after \
-         a restart (check that the topic exists and the consumer may write to it)"
-    )]
-    DeadLetter {
-        /// The dead-letter topic.
-        dead_letter_topic: String,
-        /// The producer's error.
-        reason: String,
-        /// Topic of the message.
-        topic: String,
-        /// Partition of the message.
-        partition: i32,
-        /// Offset of the message.
-        offset: i64,
-    },
 
     /// The database failed.
     #[error(transparent)]

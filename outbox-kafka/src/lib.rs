@@ -1,13 +1,14 @@
 //! Kafka for the outbox framework, built on `rdkafka`: a [`KafkaPublisher`] for the
-//! relay, and a [`KafkaConsumer`] that dispatches messages to typed handlers and runs
-//! each in an [`Inbox`](outbox_core::inbox::Inbox) transaction, so every event takes
-//! effect once.
+//! relay, and a [`KafkaTransport`] for [`outbox_core::consumer::Consumer`], which
+//! dispatches messages to typed handlers and runs each in an
+//! [`Inbox`](outbox_core::inbox::Inbox) transaction, so every event takes effect once.
 //!
 //! ```no_run
+//! use outbox_core::consumer::{Consumer, Policy};
 //! use outbox_core::inbox::Inbox;
 //! use outbox_core::relay::Relay;
 //! use outbox_core::{Outbox, OutboxEvent};
-//! use outbox_kafka::{KafkaConsumer, KafkaPublisher, Policy};
+//! use outbox_kafka::{KafkaPublisher, KafkaTransport};
 //!
 //! #[derive(Debug, serde::Serialize, serde::Deserialize, OutboxEvent)]
 //! #[outbox(destination = "orders.events", key = order_id)]
@@ -29,8 +30,10 @@
 //! let relay = Relay::builder(outbox.clone(), publisher).spawn();
 //!
 //! // Consuming: each message runs once in effect, in one transaction with its effect.
-//! let consumer = KafkaConsumer::builder("127.0.0.1:9092", "billing", Inbox::new(&outbox, "billing"))
+//! let transport = KafkaTransport::builder("127.0.0.1:9092", "billing")
 //!     .topic("orders.events")
+//!     .build()?;
+//! let consumer = Consumer::builder(transport, Inbox::new(&outbox, "billing"))
 //!     .on::<OrderConfirmed, _>(|tx, msg| {
 //!         Box::pin(async move {
 //!             outbox_core::sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)")
@@ -60,13 +63,13 @@
 //! because librdkafka's idempotent producer does not recover from that by itself.
 //!
 //! # Consumer
-//! [`KafkaConsumer`] dispatches on the `event-type` header to typed handlers, runs each
-//! in an [`Inbox`](outbox_core::inbox::Inbox) transaction (a duplicate message id is
-//! skipped), and stores the message's offset for commit only after that transaction
-//! committed. Unknown event types and undecodable messages follow an explicit
-//! [`Policy`]; a failing handler is retried in place with backoff.
+//! [`KafkaTransport`] is the Kafka side of [`outbox_core::consumer::Consumer`] (typed
+//! dispatch, the inbox transaction, policies and per-key scheduling live there). It
+//! stores a message's offset for commit only after that message's transaction committed
+//! and every earlier message of its partition was done, and writes dead letters to a
+//! topic.
 //!
-//! Settings, headers, error classification, outage behaviour and policies: `docs/kafka.md`.
+//! Settings, headers, error classification, outage behaviour and policies: `docs/kafka.md`; consumers of every broker: `docs/consumers.md`.
 //!
 //! [permanent]: outbox_core::publisher::PublishError::permanent
 #![warn(missing_docs)]
@@ -78,10 +81,7 @@ mod publisher;
 mod settings;
 mod topics;
 
-pub use consumer::{
-    BoxError, ConsumerHandle, ConsumerStats, ConsumerStatsSnapshot, KafkaConsumer,
-    KafkaConsumerBuilder, Policy, Received, dead_letter_headers,
-};
+pub use consumer::{KafkaToken, KafkaTransport, KafkaTransportBuilder};
 pub use error::{Error, Result};
 pub use publisher::{KafkaPublisher, KafkaPublisherBuilder};
 pub use settings::{Settings, is_secret};

@@ -47,6 +47,10 @@ use outbox_core::config::percent_decoded;
 use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 
+mod consumer;
+
+pub use consumer::{NatsTransport, NatsTransportBuilder};
+
 /// The headers this publisher writes.
 pub mod headers {
     pub use outbox_core::publisher::headers::{
@@ -70,7 +74,7 @@ pub mod headers {
     ];
 }
 
-/// Why the publisher could not be built.
+/// Why the publisher or the consumer transport could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -94,6 +98,17 @@ pub enum Error {
     MissingStreams {
         /// The subjects without a stream.
         subjects: Vec<String>,
+    },
+    /// The consumer's stream does not exist, or its durable consumer could not be
+    /// created.
+    #[error("cannot set up JetStream consumer `{consumer}` on stream `{stream}`: {reason}")]
+    Consumer {
+        /// The stream.
+        stream: String,
+        /// The durable consumer's name.
+        consumer: String,
+        /// The server's or client's error.
+        reason: String,
     },
     /// JetStream did not answer a stream lookup.
     #[error(
@@ -150,6 +165,48 @@ fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
         })
         .collect();
     (clean.join(","), found)
+}
+
+/// Connects to `url` with the credentials taken out of it.
+async fn connect(
+    url: &str,
+    credentials: Option<Credentials>,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, Error> {
+    let options = match credentials {
+        Some(Credentials::UserPassword(user, pass)) => options.user_and_password(user, pass),
+        Some(Credentials::Token(token)) => options.token(token),
+        None => options,
+    };
+    options.connect(url).await.map_err(|e| Error::Connect {
+        url: url.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Fails with [`Error::MissingStreams`] naming the subjects no stream captures.
+async fn check_streams(
+    js: &jetstream::Context,
+    subjects: impl IntoIterator<Item = String>,
+) -> Result<(), Error> {
+    let mut missing = Vec::new();
+    for subject in subjects {
+        match js.stream_by_subject(subject.as_str()).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => missing.push(subject),
+            Err(e) => {
+                return Err(Error::Lookup {
+                    subject,
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::MissingStreams { subjects: missing })
+    }
 }
 
 /// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
@@ -227,41 +284,13 @@ impl NatsPublisherBuilder {
 
     /// Connects and checks that every destination is captured by a stream.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
-        let options = match self.credentials {
-            Some(Credentials::UserPassword(user, pass)) => {
-                self.options.user_and_password(user, pass)
-            }
-            Some(Credentials::Token(token)) => self.options.token(token),
-            None => self.options,
-        };
-        let client = options
-            .connect(self.url.as_str())
-            .await
-            .map_err(|e| Error::Connect {
-                url: self.url.clone(),
-                reason: e.to_string(),
-            })?;
+        let client = connect(&self.url, self.credentials, self.options).await?;
         let max_payload = client.server_info().max_payload;
         let mut js = jetstream::new(client);
         js.set_timeout(self.ack_timeout);
         let wanted =
             outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog);
-        let mut missing = Vec::new();
-        for subject in wanted {
-            match js.stream_by_subject(subject.as_str()).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => missing.push(subject),
-                Err(e) => {
-                    return Err(Error::Lookup {
-                        subject,
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
-        if !missing.is_empty() {
-            return Err(Error::MissingStreams { subjects: missing });
-        }
+        check_streams(&js, wanted).await?;
         tracing::info!(url = %self.url, "outbox-nats publisher ready");
         Ok(NatsPublisher {
             js,

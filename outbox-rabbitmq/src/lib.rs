@@ -71,6 +71,10 @@ use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 use tokio::time::Instant;
 
+mod consumer;
+
+pub use consumer::{RabbitToken, RabbitTransport, RabbitTransportBuilder};
+
 /// The headers this publisher writes.
 pub mod headers {
     pub use outbox_core::publisher::headers::{

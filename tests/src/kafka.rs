@@ -93,6 +93,20 @@ pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] = [
     ("heartbeat.interval.ms", "500"),
 ];
 
+/// A consumer transport for tests: group `group`, subscribed to `topic`, with
+/// [`TEST_CONSUMER_SETTINGS`].
+pub fn transport(
+    brokers: &str,
+    group: impl Into<String>,
+    topic: &str,
+) -> outbox_kafka::KafkaTransportBuilder {
+    let mut builder = outbox_kafka::KafkaTransport::builder(brokers, group).topic(topic);
+    for (k, v) in TEST_CONSUMER_SETTINGS {
+        builder = builder.set(k, v);
+    }
+    builder
+}
+
 /// A tansu broker of the test's own, on a free port, with in-memory storage.
 #[derive(Debug)]
 pub struct OwnBroker {

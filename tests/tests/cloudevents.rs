@@ -169,14 +169,13 @@ async fn rabbitmq_writes_cloud_events_headers() {
 /// producer that writes only the CloudEvents attributes (`ce_id`, `ce_type`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kafka_consumer_accepts_a_cloud_event_without_the_outbox_headers() {
+    use outbox_core::consumer::Consumer;
     use outbox_core::inbox::Inbox;
-    use outbox_kafka::KafkaConsumer;
     use outbox_kafka::rdkafka::ClientConfig;
     use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
     use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-    use outbox_tests::kafka::{
-        TEST_CONSUMER_SETTINGS, brokers, create_topic, delete_topic, unique,
-    };
+    use outbox_tests::kafka;
+    use outbox_tests::kafka::{brokers, create_topic, delete_topic, unique};
     use std::sync::{Arc, Mutex};
 
     let brokers = brokers();
@@ -241,20 +240,21 @@ async fn the_kafka_consumer_accepts_a_cloud_event_without_the_outbox_headers() {
     type Seen = Vec<(uuid::Uuid, Option<i32>, i64)>;
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let sink = Arc::clone(&seen);
-    let mut builder = KafkaConsumer::builder(&brokers, unique("group"), Inbox::new(&outbox, "ce"))
-        .topic(&topic)
-        .on_event_type::<Order, _>("OrderPlaced", move |_tx, msg| {
-            let sink = Arc::clone(&sink);
-            Box::pin(async move {
-                sink.lock()
-                    .expect("lock")
-                    .push((msg.id, msg.version, msg.event.order));
-                Ok(())
-            })
-        });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, unique("group"), &topic)
+            .build()
+            .expect("kafka transport"),
+        Inbox::new(&outbox, "ce"),
+    )
+    .on_event_type::<Order, _>("OrderPlaced", move |_tx, msg| {
+        let sink = Arc::clone(&sink);
+        Box::pin(async move {
+            sink.lock()
+                .expect("lock")
+                .push((msg.id, msg.version, msg.event.order));
+            Ok(())
+        })
+    });
     let consumer = builder.build().expect("consumer").spawn();
     outbox_tests::wait_until("both events handled", Duration::from_secs(60), || async {
         consumer.stats().handled >= 2

@@ -4,13 +4,13 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::{OutboxRecord, sqlx};
-use outbox_kafka::KafkaConsumer;
-use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use outbox_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
+use outbox_tests::kafka::{self, Job, job};
 use outbox_tests::{TestDb, database_url};
 
 async fn effects(db: &TestDb, run: &str) -> i64 {
@@ -79,20 +79,21 @@ async fn a_consumer_killed_before_committing_offsets_is_not_run_twice_by_the_red
 
     // The same group and consumer name again: all 20 come back, none runs again; a new
     // message still runs.
-    let mut builder = KafkaConsumer::builder(&brokers, &group, Inbox::new(&outbox, "jobs"))
-        .topic(&topic)
-        .on_event_type::<Job, _>("Job", |tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO effects (n, run) VALUES ($1, 'restarted')")
-                    .bind(msg.event.n)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, &group, &topic)
+            .build()
+            .expect("kafka transport"),
+        Inbox::new(&outbox, "jobs"),
+    )
+    .on_event_type::<Job, _>("Job", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (n, run) VALUES ($1, 'restarted')")
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    });
     let consumer = builder.build().expect("consumer").spawn();
     assert!(publisher.publish(&[job(&topic, 20)]).await[0].is_ok());
     let deadline = Instant::now() + Duration::from_secs(60);

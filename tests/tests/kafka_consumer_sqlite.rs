@@ -1,14 +1,14 @@
-//! `KafkaConsumer` with an inbox on a database other than PostgreSQL: SQLite, through the
+//! A Kafka consumer with an inbox on a database other than PostgreSQL: SQLite, through the
 //! real broker. A redelivered message (same id) is skipped, the others run once.
 
 use std::time::{Duration, Instant};
 
 use outbox_core::Outbox;
+use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::sqlx::{self, Sqlite};
-use outbox_kafka::KafkaConsumer;
-use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
+use outbox_tests::kafka::{self, Job, job};
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,20 +41,21 @@ async fn a_kafka_consumer_deduplicates_through_a_sqlite_inbox() {
     );
 
     let inbox = Inbox::new(&outbox, "jobs");
-    let mut builder = KafkaConsumer::builder(&brokers, kafka::unique("group"), inbox.clone())
-        .topic(&topic)
-        .on_event_type::<Job, _>("Job", |tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO effects (n) VALUES (?)")
-                    .bind(msg.event.n)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, kafka::unique("group"), &topic)
+            .build()
+            .expect("kafka transport"),
+        inbox.clone(),
+    )
+    .on_event_type::<Job, _>("Job", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (n) VALUES (?)")
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    });
     let consumer = builder.build().expect("consumer").spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while consumer.stats().duplicates + consumer.stats().handled < 3 {

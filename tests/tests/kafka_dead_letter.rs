@@ -4,13 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::{Consumer, Error, Policy, dead_letter_headers};
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_core::{OutboxRecord, sqlx};
 use outbox_kafka::rdkafka::ClientConfig;
-use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use outbox_kafka::rdkafka::message::{Headers, Message};
-use outbox_kafka::{Error, KafkaConsumer, Policy, dead_letter_headers};
 use outbox_tests::TestDb;
 use outbox_tests::kafka::{self, Job, TEST_CONSUMER_SETTINGS, job};
 
@@ -65,30 +65,25 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
     let batch: Vec<OutboxRecord> = (1..=3).map(|n| job(&topic, n)).collect();
     assert!(publisher.publish(&batch).await.iter().all(Result::is_ok));
 
-    let mut builder = KafkaConsumer::builder(
-        &brokers,
-        kafka::unique("group"),
-        Inbox::new(&outbox, "jobs"),
-    )
-    .topic(&topic)
-    .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
-    .handler_attempts(3, Policy::DeadLetter)
-    .dead_letter_topic(&dlq)
-    .on_event_type::<Job, _>("Job", |tx, msg| {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO effects (n) VALUES ($1)")
-                .bind(msg.event.n)
-                .execute(&mut **tx)
-                .await?;
-            if msg.event.n == 2 {
-                return Err("job 2 is poison".into());
-            }
-            Ok(())
-        })
-    });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
+    let transport = kafka::transport(&brokers, kafka::unique("group"), &topic)
+        .dead_letter_topic(&dlq)
+        .build()
+        .expect("kafka transport");
+    let builder = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
+        .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .handler_attempts(3, Policy::DeadLetter)
+        .on_event_type::<Job, _>("Job", |tx, msg| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO effects (n) VALUES ($1)")
+                    .bind(msg.event.n)
+                    .execute(&mut **tx)
+                    .await?;
+                if msg.event.n == 2 {
+                    return Err("job 2 is poison".into());
+                }
+                Ok(())
+            })
+        });
     let consumer = builder.build().expect("consumer").spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while consumer.stats().handled + consumer.stats().dead_lettered < 3 {
@@ -135,7 +130,7 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
         batch[1].id.to_string(),
         "original headers kept"
     );
-    assert_eq!(header(dead_letter_headers::TOPIC), topic);
+    assert_eq!(header(dead_letter_headers::SOURCE), topic);
     assert_eq!(header(dead_letter_headers::PARTITION), "0");
     assert_eq!(header(dead_letter_headers::OFFSET), "1");
     let reason = header(dead_letter_headers::REASON);
@@ -156,22 +151,25 @@ async fn a_message_that_keeps_failing_goes_to_the_dead_letter_topic_and_the_rest
 async fn a_dead_letter_policy_without_a_topic_is_refused() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
+    let transport = || {
+        kafka::transport("127.0.0.1:9092", "g", "t")
+            .build()
+            .expect("kafka transport")
+    };
     for builder in [
-        KafkaConsumer::builder("127.0.0.1:9092", "g", Inbox::new(&outbox, "c"))
+        Consumer::builder(transport(), Inbox::new(&outbox, "c"))
             .handler_attempts(3, Policy::DeadLetter),
-        KafkaConsumer::builder("127.0.0.1:9092", "g", Inbox::new(&outbox, "c"))
-            .on_undecodable(Policy::DeadLetter),
+        Consumer::builder(transport(), Inbox::new(&outbox, "c")).on_undecodable(Policy::DeadLetter),
     ] {
         let built = builder
-            .topic("t")
             .on_event_type::<Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }))
             .build();
         match built {
-            Err(e @ Error::NoDeadLetterTopic) => {
+            Err(e @ Error::NoDeadLetterDestination { transport: "kafka" }) => {
                 assert!(e.to_string().contains(".dead_letter_topic("), "{e}")
             }
-            Err(e) => panic!("expected NoDeadLetterTopic, got {e}"),
-            Ok(_) => panic!("expected NoDeadLetterTopic, got a consumer"),
+            Err(e) => panic!("expected NoDeadLetterDestination, got {e}"),
+            Ok(_) => panic!("expected NoDeadLetterDestination, got a consumer"),
         }
     }
     db.cleanup().await;
@@ -195,18 +193,15 @@ async fn database_failures_do_not_count_as_handler_attempts() {
     let record = job(&topic, 7);
     assert!(publisher.publish(std::slice::from_ref(&record)).await[0].is_ok());
 
-    let mut builder = KafkaConsumer::builder(
-        &brokers,
-        kafka::unique("group"),
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, kafka::unique("group"), &topic)
+            .build()
+            .expect("kafka transport"),
         Inbox::new(&outbox, "jobs"),
     )
-    .topic(&topic)
     .retry_backoff(Duration::from_millis(20), Duration::from_millis(50))
     .handler_attempts(1, Policy::Skip)
     .on_event_type::<Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }));
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
     let consumer = builder.build().expect("consumer").spawn();
     let deadline = Instant::now() + Duration::from_secs(60);
     while consumer.stats().handler_errors < 3 {
@@ -263,18 +258,17 @@ async fn a_failed_dead_letter_write_stops_the_consumer_without_committing() {
     assert!(publisher.publish(&[job(&topic, 1)]).await[0].is_ok());
     let group = kafka::unique("group");
     let consume = |dead_letter_topic: String, dead_letter_brokers: &str| {
-        let mut builder = KafkaConsumer::builder(&brokers, &group, Inbox::new(&outbox, "jobs"))
-            .topic(&topic)
-            .handler_attempts(1, Policy::DeadLetter)
+        let transport = kafka::transport(&brokers, &group, &topic)
             .dead_letter_topic(dead_letter_topic)
             .dead_letter_set("bootstrap.servers", dead_letter_brokers)
             .dead_letter_set("message.timeout.ms", "2000")
+            .build()
+            .expect("kafka transport");
+        let builder = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
+            .handler_attempts(1, Policy::DeadLetter)
             .on_event_type::<Job, _>("Job", |_tx, _msg| {
                 Box::pin(async { Err("always fails".into()) })
             });
-        for (k, v) in TEST_CONSUMER_SETTINGS {
-            builder = builder.set(k, v);
-        }
         builder.build().expect("consumer").spawn()
     };
     // The dead-letter producer cannot reach a broker (tansu would create a missing topic
@@ -287,11 +281,11 @@ async fn a_failed_dead_letter_write_stops_the_consumer_without_committing() {
         .expect("the consumer stops by itself");
     match ended {
         Err(Error::DeadLetter {
-            dead_letter_topic,
-            offset,
+            destination,
+            origin,
             ..
         }) => {
-            assert_eq!((dead_letter_topic, offset), (dlq.clone(), 0));
+            assert_eq!((destination, origin.position), (dlq.clone(), Some(0)));
         }
         other => panic!("expected Error::DeadLetter, got {other:?}"),
     }

@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::Consumer;
 use outbox_core::relay::Relay;
 use outbox_core::{OutboxEvent, OutboxMessage, sqlx};
-use outbox_kafka::{KafkaConsumer, KafkaPublisher, headers};
+use outbox_kafka::{KafkaPublisher, headers};
 use outbox_tests::TestDb;
-use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+use outbox_tests::kafka;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -99,12 +100,12 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
         .build()
         .await
         .expect("publisher");
-    let mut builder = KafkaConsumer::builder(
-        &brokers,
-        kafka::unique("e2e-group"),
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, kafka::unique("e2e-group"), &topic)
+            .build()
+            .expect("kafka transport"),
         outbox_core::inbox::Inbox::new(&outbox, "e2e"),
     )
-    .topic(&topic)
     .on::<Counted, _>(|tx, msg| {
         Box::pin(async move {
             let headers = serde_json::to_value(&msg.headers)?;
@@ -124,9 +125,6 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
             Ok(())
         })
     });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
     let consumer = builder.build().expect("consumer").spawn();
 
     let relay_started = Instant::now();

@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
 use outbox_core::relay::Relay;
 use outbox_core::{OutboxMessage, sqlx};
-use outbox_kafka::{KafkaConsumer, KafkaPublisher};
+use outbox_kafka::KafkaPublisher;
 use outbox_tests::TestDb;
-use outbox_tests::kafka::{self, OwnBroker, TEST_CONSUMER_SETTINGS};
+use outbox_tests::kafka::{self, OwnBroker};
 use uuid::Uuid;
 
 #[derive(Debug, serde::Deserialize)]
@@ -49,12 +50,12 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
         .backoff(Duration::from_millis(200), Duration::from_secs(1))
         .publish_timeout(Duration::from_secs(10))
         .spawn();
-    let mut builder = KafkaConsumer::builder(
-        &brokers,
-        kafka::unique("outage-group"),
+    let builder = Consumer::builder(
+        kafka::transport(&brokers, kafka::unique("outage-group"), &topic)
+            .build()
+            .expect("kafka transport"),
         Inbox::new(&outbox, "outage"),
     )
-    .topic(&topic)
     .on_event_type::<Tick, _>("Tick", |tx, msg| {
         Box::pin(async move {
             sqlx::query("INSERT INTO consumed (id, key, n) VALUES ($1, $2, $3)")
@@ -66,9 +67,6 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
             Ok(())
         })
     });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
     let consumer = builder.build().expect("consumer").spawn();
 
     // A writer that keeps committing while the broker is down: 20 events every 100 ms.

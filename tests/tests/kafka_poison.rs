@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerHandle, Error, Policy};
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher as _;
 use outbox_core::relay::Relay;
@@ -11,9 +12,9 @@ use outbox_core::{OutboxMessage, sqlx};
 use outbox_kafka::rdkafka::ClientConfig;
 use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
 use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-use outbox_kafka::{ConsumerHandle, Error, KafkaConsumer, KafkaPublisher, Policy, headers};
+use outbox_kafka::{KafkaPublisher, KafkaTransport, headers};
 use outbox_tests::TestDb;
-use outbox_tests::kafka::{self, TEST_CONSUMER_SETTINGS};
+use outbox_tests::kafka;
 
 #[derive(Debug, serde::Deserialize)]
 struct Job {
@@ -25,22 +26,22 @@ fn consumer(
     group: &str,
     topic: &str,
     db_outbox: &outbox_core::Outbox,
-) -> outbox_kafka::KafkaConsumerBuilder {
-    let mut builder = KafkaConsumer::builder(brokers, group, Inbox::new(db_outbox, "jobs"))
-        .topic(topic)
-        .on_event_type::<Job, _>("Job", |tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO effects (n) VALUES ($1)")
-                    .bind(msg.event.n)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
-    builder
+) -> ConsumerBuilder<KafkaTransport> {
+    Consumer::builder(
+        kafka::transport(brokers, group, topic)
+            .build()
+            .expect("kafka transport"),
+        Inbox::new(db_outbox, "jobs"),
+    )
+    .on_event_type::<Job, _>("Job", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (n) VALUES ($1)")
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    })
 }
 
 async fn effects(db: &TestDb) -> Vec<i32> {
@@ -251,13 +252,10 @@ async fn an_undecodable_message_stops_the_consumer_by_default_and_again_after_a_
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         match join(consumer).await {
-            Err(Error::Undecodable {
-                offset: 1,
-                reason,
-                topic: t,
-                partition: 0,
-            }) => {
-                assert_eq!(t, topic);
+            Err(Error::Undecodable { reason, origin })
+                if (origin.partition, origin.position) == (Some(0), Some(1)) =>
+            {
+                assert_eq!(origin.source, topic);
                 assert!(reason.contains("not a valid `Job`"), "{reason}");
             }
             other => panic!("run {run}: expected a stop at offset 1, got {other:?}"),
@@ -286,11 +284,9 @@ async fn an_unknown_event_type_stops_the_consumer_when_told_to() {
     .expect("consumer")
     .spawn();
     match join(consumer).await {
-        Err(Error::UnknownEventType {
-            event_type,
-            offset: 2,
-            ..
-        }) => assert_eq!(event_type, "Unknown"),
+        Err(Error::UnknownEventType { event_type, origin }) if origin.position == Some(2) => {
+            assert_eq!(event_type, "Unknown")
+        }
         other => panic!("expected a stop at the unknown event type, got {other:?}"),
     }
     assert_eq!(effects(&db).await, [0]);

@@ -7,10 +7,9 @@
 use std::str::FromStr;
 
 use outbox_core::Outbox;
+use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
 use outbox_core::sqlx;
-use outbox_kafka::KafkaConsumer;
-use outbox_tests::kafka::TEST_CONSUMER_SETTINGS;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 #[derive(serde::Deserialize)]
@@ -34,9 +33,11 @@ async fn main() {
         .await
         .expect("connect");
     let outbox = Outbox::new(pool);
-    let mut builder = KafkaConsumer::builder(brokers, group, Inbox::new(&outbox, "jobs"))
-        .topic(topic)
+    let transport = outbox_tests::kafka::transport(brokers, group.as_str(), topic)
         .set("auto.commit.interval.ms", "600000")
+        .build()
+        .expect("kafka transport");
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
         .on_event_type::<Job, _>("Job", |tx, msg| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO effects (n, run) VALUES ($1, 'child')")
@@ -45,11 +46,9 @@ async fn main() {
                     .await?;
                 Ok(())
             })
-        });
-    for (k, v) in TEST_CONSUMER_SETTINGS {
-        builder = builder.set(k, v);
-    }
-    let consumer = builder.build().expect("consumer");
+        })
+        .build()
+        .expect("consumer");
     let (_keep_running, shutdown) = tokio::sync::watch::channel(false);
     consumer.run(shutdown).await.expect("consume");
 }

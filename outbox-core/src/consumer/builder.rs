@@ -1,0 +1,229 @@
+//! Configuring a consumer: handlers, policies, concurrency, and the checks of `build`.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::de::DeserializeOwned;
+
+use crate::event::OutboxEvent;
+use crate::inbox::Inbox;
+use crate::store::{Backend, DefaultBackend};
+use crate::tx::OutboxTx;
+
+use super::dispatch::{Dispatch, Typed};
+use super::handle::Shared;
+use super::{BoxError, Consumer, ConsumerStats, Error, Policy, Received, Transport};
+
+/// Configures a [`Consumer`]; start with [`Consumer::builder`].
+pub struct ConsumerBuilder<T: Transport, DB: Backend = DefaultBackend> {
+    transport: T,
+    inbox: Inbox<DB>,
+    handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,
+    errors: Vec<Error>,
+    unknown: Policy,
+    undecodable: Policy,
+    retry_backoff: (Duration, Duration),
+    handler_attempts: Option<(u32, Policy)>,
+    concurrency: usize,
+    max_in_flight: Option<usize>,
+}
+
+impl<T: Transport, DB: Backend> fmt::Debug for ConsumerBuilder<T, DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("transport", &T::NAME)
+            .field("inbox", &self.inbox)
+            .field("event_types", &self.handlers.keys().collect::<Vec<_>>())
+            .field("on_unknown_event_type", &self.unknown)
+            .field("on_undecodable", &self.undecodable)
+            .field("handler_attempts", &self.handler_attempts)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The event type names the catalog lists for Rust type `T`.
+fn catalog_names<T>() -> Vec<&'static str> {
+    let full = std::any::type_name::<T>();
+    let name = full.split('<').next().unwrap_or(full);
+    crate::catalog()
+        .into_iter()
+        .filter(|e| e.rust_type == name)
+        .map(|e| e.event_type)
+        .collect()
+}
+
+impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
+    pub(super) fn new(transport: T, inbox: Inbox<DB>) -> Self {
+        ConsumerBuilder {
+            transport,
+            inbox,
+            handlers: HashMap::new(),
+            errors: Vec::new(),
+            unknown: Policy::Skip,
+            undecodable: Policy::Stop,
+            retry_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            handler_attempts: None,
+            concurrency: 8,
+            max_in_flight: None,
+        }
+    }
+
+    /// Handles the event type(s) that `#[derive(OutboxEvent)]` registered for `E` (an
+    /// enum: each variant's) with `handler`, which receives the inbox transaction and the
+    /// decoded message, and returns a boxed future:
+    ///
+    /// `.on::<OrderConfirmed, _>(|tx, msg| Box::pin(async move { ...; Ok(()) }))`
+    ///
+    /// A type not in the event catalog is reported by [`build`](Self::build).
+    pub fn on<E, F>(mut self, handler: F) -> Self
+    where
+        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static, DB>,
+                Received<E>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let names = catalog_names::<E>();
+        if names.is_empty() {
+            self.errors.push(Error::NotInCatalog {
+                rust_type: std::any::type_name::<E>(),
+            });
+            return self;
+        }
+        let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
+            handler,
+            _event: PhantomData::<fn() -> E>,
+        });
+        for name in names {
+            self.add(name.to_owned(), Arc::clone(&dispatch));
+        }
+        self
+    }
+
+    /// Handles messages whose event type is `event_type`, with a payload that
+    /// deserializes to `E` (no `OutboxEvent` derive needed).
+    pub fn on_event_type<E, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
+    where
+        E: DeserializeOwned + Send + 'static,
+        F: for<'t> Fn(
+                &'t mut OutboxTx<'static, DB>,
+                Received<E>,
+            ) -> BoxFuture<'t, Result<(), BoxError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
+            handler,
+            _event: PhantomData::<fn() -> E>,
+        });
+        self.add(event_type.into(), dispatch);
+        self
+    }
+
+    fn add(&mut self, event_type: String, dispatch: Arc<dyn Dispatch<DB>>) {
+        match self.handlers.entry(event_type) {
+            Entry::Occupied(e) => self.errors.push(Error::DuplicateHandler(e.key().clone())),
+            Entry::Vacant(e) => {
+                e.insert(dispatch);
+            }
+        }
+    }
+
+    /// What to do with a message whose event type has no handler. Default [`Policy::Skip`].
+    pub fn on_unknown_event_type(mut self, policy: Policy) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// What to do with a message that cannot be decoded: missing or bad `message-id` /
+    /// `event-type` header, or a payload that does not deserialize into the handler's type.
+    /// Default [`Policy::Stop`].
+    pub fn on_undecodable(mut self, policy: Policy) -> Self {
+        self.undecodable = policy;
+        self
+    }
+
+    /// Backoff between retries of a failing handler: first delay and cap (default
+    /// 100 ms, 30 s). A failing handler is retried in place until it succeeds or the
+    /// consumer is shut down, so later messages of its key wait (per-key order is kept);
+    /// other keys go on.
+    pub fn retry_backoff(mut self, first: Duration, cap: Duration) -> Self {
+        self.retry_backoff = (first, cap.max(first));
+        self
+    }
+
+    /// Gives up on a message after its handler failed `attempts` times (at least 1) in
+    /// a row, and applies `then` to it: [`Policy::DeadLetter`] (the usual choice),
+    /// [`Policy::Stop`], or [`Policy::Skip`] (its effect is lost). Without this a failing
+    /// handler is retried until it succeeds, holding back the later messages of its key.
+    /// Database failures do not count: a database that is briefly down must not
+    /// dead-letter messages.
+    pub fn handler_attempts(mut self, attempts: u32, then: Policy) -> Self {
+        self.handler_attempts = Some((attempts.max(1), then));
+        self
+    }
+
+    /// How many keys are handled at once (default 8, at least 1). Each holds one database
+    /// connection while its handler runs, so keep it below the pool's size. `1` handles
+    /// every message one after the other, in the order received.
+    pub fn concurrency(mut self, keys: usize) -> Self {
+        self.concurrency = keys.max(1);
+        self
+    }
+
+    /// How many received messages may wait for their handler (default 32 × concurrency).
+    /// When a key's handler is retried for long, its later messages wait here; once the
+    /// bound is reached the consumer stops receiving until something finishes.
+    pub fn max_in_flight(mut self, messages: usize) -> Self {
+        self.max_in_flight = Some(messages.max(1));
+        self
+    }
+
+    /// Checks the configuration and creates the consumer.
+    pub fn build(self) -> Result<Consumer<T, DB>, Error> {
+        if let Some(e) = self.errors.into_iter().next() {
+            return Err(e);
+        }
+        if self.handlers.is_empty() {
+            return Err(Error::NoHandlers);
+        }
+        let policies = [
+            Some(self.unknown),
+            Some(self.undecodable),
+            self.handler_attempts.map(|(_, then)| then),
+        ];
+        if policies.contains(&Some(Policy::DeadLetter))
+            && self.transport.dead_letter_destination().is_none()
+        {
+            return Err(Error::NoDeadLetterDestination { transport: T::NAME });
+        }
+        let max_in_flight = self
+            .max_in_flight
+            .unwrap_or(self.concurrency * 32)
+            .max(self.concurrency);
+        Ok(Consumer {
+            inner: Arc::new(Shared {
+                transport: self.transport,
+                inbox: self.inbox,
+                handlers: self.handlers,
+                unknown: self.unknown,
+                undecodable: self.undecodable,
+                retry_backoff: self.retry_backoff,
+                handler_attempts: self.handler_attempts,
+                stats: Arc::new(ConsumerStats::default()),
+            }),
+            concurrency: self.concurrency,
+            max_in_flight,
+        })
+    }
+}

@@ -1,0 +1,294 @@
+//! One message: decode its headers, run its handler in the inbox transaction with
+//! retries, apply a policy when it cannot be handled, and acknowledge it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::inbox::{Inbox, InboxError, Processed};
+use crate::publisher::cloudevents::split_type;
+use crate::publisher::headers;
+use crate::store::Backend;
+use crate::task::stopped;
+
+use super::dispatch::Dispatch;
+use super::{ConsumerStats, Delivery, Error, Policy, Received, Transport};
+
+/// What the consumer holds, shared by the receiving task and the handling ones.
+pub(super) struct Shared<T: Transport, DB: Backend> {
+    pub(super) transport: T,
+    pub(super) inbox: Inbox<DB>,
+    pub(super) handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,
+    pub(super) unknown: Policy,
+    pub(super) undecodable: Policy,
+    pub(super) retry_backoff: (Duration, Duration),
+    pub(super) handler_attempts: Option<(u32, Policy)>,
+    pub(super) stats: Arc<ConsumerStats>,
+}
+
+/// How handling a message ended, when it did not stop the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Handled or disposed of, and acknowledged.
+    Done,
+    /// Shutdown was asked while the message was in hand; it was not acknowledged.
+    Interrupted,
+}
+
+/// What went wrong with a message, in words that do not depend on the policy applied
+/// (for logs and the `dlq-reason` header), at most 4 KiB.
+pub(super) fn short_reason(error: &Error) -> String {
+    let mut text = match error {
+        Error::UnknownEventType { event_type, .. } => {
+            format!("no handler for event type `{event_type}`")
+        }
+        Error::Undecodable { reason, .. } => format!("cannot decode the message: {reason}"),
+        Error::HandlerFailed {
+            attempts, error, ..
+        } => format!("the handler failed {attempts} times, last with: {error}"),
+        other => other.to_string(),
+    };
+    if text.len() > 4096 {
+        let mut end = 4096;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+impl<T: Transport, DB: Backend> Shared<T, DB> {
+    /// Handles one message; while it is in hand, tells the transport it is being worked
+    /// on as often as the transport asks.
+    pub(super) async fn handle(
+        &self,
+        delivery: &Delivery<T::Token>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<Step, Error> {
+        let work = self.handle_inner(delivery, &mut shutdown);
+        let Some(every) = self.transport.keep_alive() else {
+            return work.await;
+        };
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = tick.tick() => self.transport.working(delivery).await,
+            }
+        }
+    }
+
+    async fn handle_inner(
+        &self,
+        delivery: &Delivery<T::Token>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Step, Error> {
+        let origin = &delivery.origin;
+        let undecodable = |reason: String| Error::Undecodable {
+            reason,
+            origin: origin.clone(),
+        };
+        let all = &delivery.headers;
+        // The outbox headers, or a CloudEvent's in binary mode (`<prefix>type`,
+        // `<prefix>id`) from a producer that writes only those. A handler registered for
+        // the whole CloudEvents type takes it as it is; otherwise `OrderPlaced.v2` is
+        // event type `OrderPlaced`, version 2 (as our publishers write it).
+        let (ce_type_header, ce_id_header) = (
+            format!("{}type", T::CLOUDEVENTS_PREFIX),
+            format!("{}id", T::CLOUDEVENTS_PREFIX),
+        );
+        let (ce_type, ce_version) = match all.get(&ce_type_header) {
+            Some(kind) if self.handlers.contains_key(kind.as_str()) => (Some(kind.clone()), None),
+            Some(kind) => {
+                let (name, version) = split_type(kind);
+                (Some(name.to_owned()), version)
+            }
+            None => (None, None),
+        };
+        let cloudevent = !all.contains_key(headers::EVENT_TYPE) && ce_type.is_some();
+        let Some(event_type) = all.get(headers::EVENT_TYPE).cloned().or(ce_type) else {
+            let error = undecodable(format!("no `{}` header", headers::EVENT_TYPE));
+            return self
+                .policy(delivery, self.undecodable, error, shutdown)
+                .await;
+        };
+        let id_header = if all.contains_key(headers::MESSAGE_ID) || !cloudevent {
+            headers::MESSAGE_ID
+        } else {
+            ce_id_header.as_str()
+        };
+        let id = match all.get(id_header).map(|v| v.parse::<Uuid>()) {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => {
+                let error = undecodable(format!(
+                    "bad `{id_header}` header (the inbox needs a UUID): {e}"
+                ));
+                return self
+                    .policy(delivery, self.undecodable, error, shutdown)
+                    .await;
+            }
+            None => {
+                let error = undecodable(format!("no `{id_header}` header"));
+                return self
+                    .policy(delivery, self.undecodable, error, shutdown)
+                    .await;
+            }
+        };
+        let Some(dispatch) = self.handlers.get(&event_type) else {
+            let error = Error::UnknownEventType {
+                event_type,
+                origin: origin.clone(),
+            };
+            return self.policy(delivery, self.unknown, error, shutdown).await;
+        };
+        let meta = Received {
+            event: (),
+            id,
+            event_type: event_type.clone(),
+            version: match all.get(headers::EVENT_VERSION) {
+                Some(v) => v.parse().ok(),
+                None if cloudevent => ce_version,
+                None => None,
+            },
+            key: delivery.key.clone(),
+            origin: origin.clone(),
+            headers: all.clone(),
+        };
+        let payload = delivery.payload.as_slice();
+        let mut decoded = match Arc::clone(dispatch).decode(payload, meta.clone()) {
+            Ok(run) => Some(run),
+            Err(e) => {
+                let error = undecodable(format!(
+                    "message {id}: payload is not a valid `{event_type}`: {e}"
+                ));
+                return self
+                    .policy(delivery, self.undecodable, error, shutdown)
+                    .await;
+            }
+        };
+        let mut delay = self.retry_backoff.0;
+        let mut attempts = 0_u32;
+        loop {
+            // The first attempt uses the event decoded above; a retry decodes it again.
+            let run = match decoded.take() {
+                Some(run) => run,
+                None => Arc::clone(dispatch)
+                    .decode(payload, meta.clone())
+                    .map_err(|e| undecodable(e.to_string()))?,
+            };
+            match self.inbox.process(id, run).await {
+                Ok(Processed::Handled(())) => {
+                    self.stats.handled.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("outbox_consumer_handled_total", "transport" => T::NAME)
+                        .increment(1);
+                    self.ack(delivery).await;
+                    return Ok(Step::Done);
+                }
+                Ok(Processed::Duplicate) => {
+                    tracing::debug!(%id, %origin, transport = T::NAME, "outbox consumer: duplicate skipped by the inbox");
+                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("outbox_consumer_duplicates_total", "transport" => T::NAME)
+                        .increment(1);
+                    self.ack(delivery).await;
+                    return Ok(Step::Done);
+                }
+                Err(e) => {
+                    self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
+                    // Only the handler's own failures count towards giving up: a database
+                    // that is briefly unavailable must not dead-letter or skip messages.
+                    if matches!(e, InboxError::Handler(_)) {
+                        attempts += 1;
+                    }
+                    let error = match &e {
+                        InboxError::Handler(e) => e.to_string(),
+                        InboxError::Database(e) => e.to_string(),
+                    };
+                    let error = self.transport.redact(&error);
+                    if let Some((max, then)) =
+                        self.handler_attempts.filter(|(max, _)| attempts >= *max)
+                    {
+                        let failure = Error::HandlerFailed {
+                            id,
+                            event_type: event_type.clone(),
+                            attempts: max,
+                            error,
+                            origin: origin.clone(),
+                        };
+                        return self.policy(delivery, then, failure, shutdown).await;
+                    }
+                    tracing::warn!(%id, %event_type, %origin, transport = T::NAME, error = %error, retry_in = ?delay,
+                        "outbox consumer: handler failed; nothing recorded, retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(shutdown) => return Ok(Step::Interrupted),
+            }
+            delay = (delay * 2).min(self.retry_backoff.1);
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery<T::Token>) {
+        if let Err(e) = self.transport.ack(delivery).await {
+            // The broker sends it again; the inbox skips it.
+            tracing::warn!(origin = %delivery.origin, transport = T::NAME, error = %self.transport.redact(&e.to_string()),
+                "outbox consumer: acknowledging failed; the message will come again and be skipped");
+        }
+    }
+
+    async fn policy(
+        &self,
+        delivery: &Delivery<T::Token>,
+        policy: Policy,
+        error: Error,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Step, Error> {
+        let origin = &delivery.origin;
+        match policy {
+            Policy::Skip => {
+                tracing::warn!(%origin, transport = T::NAME, reason = %short_reason(&error),
+                    "outbox consumer: message skipped (policy Skip)");
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("outbox_consumer_skipped_total", "transport" => T::NAME)
+                    .increment(1);
+                self.ack(delivery).await;
+                Ok(Step::Done)
+            }
+            Policy::Stop => {
+                tracing::error!(%origin, transport = T::NAME, reason = %error,
+                    "outbox consumer: stops (policy Stop)");
+                Err(error)
+            }
+            Policy::DeadLetter => {
+                let destination = self.transport.dead_letter_destination().unwrap_or_default();
+                let reason = self.transport.redact(&short_reason(&error));
+                // A shutdown does not wait for the write: the message stays
+                // unacknowledged, so it comes again (at worst twice in the dead letters).
+                tokio::select! {
+                    written = self.transport.dead_letter(delivery, &reason) => {
+                        written.map_err(|e| Error::DeadLetter {
+                            destination: destination.clone(),
+                            reason: self.transport.redact(&e.to_string()),
+                            origin: origin.clone(),
+                        })?;
+                    }
+                    _ = stopped(shutdown) => return Ok(Step::Interrupted),
+                }
+                tracing::warn!(%origin, transport = T::NAME, dead_letter = %destination, %reason,
+                    "outbox consumer: message dead-lettered");
+                self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("outbox_consumer_dead_lettered_total", "transport" => T::NAME)
+                    .increment(1);
+                self.ack(delivery).await;
+                Ok(Step::Done)
+            }
+        }
+    }
+}

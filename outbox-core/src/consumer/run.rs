@@ -1,0 +1,204 @@
+//! The receive loop and per-key scheduling: messages of one key one after the other,
+//! different keys at once, up to the concurrency.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::store::Backend;
+use crate::task::stopped;
+
+use super::handle::{Shared, Step};
+use super::{Delivery, Error, Transport};
+
+/// Messages in one lane are handled in order: one lane per key, and one per message
+/// without a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Lane {
+    Key(String),
+    Unkeyed(u64),
+}
+
+/// The messages received and not yet handled, by lane.
+struct Lanes<A> {
+    /// Waiting messages of each lane that is running or ready.
+    waiting: HashMap<Lane, VecDeque<Delivery<A>>>,
+    /// Lanes with a waiting message and no running handler, oldest first.
+    ready: VecDeque<Lane>,
+    /// Lanes that are running or ready.
+    busy: HashSet<Lane>,
+    /// Messages received and not finished (waiting or running).
+    held: usize,
+    unkeyed: u64,
+}
+
+impl<A> Lanes<A> {
+    fn new() -> Self {
+        Lanes {
+            waiting: HashMap::new(),
+            ready: VecDeque::new(),
+            busy: HashSet::new(),
+            held: 0,
+            unkeyed: 0,
+        }
+    }
+
+    fn push(&mut self, delivery: Delivery<A>) {
+        self.held += 1;
+        let lane = match &delivery.key {
+            Some(key) => Lane::Key(key.clone()),
+            None => {
+                self.unkeyed += 1;
+                Lane::Unkeyed(self.unkeyed)
+            }
+        };
+        self.waiting
+            .entry(lane.clone())
+            .or_default()
+            .push_back(delivery);
+        if self.busy.insert(lane.clone()) {
+            self.ready.push_back(lane);
+        }
+    }
+
+    /// The next message to start, from the lane that has waited longest.
+    fn next(&mut self) -> Option<(Lane, Delivery<A>)> {
+        let lane = self.ready.pop_front()?;
+        let delivery = self
+            .waiting
+            .get_mut(&lane)
+            .and_then(VecDeque::pop_front)
+            .expect("a ready lane has a waiting message");
+        Some((lane, delivery))
+    }
+
+    /// A lane's message finished: the lane is ready again if more wait in it.
+    fn finished(&mut self, lane: Lane) {
+        self.held -= 1;
+        if self.waiting.get(&lane).is_some_and(|q| !q.is_empty()) {
+            self.ready.push_back(lane);
+        } else {
+            self.waiting.remove(&lane);
+            self.busy.remove(&lane);
+        }
+    }
+}
+
+pub(super) async fn run<T: Transport, DB: Backend>(
+    shared: Arc<Shared<T, DB>>,
+    concurrency: usize,
+    max_in_flight: usize,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    tracing::info!(transport = T::NAME, inbox = ?shared.inbox, concurrency, max_in_flight,
+        "outbox consumer started");
+    let mut lanes = Lanes::new();
+    let mut running: JoinSet<(Lane, Result<Step, Error>)> = JoinSet::new();
+    let result = loop {
+        while running.len() < concurrency {
+            let Some((lane, delivery)) = lanes.next() else {
+                break;
+            };
+            let shared = Arc::clone(&shared);
+            let shutdown = shutdown.clone();
+            running.spawn(async move {
+                let outcome = shared.handle(&delivery, shutdown).await;
+                (lane, outcome)
+            });
+        }
+        tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => break Ok(()),
+            Some(joined) = running.join_next(), if !running.is_empty() => {
+                let (lane, outcome) = match joined {
+                    Ok(done) => done,
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => unreachable!("handler tasks are aborted only after the loop: {e}"),
+                };
+                match outcome {
+                    Ok(Step::Done) => lanes.finished(lane),
+                    Ok(Step::Interrupted) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            }
+            received = shared.transport.receive(), if lanes.held < max_in_flight => match received {
+                Ok(delivery) => lanes.push(delivery),
+                Err(source) => break Err(Error::Transport { transport: T::NAME, source }),
+            },
+        }
+    };
+    match &result {
+        // Messages in hand finish (a handler being retried sees the shutdown and stops
+        // without acknowledging), so their acknowledgements are sent.
+        Ok(()) => {
+            while let Some(joined) = running.join_next().await {
+                if let Err(e) = joined {
+                    if e.is_panic() {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                }
+            }
+        }
+        // Stopping on an error: the other handlers are dropped mid-way. Their
+        // transactions roll back, and what they did not acknowledge comes again.
+        Err(_) => running.shutdown().await,
+    }
+    drop(lanes);
+    let stats = shared.stats.snapshot();
+    match Arc::try_unwrap(shared) {
+        Ok(shared) => shared.transport.close().await,
+        Err(_) => tracing::warn!(
+            transport = T::NAME,
+            "outbox consumer: the transport is still in use and was not closed"
+        ),
+    }
+    tracing::info!(transport = T::NAME, ?stats, "outbox consumer stopped");
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::Origin;
+
+    fn delivery(key: Option<&str>, n: i64) -> Delivery<i64> {
+        Delivery::new(
+            Vec::new(),
+            key.map(str::to_owned),
+            Default::default(),
+            Origin::new("t", None, Some(n)),
+            n,
+        )
+    }
+
+    #[test]
+    fn a_key_waits_for_its_previous_message_and_other_keys_do_not() {
+        let mut lanes = Lanes::new();
+        lanes.push(delivery(Some("a"), 1));
+        lanes.push(delivery(Some("a"), 2));
+        lanes.push(delivery(Some("b"), 3));
+        lanes.push(delivery(None, 4));
+        lanes.push(delivery(None, 5));
+        let (a, first) = lanes.next().expect("a");
+        assert_eq!(first.token, 1);
+        let (b, third) = lanes.next().expect("b");
+        assert_eq!(third.token, 3);
+        let (n4, fourth) = lanes.next().expect("unkeyed");
+        assert_eq!(fourth.token, 4);
+        let (n5, fifth) = lanes.next().expect("unkeyed, its own lane");
+        assert_eq!(fifth.token, 5);
+        assert!(lanes.next().is_none(), "a's second waits for its first");
+        lanes.finished(b);
+        assert!(lanes.next().is_none());
+        lanes.finished(a);
+        let (a, second) = lanes.next().expect("a again");
+        assert_eq!(second.token, 2);
+        for lane in [a, n4, n5] {
+            lanes.finished(lane);
+        }
+        assert_eq!(lanes.held, 0);
+        assert!(lanes.waiting.is_empty() && lanes.busy.is_empty() && lanes.ready.is_empty());
+    }
+}

@@ -1,0 +1,399 @@
+//! [`KafkaTransport`]: the Kafka side of an [`outbox_core::consumer::Consumer`]. It
+//! stores a message's offset for commit only once the message and every earlier one of
+//! its partition were handled, and writes dead letters to a topic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use outbox_core::consumer::{BoxError, Delivery, Origin, Transport, dead_letter_headers};
+use rdkafka::Message;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::settings::Settings;
+use crate::{Error, Result, headers};
+
+/// Where a message was read; what [`KafkaTransport`] needs to store its offset.
+#[derive(Debug, Clone)]
+pub struct KafkaToken {
+    topic: String,
+    partition: i32,
+    offset: i64,
+}
+
+/// The offsets received and not yet acknowledged, per partition. An offset is stored
+/// (for the next commit) only when every earlier one received is acknowledged, so the
+/// committed offset never passes a message still in hand.
+#[derive(Debug, Default)]
+struct Offsets {
+    partitions: HashMap<(String, i32), Partition>,
+}
+
+#[derive(Debug)]
+struct Partition {
+    /// The first offset received: nothing below it is ours to store.
+    first: i64,
+    /// The highest offset received.
+    high: i64,
+    in_hand: BTreeSet<i64>,
+}
+
+impl Offsets {
+    fn received(&mut self, topic: &str, partition: i32, offset: i64) {
+        let p = self
+            .partitions
+            .entry((topic.to_owned(), partition))
+            .or_insert(Partition {
+                first: offset,
+                high: offset,
+                in_hand: BTreeSet::new(),
+            });
+        p.first = p.first.min(offset);
+        p.high = p.high.max(offset);
+        p.in_hand.insert(offset);
+    }
+
+    /// Acknowledges `offset`; returns the offset of the last message that may now be
+    /// stored (it and every earlier one are done), if that moved.
+    fn acknowledged(&mut self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
+        let p = self.partitions.get_mut(&(topic.to_owned(), partition))?;
+        let lowest_before = p.in_hand.first().copied();
+        p.in_hand.remove(&offset);
+        let next = p.in_hand.first().copied().unwrap_or(p.high + 1);
+        let moved = lowest_before.is_none_or(|low| next > low);
+        (moved && next > p.first).then_some(next - 1)
+    }
+}
+
+/// Consumes outbox messages from Kafka topics in a consumer group, for an
+/// [`outbox_core::consumer::Consumer`]; start with [`KafkaTransport::builder`].
+///
+/// - An offset is stored for commit only after its message's transaction committed and
+///   every earlier message of its partition was done too (messages of different keys run
+///   concurrently); stored offsets are committed every `auto.commit.interval.ms` (1 s)
+///   and at shutdown. A crash redelivers at most what was not committed, and the inbox
+///   skips what had committed.
+/// - Dead letters go to [`dead_letter_topic`](KafkaTransportBuilder::dead_letter_topic)
+///   with the original key, payload and headers.
+/// - The message key is the partition key: one key is on one partition, in order.
+pub struct KafkaTransport {
+    consumer: StreamConsumer,
+    settings: Settings,
+    /// The dead-letter topic and the producer writing to it.
+    dead_letters: Option<(String, FutureProducer)>,
+    offsets: Mutex<Offsets>,
+}
+
+impl fmt::Debug for KafkaTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaTransport")
+            .field("settings", &self.settings)
+            .field(
+                "dead_letter_topic",
+                &self.dead_letters.as_ref().map(|(t, _)| t),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`KafkaTransport`].
+pub struct KafkaTransportBuilder {
+    settings: Settings,
+    topics: Vec<String>,
+    dead_letter_topic: Option<String>,
+    dead_letter_settings: Vec<(String, String)>,
+}
+
+impl fmt::Debug for KafkaTransportBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaTransportBuilder")
+            .field("settings", &self.settings)
+            .field("topics", &self.topics)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaTransport {
+    /// A consumer in group `group_id` of the cluster at `bootstrap_servers`.
+    ///
+    /// Defaults: `enable.auto.commit=true` with `enable.auto.offset.store=false` (an
+    /// offset is stored only after its message was handled, and stored offsets are
+    /// committed every `auto.commit.interval.ms=1000` and at shutdown),
+    /// `auto.offset.reset=earliest`.
+    pub fn builder(
+        bootstrap_servers: impl Into<String>,
+        group_id: impl Into<String>,
+    ) -> KafkaTransportBuilder {
+        let mut settings = Settings::default();
+        settings
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("group.id", group_id);
+        KafkaTransportBuilder {
+            settings,
+            topics: Vec::new(),
+            dead_letter_topic: None,
+            dead_letter_settings: Vec::new(),
+        }
+    }
+
+    fn offsets(&self) -> MutexGuard<'_, Offsets> {
+        // The map stays consistent whatever panicked while it was held.
+        self.offsets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl KafkaTransportBuilder {
+    /// Any librdkafka consumer property (SASL, TLS, `session.timeout.ms`, ...).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.set(key, value);
+        self
+    }
+
+    /// Subscribes to `topic` (call once per topic).
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topics.push(topic.into());
+        self
+    }
+
+    /// The topic [`Policy::DeadLetter`](outbox_core::consumer::Policy::DeadLetter)
+    /// writes to (e.g. `orders.events.dlq`). It must exist; it is written with a producer
+    /// made from this consumer's connection and security settings (`bootstrap.servers`,
+    /// `security.protocol`, `sasl.*`, `ssl.*`, `https.*`, `socket.*`, `client.id`, ...),
+    /// idempotent, `acks=all`, plus what [`dead_letter_set`](Self::dead_letter_set) adds.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = Some(topic.into());
+        self
+    }
+
+    /// A librdkafka producer property for the dead-letter producer only (e.g.
+    /// `message.timeout.ms`, to stop sooner when the dead-letter topic cannot be written).
+    pub fn dead_letter_set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.dead_letter_settings.push((key.into(), value.into()));
+        self
+    }
+
+    /// Creates the consumer and subscribes.
+    pub fn build(mut self) -> Result<KafkaTransport> {
+        if self.topics.is_empty() {
+            return Err(Error::Incomplete("no topics"));
+        }
+        let dead_letters = match self.dead_letter_topic.take() {
+            Some(topic) => Some((
+                topic,
+                dead_letter_producer(&self.settings, &self.dead_letter_settings)?,
+            )),
+            None => None,
+        };
+        self.settings.set_default("enable.auto.commit", "true");
+        self.settings
+            .set_default("enable.auto.offset.store", "false");
+        self.settings.set_default("auto.commit.interval.ms", "1000");
+        self.settings.set_default("auto.offset.reset", "earliest");
+        let consumer: StreamConsumer = self.settings.create()?;
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(Error::Consumer)?;
+        tracing::info!(settings = ?self.settings, ?topics, "outbox-kafka consumer subscribed");
+        Ok(KafkaTransport {
+            consumer,
+            settings: self.settings,
+            dead_letters,
+            offsets: Mutex::new(Offsets::default()),
+        })
+    }
+}
+
+/// A producer with the consumer's connection and security settings only.
+fn dead_letter_producer(consumer: &Settings, own: &[(String, String)]) -> Result<FutureProducer> {
+    let mut settings = Settings::default();
+    for key in consumer.keys() {
+        let shared = [
+            "bootstrap.servers",
+            "security.protocol",
+            "client.id",
+            "client.dns.lookup",
+            "broker.address.family",
+            "enable.ssl.certificate.verification",
+            "enable.sasl.oauthbearer.unsecure.jwt",
+        ]
+        .contains(&key)
+            || ["sasl.", "ssl.", "https.", "socket."]
+                .iter()
+                .any(|prefix| key.starts_with(prefix));
+        if let (true, Some(value)) = (shared, consumer.get(key)) {
+            settings.set(key, value);
+        }
+    }
+    for (key, value) in own {
+        settings.set(key.as_str(), value.as_str());
+    }
+    settings.set_default("enable.idempotence", "true");
+    settings.set_default("acks", "all");
+    settings.create()
+}
+
+impl Transport for KafkaTransport {
+    type Token = KafkaToken;
+    const NAME: &'static str = "kafka";
+    const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
+
+    async fn receive(&self) -> Result<Delivery<KafkaToken>, BoxError> {
+        loop {
+            let message = match self.consumer.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    if self.consumer.client().fatal_error().is_some() {
+                        return Err(Box::new(Error::Consumer(e)));
+                    }
+                    let transient = matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::AllBrokersDown
+                                | RDKafkaErrorCode::BrokerTransportFailure
+                        )
+                    );
+                    if transient {
+                        tracing::debug!(error = %e, "outbox-kafka: broker unreachable (librdkafka reconnects by itself)");
+                    } else {
+                        tracing::warn!(error = %e, "outbox-kafka: consumer error (librdkafka retries by itself)");
+                    }
+                    continue;
+                }
+            };
+            let mut all = BTreeMap::new();
+            if let Some(h) = message.headers() {
+                for header in h.iter() {
+                    let value = header
+                        .value
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default();
+                    all.insert(header.key.to_owned(), value);
+                }
+            }
+            let (topic, partition, offset) =
+                (message.topic(), message.partition(), message.offset());
+            self.offsets().received(topic, partition, offset);
+            return Ok(Delivery::new(
+                message.payload().unwrap_or_default().to_vec(),
+                message
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+                all,
+                Origin::new(topic, Some(partition), Some(offset)),
+                KafkaToken {
+                    topic: topic.to_owned(),
+                    partition,
+                    offset,
+                },
+            ));
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery<KafkaToken>) -> Result<(), BoxError> {
+        let KafkaToken {
+            topic,
+            partition,
+            offset,
+        } = &delivery.token;
+        let Some(done) = self.offsets().acknowledged(topic, *partition, *offset) else {
+            return Ok(());
+        };
+        // Fails when the partition was revoked meanwhile: its new owner reads the
+        // message again and the inbox skips it.
+        self.consumer
+            .store_offset(topic, *partition, done)
+            .map_err(|e| Box::new(Error::Consumer(e)) as BoxError)
+    }
+
+    fn dead_letter_destination(&self) -> Option<String> {
+        self.dead_letters.as_ref().map(|(topic, _)| topic.clone())
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery<KafkaToken>,
+        reason: &str,
+    ) -> Result<(), BoxError> {
+        let Some((dead_letter_topic, producer)) = &self.dead_letters else {
+            return Err("no dead-letter topic".into());
+        };
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in &delivery.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let KafkaToken {
+            topic,
+            partition,
+            offset,
+        } = &delivery.token;
+        let (partition, offset) = (partition.to_string(), offset.to_string());
+        for (key, value) in [
+            (dead_letter_headers::REASON, reason),
+            (dead_letter_headers::SOURCE, topic.as_str()),
+            (dead_letter_headers::PARTITION, partition.as_str()),
+            (dead_letter_headers::OFFSET, offset.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = FutureRecord::<str, [u8]>::to(dead_letter_topic)
+            .headers(headers)
+            .payload(&delivery.payload);
+        if let Some(key) = &delivery.key {
+            record = record.key(key);
+        }
+        producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| Box::new(e) as BoxError)?;
+        Ok(())
+    }
+
+    fn redact(&self, text: &str) -> String {
+        self.settings.redact(text)
+    }
+
+    async fn close(self) {
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+            if e.rdkafka_error_code() != Some(RDKafkaErrorCode::NoOffset) {
+                tracing::warn!(error = %e, "outbox-kafka: committing offsets at shutdown failed");
+            }
+        }
+        let consumer = self.consumer;
+        // Closing leaves the group; librdkafka blocks while it does.
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Offsets;
+
+    #[test]
+    fn an_offset_is_stored_only_when_every_earlier_one_is_done() {
+        let mut offsets = Offsets::default();
+        for o in 5..9 {
+            offsets.received("t", 0, o);
+        }
+        assert_eq!(offsets.acknowledged("t", 0, 6), None, "5 is still in hand");
+        assert_eq!(offsets.acknowledged("t", 0, 5), Some(6), "5 and 6 are done");
+        assert_eq!(offsets.acknowledged("t", 0, 8), None, "7 is still in hand");
+        assert_eq!(offsets.acknowledged("t", 0, 7), Some(8));
+        offsets.received("t", 0, 9);
+        offsets.received("t", 1, 0);
+        assert_eq!(offsets.acknowledged("t", 1, 0), Some(0), "partitions apart");
+        assert_eq!(offsets.acknowledged("t", 0, 9), Some(9));
+        assert_eq!(offsets.acknowledged("u", 0, 1), None, "never received");
+    }
+}

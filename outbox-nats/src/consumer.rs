@@ -1,0 +1,295 @@
+//! [`NatsTransport`]: the JetStream side of an [`outbox_core::consumer::Consumer`], a
+//! durable pull consumer acknowledged after the database commit.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::pull::{Config, Stream as Messages};
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
+use async_nats::jetstream::{self, AckKind, Message};
+use futures_util::StreamExt;
+use outbox_core::consumer::{BoxError, Delivery, Origin, Transport, dead_letter_headers};
+use tokio::sync::Mutex;
+
+use crate::{Credentials, Error, check_streams, connect, headers, split_credentials};
+
+/// Configures a [`NatsTransport`]; start with [`NatsTransport::builder`].
+pub struct NatsTransportBuilder {
+    url: String,
+    credentials: Option<Credentials>,
+    options: async_nats::ConnectOptions,
+    stream: String,
+    durable: String,
+    filter_subject: Option<String>,
+    ack_wait: Duration,
+    max_deliver: Option<i64>,
+    max_ack_pending: i64,
+    dead_letter_subject: Option<String>,
+}
+
+impl fmt::Debug for NatsTransportBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsTransportBuilder")
+            .field("url", &self.url)
+            .field("credentials", &self.credentials.as_ref().map(|_| "***"))
+            .field("stream", &self.stream)
+            .field("durable", &self.durable)
+            .field("filter_subject", &self.filter_subject)
+            .field("ack_wait", &self.ack_wait)
+            .field("dead_letter_subject", &self.dead_letter_subject)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Consumes outbox messages from a JetStream stream with a durable pull consumer, for
+/// an [`outbox_core::consumer::Consumer`]; start with [`NatsTransport::builder`].
+///
+/// - Explicit acknowledgement, sent after the message's transaction committed. A crash
+///   before it redelivers the message after `AckWait`, and the inbox skips it.
+/// - While a message is in hand (a handler being retried), the transport tells JetStream
+///   every `AckWait / 2` that it is still working on it (`+WPI`), so it is not
+///   redelivered meanwhile.
+/// - Dead letters are published to a subject captured by a stream, and acknowledged by
+///   JetStream before the original is acknowledged.
+/// - The key is the `partition-key` header.
+pub struct NatsTransport {
+    js: jetstream::Context,
+    url: String,
+    messages: Mutex<Messages>,
+    ack_wait: Duration,
+    dead_letter_subject: Option<String>,
+}
+
+impl fmt::Debug for NatsTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsTransport")
+            .field("url", &self.url)
+            .field("ack_wait", &self.ack_wait)
+            .field("dead_letter_subject", &self.dead_letter_subject)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsTransport {
+    /// The durable pull consumer `durable` on JetStream stream `stream` of the server at
+    /// `url` (credentials in the URL are handled as by
+    /// [`NatsPublisher::builder`](crate::NatsPublisher::builder)). The consumer is created
+    /// if it does not exist, and its configuration updated if it does.
+    ///
+    /// Defaults: every message of the stream from the start (`DeliverPolicy::All`),
+    /// `AckWait` 30 s, no `MaxDeliver` limit, at most 1,000 messages unacknowledged.
+    pub fn builder(
+        url: impl Into<String>,
+        stream: impl Into<String>,
+        durable: impl Into<String>,
+    ) -> NatsTransportBuilder {
+        let (url, credentials) = split_credentials(&url.into());
+        NatsTransportBuilder {
+            url,
+            credentials,
+            options: async_nats::ConnectOptions::new().name("outbox-nats consumer"),
+            stream: stream.into(),
+            durable: durable.into(),
+            filter_subject: None,
+            ack_wait: Duration::from_secs(30),
+            max_deliver: None,
+            max_ack_pending: 1000,
+            dead_letter_subject: None,
+        }
+    }
+}
+
+impl NatsTransportBuilder {
+    /// Connection options (credentials, TLS, name, ...) instead of the defaults.
+    pub fn options(mut self, options: async_nats::ConnectOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Only the stream's messages on `subject` (wildcards allowed).
+    pub fn filter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.filter_subject = Some(subject.into());
+        self
+    }
+
+    /// How long JetStream waits for an acknowledgement before it delivers a message again
+    /// (default 30 s). The transport renews it while a message is in hand, so it bounds
+    /// only how soon a crashed consumer's messages come again.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// JetStream's `MaxDeliver`: after `deliveries` deliveries without an
+    /// acknowledgement (crashes, or `AckWait` expiring), JetStream stops delivering the
+    /// message to this consumer and only publishes a `MAX_DELIVERIES` advisory. Default:
+    /// no limit. Failing handlers are counted by
+    /// [`handler_attempts`](outbox_core::consumer::ConsumerBuilder::handler_attempts)
+    /// instead, which dead-letters rather than drops; set this only to protect against a
+    /// message that crashes the process, and watch the advisory.
+    pub fn max_deliver(mut self, deliveries: i64) -> Self {
+        self.max_deliver = Some(deliveries);
+        self
+    }
+
+    /// JetStream's `MaxAckPending`: how many messages may be delivered and not yet
+    /// acknowledged (default 1,000).
+    pub fn max_ack_pending(mut self, messages: i64) -> Self {
+        self.max_ack_pending = messages;
+        self
+    }
+
+    /// The subject [`Policy::DeadLetter`](outbox_core::consumer::Policy::DeadLetter)
+    /// publishes to (e.g. `orders.dlq`); a stream must capture it (checked by
+    /// [`build`](Self::build)).
+    pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.dead_letter_subject = Some(subject.into());
+        self
+    }
+
+    /// Connects, creates or updates the durable consumer, and starts pulling.
+    pub async fn build(self) -> Result<NatsTransport, Error> {
+        let client = connect(&self.url, self.credentials, self.options).await?;
+        let js = jetstream::new(client);
+        if let Some(subject) = &self.dead_letter_subject {
+            check_streams(&js, [subject.clone()]).await?;
+        }
+        let failed = |reason: String| Error::Consumer {
+            stream: self.stream.clone(),
+            consumer: self.durable.clone(),
+            reason,
+        };
+        let stream = js
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| failed(format!("{e}; create the stream first")))?;
+        let consumer = stream
+            .create_consumer(Config {
+                durable_name: Some(self.durable.clone()),
+                deliver_policy: DeliverPolicy::All,
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: self.ack_wait,
+                max_deliver: self.max_deliver.unwrap_or(-1),
+                filter_subject: self.filter_subject.clone().unwrap_or_default(),
+                max_ack_pending: self.max_ack_pending,
+                ..Config::default()
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let batch = usize::try_from(self.max_ack_pending.clamp(1, 500)).unwrap_or(500);
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(batch)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        tracing::info!(url = %self.url, stream = %self.stream, consumer = %self.durable, "outbox-nats consumer ready");
+        Ok(NatsTransport {
+            js,
+            url: self.url,
+            messages: Mutex::new(messages),
+            ack_wait: self.ack_wait,
+            dead_letter_subject: self.dead_letter_subject,
+        })
+    }
+}
+
+/// The headers as text; a header sent twice: its last value.
+fn text_headers(headers: Option<&HeaderMap>) -> BTreeMap<String, String> {
+    let mut all = BTreeMap::new();
+    for (name, values) in headers.into_iter().flat_map(HeaderMap::iter) {
+        if let Some(value) = values.last() {
+            all.insert(name.to_string(), value.as_str().to_owned());
+        }
+    }
+    all
+}
+
+impl Transport for NatsTransport {
+    type Token = Message;
+    const NAME: &'static str = "nats";
+    const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
+
+    async fn receive(&self) -> Result<Delivery<Message>, BoxError> {
+        let mut messages = self.messages.lock().await;
+        loop {
+            let message = match messages.next().await {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
+                    if matches!(e.kind(), Kind::ConsumerDeleted | Kind::PushBasedConsumer) {
+                        return Err(Box::new(e));
+                    }
+                    // A missed heartbeat or a failed pull while the server is away: the
+                    // client reconnects and pulls again by itself.
+                    tracing::debug!(error = %e, "outbox-nats consumer: pulling failed; retrying");
+                    continue;
+                }
+                None => return Err("the JetStream message stream ended".into()),
+            };
+            let headers = text_headers(message.headers.as_ref());
+            let sequence = message
+                .info()
+                .ok()
+                .and_then(|info| i64::try_from(info.stream_sequence).ok());
+            return Ok(Delivery::new(
+                message.payload.to_vec(),
+                headers.get(headers::PARTITION_KEY).cloned(),
+                headers,
+                Origin::new(message.subject.as_str(), None, sequence),
+                message,
+            ));
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery<Message>) -> Result<(), BoxError> {
+        delivery.token.ack().await
+    }
+
+    fn dead_letter_destination(&self) -> Option<String> {
+        self.dead_letter_subject.clone()
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery<Message>,
+        reason: &str,
+    ) -> Result<(), BoxError> {
+        let Some(subject) = &self.dead_letter_subject else {
+            return Err("no dead-letter subject".into());
+        };
+        let mut headers = delivery.token.headers.clone().unwrap_or_default();
+        // A reason is one header line.
+        let reason = reason.replace(['\r', '\n'], " ");
+        headers.insert(dead_letter_headers::REASON, reason.as_str());
+        headers.insert(dead_letter_headers::SOURCE, delivery.origin.source.as_str());
+        if let Some(sequence) = delivery.origin.position {
+            headers.insert(dead_letter_headers::OFFSET, sequence.to_string().as_str());
+        }
+        // Its own deduplication id: the original's would make a stream that captures
+        // both subjects drop the dead letter as a duplicate of the original.
+        if let Some(id) = delivery.headers.get(headers::NATS_MSG_ID) {
+            headers.insert(headers::NATS_MSG_ID, format!("dlq-{id}").as_str());
+        }
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, delivery.token.payload.clone())
+            .await?;
+        ack.await?;
+        Ok(())
+    }
+
+    fn keep_alive(&self) -> Option<Duration> {
+        Some(self.ack_wait / 2)
+    }
+
+    async fn working(&self, delivery: &Delivery<Message>) {
+        if let Err(e) = delivery.token.ack_with(AckKind::Progress).await {
+            tracing::debug!(error = %e, origin = %delivery.origin, "outbox-nats consumer: could not renew AckWait");
+        }
+    }
+}
