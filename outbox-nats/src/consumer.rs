@@ -151,6 +151,15 @@ impl NatsTransportBuilder {
 
     /// Connects, creates or updates the durable consumer, and starts pulling.
     pub async fn build(self) -> Result<NatsTransport, Error> {
+        let bad = |c: char| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\');
+        if self.durable.is_empty() || self.durable.contains(bad) {
+            return Err(Error::Consumer {
+                stream: self.stream,
+                consumer: self.durable,
+                reason: "a durable consumer name must be non-empty, without whitespace, `.`, `*`, `>`, `/` or `\\`"
+                    .to_owned(),
+            });
+        }
         let client = connect(&self.url, self.credentials, self.options).await?;
         let js = jetstream::new(client);
         if let Some(subject) = &self.dead_letter_subject {
@@ -271,9 +280,16 @@ impl Transport for NatsTransport {
             headers.insert(dead_letter_headers::OFFSET, sequence.to_string().as_str());
         }
         // Its own deduplication id: the original's would make a stream that captures
-        // both subjects drop the dead letter as a duplicate of the original.
-        if let Some(id) = delivery.headers.get(headers::NATS_MSG_ID) {
-            headers.insert(headers::NATS_MSG_ID, format!("dlq-{id}").as_str());
+        // both subjects drop the dead letter as a duplicate of the original. (A header
+        // received is looked up by async-nats' own name: a `&str` does not find it.)
+        let original = headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|id| id.as_str().to_owned());
+        if let Some(id) = original {
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("dlq-{id}").as_str(),
+            );
         }
         let ack = self
             .js

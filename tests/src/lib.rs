@@ -5,6 +5,7 @@
 //! the one `scripts/services.sh` makes sure of: `postgres://postgres@127.0.0.1:5432/test`.
 //! A missing server fails the test with a message saying how to start it; it never skips.
 
+pub mod consumers;
 pub mod kafka;
 pub mod logs;
 pub mod nats;

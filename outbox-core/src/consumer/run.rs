@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -96,6 +97,13 @@ pub(super) async fn run<T: Transport, DB: Backend>(
         "outbox consumer started");
     let mut lanes = Lanes::new();
     let mut running: JoinSet<(Lane, Result<Step, Error>)> = JoinSet::new();
+    // Messages waiting behind their key's running handler are kept alive too (the
+    // running ones keep themselves alive).
+    let keep_alive = shared.transport.keep_alive();
+    let mut keep_alive_tick =
+        tokio::time::interval(keep_alive.unwrap_or(Duration::from_secs(86_400)));
+    keep_alive_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    keep_alive_tick.reset();
     let result = loop {
         while running.len() < concurrency {
             let Some((lane, delivery)) = lanes.next() else {
@@ -121,6 +129,11 @@ pub(super) async fn run<T: Transport, DB: Backend>(
                     Ok(Step::Done) => lanes.finished(lane),
                     Ok(Step::Interrupted) => break Ok(()),
                     Err(e) => break Err(e),
+                }
+            }
+            _ = keep_alive_tick.tick(), if keep_alive.is_some() => {
+                for delivery in lanes.waiting.values().flatten() {
+                    shared.transport.working(delivery).await;
                 }
             }
             received = shared.transport.receive(), if lanes.held < max_in_flight => match received {
