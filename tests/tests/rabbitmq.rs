@@ -8,8 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::admin::{Admin, ListFilter};
-use outbox_core::{OutboxMessage, Relay};
-use outbox_rabbitmq::{Error, RabbitPublisher, headers};
+use outbox_core::consumer::Consumer;
+use outbox_core::inbox::Inbox;
+use outbox_core::publisher::Publisher;
+use outbox_core::{OutboxMessage, Relay, sqlx};
+use outbox_rabbitmq::{Error, RabbitPublisher, RabbitTransport, headers};
+use outbox_tests::kafka::Job;
 use outbox_tests::proxy::Proxy;
 use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
 use outbox_tests::{TestDb, order, wait_until};
@@ -388,6 +392,103 @@ async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
     );
     order::assert_in_order(&applied);
     order::assert_no_dead_letter(&db).await;
+    topology.delete().await;
+    db.cleanup().await;
+}
+
+/// A consumer whose connection stalls and is reset while it works through a backlog:
+/// the transport connects again by itself (the consumer keeps running), the messages
+/// unacknowledged on the lost connection come again and are skipped by the inbox, and
+/// every key's effects commit once each, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_behind_stalls_and_resets_handles_every_message_once_in_key_order() {
+    outbox_tests::init_tracing();
+    let topology = Topology::declare("jobs").await;
+    let destination = format!("{}/jobs", topology.exchange);
+    let server = rabbitmq_url();
+    let upstream = server
+        .split_once('@')
+        .map_or(server.as_str(), |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .expect("OUTBOX_TEST_RABBITMQ_URL is amqp://user:password@ip:port/vhost");
+    let proxy = Proxy::start(upstream).await;
+    let db = TestDb::with_max_connections(8).await;
+    let outbox = db.outbox().await;
+    sqlx::query(
+        "CREATE TABLE effects (at bigserial PRIMARY KEY, key text NOT NULL, n int NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("create effects");
+    let keys = ["a", "b", "c", "d", "e"];
+    let jobs: Vec<_> = (0..400)
+        .map(|n| outbox_tests::consumers::job(&destination, keys[n as usize % 5], n))
+        .collect();
+    let publisher = RabbitPublisher::builder(server.clone())
+        .skip_catalog_check()
+        .destination(&destination)
+        .build()
+        .await
+        .expect("publisher");
+    assert!(publisher.publish(&jobs).await.iter().all(Result::is_ok));
+
+    let transport = RabbitTransport::builder(proxy.url_for(&server), &topology.queue)
+        .prefetch(20)
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("transport");
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
+        .concurrency(4)
+        .on_event_type::<Job, _>("Job", |tx, msg| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO effects (key, n) VALUES ($1, $2)")
+                    .bind(msg.key.unwrap_or_default())
+                    .bind(msg.event.n)
+                    .execute(&mut **tx)
+                    .await?;
+                // Spreads the backlog (about 8 s) over the faults.
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                Ok(())
+            })
+        })
+        .build()
+        .expect("consumer")
+        .spawn();
+    order::stalls_and_resets(&proxy, &[300, 500, 300, 700]).await;
+    wait_until("every job handled", WAIT, || async {
+        consumer.stats().handled >= 400
+    })
+    .await;
+    let stats = consumer.stats();
+    assert!(!consumer.is_finished(), "the consumer kept running");
+    consumer.shutdown().await.expect("consumer");
+    assert!(proxy.accepted() > 1, "the transport connected again");
+    let effects: Vec<(String, i32)> = sqlx::query_as("SELECT key, n FROM effects ORDER BY at")
+        .fetch_all(&db.pool)
+        .await
+        .expect("effects");
+    eprintln!(
+        "measured: 400 jobs; {} connections through the proxy; consumer {stats:?}",
+        proxy.accepted()
+    );
+    assert_eq!(stats.handled, 400, "{stats:?}");
+    assert!(
+        stats.duplicates > 0,
+        "acknowledgements held by a stall were lost with the reset, and those messages came again: {stats:?}"
+    );
+    for (i, key) in keys.iter().enumerate() {
+        let committed: Vec<i32> = effects
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, n)| *n)
+            .collect();
+        let expected: Vec<i32> = (0..400).filter(|n| n % 5 == i as i32).collect();
+        assert_eq!(committed, expected, "key {key}: each once, in order");
+    }
     topology.delete().await;
     db.cleanup().await;
 }
