@@ -69,7 +69,8 @@
 //! and every earlier message of its partition was done, and writes dead letters to a
 //! topic.
 //!
-//! Settings, headers, error classification, outage behaviour and policies: `docs/kafka.md`; consumers of every broker: `docs/consumers.md`.
+//! Settings, headers, error classification and outage behaviour: `docs/kafka.md`;
+//! consumers of every broker, their policies and guarantees: `docs/consumers.md`.
 //!
 //! [permanent]: outbox_core::publisher::PublishError::permanent
 #![warn(missing_docs)]
