@@ -127,6 +127,7 @@ pub mod relay;
 pub mod retention;
 pub mod store;
 pub mod task;
+mod trace;
 mod transactional;
 mod tx;
 

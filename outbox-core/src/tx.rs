@@ -89,8 +89,13 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     ///
     /// Fails (without touching the transaction) if the event cannot be serialized or has
     /// an empty type or destination; you can still roll back, or commit without it.
+    ///
+    /// With the `opentelemetry` feature, the current `tracing` span's OpenTelemetry
+    /// context is recorded as `traceparent` (and `tracestate`) headers, unless the
+    /// message has a `traceparent` already.
     pub fn emit<E: OutboxEvent>(&mut self, event: E) -> Result<Uuid> {
-        let message = OutboxMessage::from_event(&event)?;
+        let mut message = OutboxMessage::from_event(&event)?;
+        crate::trace::capture(&mut message.headers);
         let id = message.id;
         self.pending.push(message);
         Ok(id)
@@ -98,8 +103,9 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
 
     /// Collects a message built by hand. Checked now: an empty event type or destination,
     /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`].
-    pub fn emit_message(&mut self, message: OutboxMessage) -> Result<Uuid> {
+    pub fn emit_message(&mut self, mut message: OutboxMessage) -> Result<Uuid> {
         message.validate()?;
+        crate::trace::capture(&mut message.headers);
         let id = message.id;
         self.pending.push(message);
         Ok(id)

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::inbox::{Inbox, InboxError, Processed};
@@ -183,7 +184,10 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     .decode(payload, meta.clone())
                     .map_err(|e| undecodable(e.to_string()))?,
             };
-            match self.inbox.process(id, run).await {
+            // The handler's span links to the trace that emitted the message.
+            let span = tracing::info_span!("outbox.consume", otel.kind = "consumer", messaging.message.id = %id, %event_type, %origin, transport = T::NAME);
+            crate::trace::link(&span, all);
+            match self.inbox.process(id, run).instrument(span).await {
                 Ok(Processed::Handled(())) => {
                     self.stats.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("outbox_consumer_handled_total", "transport" => T::NAME)

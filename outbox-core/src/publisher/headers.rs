@@ -24,3 +24,5 @@ pub const JSON: &str = "application/json";
 pub const PARTITION_KEY: &str = "partition-key";
 /// The W3C trace context header, copied from the row's headers when present.
 pub const TRACEPARENT: &str = "traceparent";
+/// W3C trace context: vendor-specific trace state, next to [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";

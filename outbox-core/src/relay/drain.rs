@@ -212,9 +212,18 @@ async fn publish<P: Publisher, DB: Backend>(
     let config = &relay.config;
     RelayStats::add(&relay.stats.batches, 1);
     let started = std::time::Instant::now();
+    // One span per batch, linked to each message's trace (the `opentelemetry` feature).
+    let span = tracing::info_span!(
+        "outbox.publish",
+        otel.kind = "producer",
+        messaging.batch.message_count = batch.len()
+    );
+    for record in batch {
+        crate::trace::link(&span, &record.headers);
+    }
     let results = match tokio::time::timeout(
         config.publish_timeout,
-        guarded(&relay.publisher, batch),
+        guarded(&relay.publisher, batch).instrument(span),
     )
     .await
     {
@@ -238,6 +247,16 @@ async fn publish<P: Publisher, DB: Backend>(
         Err(_) => vec![Err(timed_out(config.publish_timeout)); batch.len()],
     };
     metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
+    let now = chrono::Utc::now();
+    let in_outbox = metrics::histogram!("outbox_time_in_outbox_seconds");
+    for (record, result) in batch.iter().zip(&results) {
+        if result.is_ok() {
+            let waited = (now - record.created_at)
+                .num_microseconds()
+                .unwrap_or(i64::MAX);
+            in_outbox.record(waited.max(0) as f64 / 1e6);
+        }
+    }
     results
 }
 
