@@ -18,6 +18,15 @@ use std::future::Future;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The message a panic carried, as text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 /// Resolves when shutdown is requested. If the sender is dropped without asking (a
 /// detached task), it never resolves: the task runs as long as the runtime.
 pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {

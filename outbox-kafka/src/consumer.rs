@@ -301,14 +301,16 @@ impl Transport for KafkaTransport {
             partition,
             offset,
         } = &delivery.token;
-        let Some(done) = self.offsets().acknowledged(topic, *partition, *offset) else {
+        // Stored under the lock, so that two acknowledgements cannot store out of order.
+        let mut offsets = self.offsets();
+        let Some(done) = offsets.acknowledged(topic, *partition, *offset) else {
             return Ok(());
         };
         // Fails when the partition was revoked meanwhile: its new owner reads the
         // message again and the inbox skips it.
-        self.consumer
-            .store_offset(topic, *partition, done)
-            .map_err(|e| Box::new(Error::Consumer(e)) as BoxError)
+        let stored = self.consumer.store_offset(topic, *partition, done);
+        drop(offsets);
+        stored.map_err(|e| Box::new(Error::Consumer(e)) as BoxError)
     }
 
     fn dead_letter_destination(&self) -> Option<String> {

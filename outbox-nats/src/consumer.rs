@@ -55,6 +55,7 @@ impl fmt::Debug for NatsTransportBuilder {
 ///   JetStream before the original is acknowledged.
 /// - The key is the `partition-key` header.
 pub struct NatsTransport {
+    client: async_nats::Client,
     js: jetstream::Context,
     url: String,
     messages: Mutex<Messages>,
@@ -79,7 +80,7 @@ impl NatsTransport {
     /// if it does not exist, and its configuration updated if it does.
     ///
     /// Defaults: every message of the stream from the start (`DeliverPolicy::All`),
-    /// `AckWait` 30 s, no `MaxDeliver` limit, at most 1,000 messages unacknowledged.
+    /// `AckWait` 30 s, no `MaxDeliver` limit, at most 256 messages unacknowledged.
     pub fn builder(
         url: impl Into<String>,
         stream: impl Into<String>,
@@ -95,7 +96,7 @@ impl NatsTransport {
             filter_subject: None,
             ack_wait: Duration::from_secs(30),
             max_deliver: None,
-            max_ack_pending: 1000,
+            max_ack_pending: 256,
             dead_letter_subject: None,
         }
     }
@@ -135,7 +136,10 @@ impl NatsTransportBuilder {
     }
 
     /// JetStream's `MaxAckPending`: how many messages may be delivered and not yet
-    /// acknowledged (default 1,000).
+    /// acknowledged (default 256). Keep it at most the consumer's
+    /// [`max_in_flight`](outbox_core::consumer::ConsumerBuilder::max_in_flight) (default
+    /// 32 × concurrency = 256): messages delivered beyond it wait in the client's buffer,
+    /// where their `AckWait` is not renewed.
     pub fn max_ack_pending(mut self, messages: i64) -> Self {
         self.max_ack_pending = messages;
         self
@@ -161,15 +165,31 @@ impl NatsTransportBuilder {
             });
         }
         let client = connect(&self.url, self.credentials, self.options).await?;
-        let js = jetstream::new(client);
-        if let Some(subject) = &self.dead_letter_subject {
-            check_streams(&js, [subject.clone()]).await?;
-        }
+        let js = jetstream::new(client.clone());
         let failed = |reason: String| Error::Consumer {
             stream: self.stream.clone(),
             consumer: self.durable.clone(),
             reason,
         };
+        if let Some(subject) = &self.dead_letter_subject {
+            check_streams(&js, [subject.clone()]).await?;
+            // A consumer that read its own dead letters would handle them again, fail
+            // again, and write them again, for ever.
+            let captured_by = js
+                .stream_by_subject(subject.as_str())
+                .await
+                .unwrap_or_default();
+            let filtered_out = self
+                .filter_subject
+                .as_deref()
+                .is_some_and(|filter| !subject_matches(filter, subject));
+            if captured_by == self.stream && !filtered_out {
+                return Err(failed(format!(
+                    "the dead-letter subject {subject} is in the stream it reads; set `.filter_subject(..)` to the \
+                     subjects of the events, or write dead letters to a subject of another stream"
+                )));
+            }
+        }
         let stream = js
             .get_stream(&self.stream)
             .await
@@ -187,7 +207,7 @@ impl NatsTransportBuilder {
             })
             .await
             .map_err(|e| failed(e.to_string()))?;
-        let batch = usize::try_from(self.max_ack_pending.clamp(1, 500)).unwrap_or(500);
+        let batch = usize::try_from(self.max_ack_pending.clamp(1, 256)).unwrap_or(256);
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch)
@@ -198,6 +218,7 @@ impl NatsTransportBuilder {
             .map_err(|e| failed(e.to_string()))?;
         tracing::info!(url = %self.url, stream = %self.stream, consumer = %self.durable, "outbox-nats consumer ready");
         Ok(NatsTransport {
+            client,
             js,
             url: self.url,
             messages: Mutex::new(messages),
@@ -205,6 +226,20 @@ impl NatsTransportBuilder {
             dead_letter_subject: self.dead_letter_subject,
         })
     }
+}
+
+/// Whether NATS subject `subject` matches `filter` (`*`: one token, `>`: the rest).
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for part in filter.split('.') {
+        match (part, tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (part, Some(token)) if part == token => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
 }
 
 /// The headers as text; a header sent twice: its last value.
@@ -271,7 +306,18 @@ impl Transport for NatsTransport {
         let Some(subject) = &self.dead_letter_subject else {
             return Err("no dead-letter subject".into());
         };
-        let mut headers = delivery.token.headers.clone().unwrap_or_default();
+        // The original's headers, but none that JetStream would act on (`Nats-Rollup`
+        // could purge the dead letters, `Nats-Expected-*` refuse them).
+        let mut headers = HeaderMap::new();
+        for (name, values) in delivery.token.headers.iter().flat_map(HeaderMap::iter) {
+            let nats = name.to_string().to_ascii_lowercase().starts_with("nats-");
+            if nats && !name.to_string().eq_ignore_ascii_case(headers::NATS_MSG_ID) {
+                continue;
+            }
+            for value in values {
+                headers.append(name.clone(), value.clone());
+            }
+        }
         // A reason is one header line.
         let reason = reason.replace(['\r', '\n'], " ");
         headers.insert(dead_letter_headers::REASON, reason.as_str());
@@ -304,8 +350,49 @@ impl Transport for NatsTransport {
     }
 
     async fn working(&self, delivery: &Delivery<Message>) {
-        if let Err(e) = delivery.token.ack_with(AckKind::Progress).await {
-            tracing::debug!(error = %e, origin = %delivery.origin, "outbox-nats consumer: could not renew AckWait");
+        // Bounded: while the server is away the client's buffer may be full, and the
+        // consumer must not wait on it.
+        let renew = delivery.token.ack_with(AckKind::Progress);
+        match tokio::time::timeout(Duration::from_secs(1), renew).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, origin = %delivery.origin, "outbox-nats consumer: could not renew AckWait")
+            }
+            Err(_) => {
+                tracing::debug!(origin = %delivery.origin, "outbox-nats consumer: renewing AckWait timed out")
+            }
+        }
+    }
+
+    async fn close(self) {
+        // Acknowledgements are buffered by the client: send them before going.
+        if let Err(e) = self.client.flush().await {
+            tracing::warn!(error = %e, "outbox-nats consumer: flushing the last acknowledgements failed; those messages will come again and be skipped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subject_matches;
+
+    #[test]
+    fn subjects_match_filters_with_wildcards() {
+        for (filter, subject, matches) in [
+            ("orders.placed", "orders.placed", true),
+            ("orders.*", "orders.placed", true),
+            ("orders.*", "orders.placed.eu", false),
+            ("orders.>", "orders.placed.eu", true),
+            ("orders.>", "orders", false),
+            ("orders.placed", "orders.dlq", false),
+            ("*.dlq", "orders.dlq", true),
+            ("orders", "orders.dlq", false),
+        ] {
+            assert_eq!(
+                subject_matches(filter, subject),
+                matches,
+                "{filter} ~ {subject}"
+            );
         }
     }
 }

@@ -19,6 +19,17 @@ use tokio::sync::Mutex;
 
 use crate::{Error, Needed, exists, headers, redacted, route};
 
+/// The first wait before connecting again.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+
+/// The password of an AMQP URL, as written in it.
+fn password(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let (userinfo, _) = rest.rsplit_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    Some(password.to_owned())
+}
+
 /// What [`RabbitTransport`] needs to acknowledge a delivery.
 #[derive(Debug, Clone)]
 pub struct RabbitToken {
@@ -65,8 +76,9 @@ pub struct RabbitTransport {
     prefetch: u16,
     connect_timeout: Duration,
     confirm_timeout: Duration,
-    /// The connection and consumer messages are read from; `None` after it failed.
-    link: Mutex<Option<(Connection, lapin::Consumer)>>,
+    /// The connection and consumer messages are read from (`None` after it failed), and
+    /// the wait before the next attempt to connect again.
+    link: Mutex<(Option<(Connection, lapin::Consumer)>, Duration)>,
     dead_letter: Option<String>,
     /// The dead-letter connection and its confirm-mode channel, opened at the first
     /// dead letter.
@@ -216,7 +228,7 @@ impl RabbitTransportBuilder {
             prefetch: self.prefetch,
             connect_timeout: self.connect_timeout,
             confirm_timeout: self.confirm_timeout,
-            link: Mutex::new(None),
+            link: Mutex::new((None, RECONNECT_FIRST)),
             dead_letter: self.dead_letter,
             dead_letter_link: Mutex::new(None),
         };
@@ -255,7 +267,7 @@ impl RabbitTransportBuilder {
             return Err(Error::MissingDestinations { missing });
         }
         let link = transport.consume().await.map_err(connect_error)?;
-        *transport.link.lock().await = Some(link);
+        transport.link.lock().await.0 = Some(link);
         tracing::info!(url = %redacted(&transport.url), queue = %transport.queue, "outbox-rabbitmq consumer ready");
         Ok(transport)
     }
@@ -306,21 +318,24 @@ impl Transport for RabbitTransport {
     const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
 
     async fn receive(&self) -> Result<Delivery<RabbitToken>, BoxError> {
-        let mut link = self.link.lock().await;
-        let mut backoff = Duration::from_millis(100);
+        let mut guard = self.link.lock().await;
+        let (link, backoff) = &mut *guard;
         loop {
             let Some((_, consumer)) = link.as_mut() else {
                 match self.consume().await {
                     Ok(new) => {
                         tracing::info!(queue = %self.queue, "outbox-rabbitmq consumer: connected again");
                         *link = Some(new);
-                        backoff = Duration::from_millis(100);
+                        *backoff = RECONNECT_FIRST;
                     }
                     Err(reason) => {
-                        tracing::warn!(url = %redacted(&self.url), queue = %self.queue, %reason, retry_in = ?backoff,
+                        tracing::warn!(url = %redacted(&self.url), queue = %self.queue, reason = %self.redact(&reason), retry_in = ?backoff,
                             "outbox-rabbitmq consumer: cannot connect; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        // The wait is kept across calls: a `receive` dropped for another
+                        // event does not start it over.
+                        let wait = *backoff;
+                        *backoff = (wait * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(wait).await;
                     }
                 }
                 continue;
@@ -353,13 +368,15 @@ impl Transport for RabbitTransport {
     }
 
     async fn ack(&self, delivery: &Delivery<RabbitToken>) -> Result<(), BoxError> {
-        delivery
-            .token
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(drop)
-            .map_err(|e| Box::new(e) as BoxError)
+        match delivery.token.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => Ok(()),
+            // The channel it came on is gone (a new connection since): the broker
+            // delivers it again.
+            Ok(false) => {
+                Err("not sent: its channel was closed (the connection was replaced)".into())
+            }
+            Err(e) => Err(Box::new(e)),
+        }
     }
 
     fn dead_letter_destination(&self) -> Option<String> {
@@ -422,6 +439,15 @@ impl Transport for RabbitTransport {
     }
 
     fn redact(&self, text: &str) -> String {
-        text.replace(&self.url, &redacted(&self.url))
+        let mut text = text.replace(&self.url, &redacted(&self.url));
+        if let Some(password) = password(&self.url) {
+            let decoded = outbox_core::config::percent_decoded(&password);
+            for secret in [password, decoded] {
+                if !secret.is_empty() {
+                    text = text.replace(&secret, "***");
+                }
+            }
+        }
+        text
     }
 }

@@ -324,6 +324,70 @@ fn check(results: Vec<Result<(), outbox_core::PublishError>>) {
     }
 }
 
+/// A transport that checks, at every acknowledgement, that the message's id is already
+/// committed in the inbox's processed-messages table (read on a connection of its own):
+/// an acknowledgement before the commit counts in `early`.
+#[derive(Debug)]
+pub struct CommitBeforeAck<T> {
+    /// The real transport.
+    pub inner: T,
+    /// The test database, where the inbox records processed ids.
+    pub pool: outbox_core::sqlx::PgPool,
+    /// Acknowledgements seen.
+    pub acks: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Acknowledgements whose message was not committed yet.
+    pub early: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<T: Transport> Transport for CommitBeforeAck<T> {
+    type Token = T::Token;
+    const NAME: &'static str = T::NAME;
+    const CLOUDEVENTS_PREFIX: &'static str = T::CLOUDEVENTS_PREFIX;
+
+    fn receive(&self) -> impl Future<Output = Result<Delivery<T::Token>, BoxError>> + Send {
+        self.inner.receive()
+    }
+
+    async fn ack(&self, delivery: &Delivery<T::Token>) -> Result<(), BoxError> {
+        use std::sync::atomic::Ordering;
+        let id: uuid::Uuid = delivery.headers["message-id"]
+            .parse()
+            .expect("a message id");
+        let committed: bool = outbox_core::sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_processed WHERE message_id = $1)",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("look the id up");
+        self.acks.fetch_add(1, Ordering::SeqCst);
+        if !committed {
+            self.early.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.ack(delivery).await
+    }
+
+    fn dead_letter_destination(&self) -> Option<String> {
+        self.inner.dead_letter_destination()
+    }
+
+    fn dead_letter(
+        &self,
+        delivery: &Delivery<T::Token>,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        self.inner.dead_letter(delivery, reason)
+    }
+
+    fn keep_alive(&self) -> Option<Duration> {
+        self.inner.keep_alive()
+    }
+
+    fn working(&self, delivery: &Delivery<T::Token>) -> impl Future<Output = ()> + Send {
+        self.inner.working(delivery)
+    }
+}
+
 /// A transport that never acknowledges: a consumer on it behaves as one killed after
 /// each database commit and before its acknowledgement.
 #[derive(Debug)]

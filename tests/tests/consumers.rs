@@ -11,13 +11,14 @@
 
 use std::collections::HashMap;
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::consumer::{Consumer, ConsumerBuilder, Policy};
+use outbox_core::consumer::{Consumer, ConsumerBuilder, Policy, Transport};
 use outbox_core::inbox::Inbox;
 use outbox_core::{Outbox, sqlx};
-use outbox_tests::consumers::{Broker, job};
+use outbox_tests::consumers::{Broker, CommitBeforeAck, job};
 use outbox_tests::kafka::Job;
 use outbox_tests::process::Process;
 use outbox_tests::{TestDb, database_url, wait_until};
@@ -61,12 +62,12 @@ async fn by_key(db: &TestDb, run: &str) -> HashMap<String, Vec<i32>> {
 
 /// A consumer of `Job`s that records each in `effects` under `run`, and fails while
 /// `fail(n, attempt)` says so (`attempt` counts from 1).
-fn consumer<B: Broker>(
-    transport: B::T,
+fn consumer<T: Transport>(
+    transport: T,
     outbox: &Outbox,
     run: &'static str,
     fail: impl Fn(i32, u32) -> bool + Send + Sync + 'static,
-) -> ConsumerBuilder<B::T> {
+) -> ConsumerBuilder<T> {
     let attempts: Arc<Mutex<HashMap<i32, u32>>> = Arc::default();
     let fail = Arc::new(fail);
     Consumer::builder(transport, Inbox::new(outbox, "jobs"))
@@ -124,7 +125,7 @@ async fn killed_after_its_commits_and_before_its_acks<B: Broker>() {
 
     // The same group and inbox again: all 20 come back and none runs again; a new job
     // runs.
-    let consumer = consumer::<B>(
+    let consumer = consumer(
         B::transport(&place, &group).await,
         &outbox,
         "again",
@@ -158,7 +159,7 @@ async fn a_poison_message_is_dead_lettered_and_its_key_goes_on<B: Broker>() {
     let group = group();
     let jobs: Vec<_> = (0..3).map(|n| job(&place.destination, "a", n)).collect();
     B::publish(&place, &jobs).await;
-    let consumer = consumer::<B>(
+    let consumer = consumer(
         B::transport(&place, &group).await,
         &outbox,
         "run",
@@ -210,13 +211,18 @@ async fn per_key_order_holds_while_handlers_are_retried<B: Broker>() {
         .map(|n| job(&place.destination, keys[n as usize % 3], n))
         .collect();
     B::publish(&place, &jobs).await;
-    // Every fifth job fails twice before it succeeds.
-    let consumer = consumer::<B>(
-        B::transport(&place, &group).await,
-        &outbox,
-        "run",
-        |n, attempt| n % 5 == 2 && attempt <= 2,
-    )
+    // Every fifth job fails twice before it succeeds. Each acknowledgement checks that
+    // its message's transaction committed first.
+    let transport = CommitBeforeAck {
+        inner: B::transport(&place, &group).await,
+        pool: db.pool.clone(),
+        acks: Arc::default(),
+        early: Arc::default(),
+    };
+    let (acks, early) = (Arc::clone(&transport.acks), Arc::clone(&transport.early));
+    let consumer = consumer(transport, &outbox, "run", |n, attempt| {
+        n % 5 == 2 && attempt <= 2
+    })
     .build()
     .expect("consumer")
     .spawn();
@@ -227,6 +233,16 @@ async fn per_key_order_holds_while_handlers_are_retried<B: Broker>() {
     let stats = consumer.stats();
     consumer.shutdown().await.expect("consumer");
     assert_eq!((stats.handled, stats.handler_errors), (30, 12), "{stats:?}");
+    assert_eq!(
+        acks.load(Ordering::SeqCst),
+        30,
+        "one acknowledgement per message"
+    );
+    assert_eq!(
+        early.load(Ordering::SeqCst),
+        0,
+        "no acknowledgement before its commit"
+    );
     let committed = by_key(&db, "run").await;
     for (i, key) in keys.iter().enumerate() {
         let expected: Vec<i32> = (0..30).filter(|n| n % 3 == i as i32).collect();
@@ -244,7 +260,7 @@ async fn a_handler_retried_forever_holds_back_only_its_own_key<B: Broker>() {
     jobs.extend((1..=10).map(|n| job(&place.destination, "free", n)));
     jobs.push(job(&place.destination, "stuck", 11));
     B::publish(&place, &jobs).await;
-    let consumer = consumer::<B>(
+    let consumer = consumer(
         B::transport(&place, &group).await,
         &outbox,
         "run",
@@ -281,7 +297,7 @@ async fn messages_held_longer_than_the_ack_wait_are_not_delivered_twice<B: Broke
     B::publish(&place, &jobs).await;
     // Job 0 fails 100 times (about 5 s, over twice JetStream's AckWait in this suite)
     // while jobs 1 and 2 wait behind it.
-    let consumer = consumer::<B>(
+    let consumer = consumer(
         B::transport(&place, &group()).await,
         &outbox,
         "run",
@@ -312,6 +328,102 @@ async fn messages_held_longer_than_the_ack_wait_are_not_delivered_twice<B: Broke
     db.cleanup().await;
 }
 
+async fn a_panicking_handler_is_a_failing_one<B: Broker>() {
+    let (db, outbox) = setup().await;
+    let place = B::place().await;
+    let jobs: Vec<_> = (0..3).map(|n| job(&place.destination, "a", n)).collect();
+    B::publish(&place, &jobs).await;
+    let consumer = Consumer::builder(
+        B::transport(&place, &group()).await,
+        Inbox::new(&outbox, "jobs"),
+    )
+    .retry_backoff(Duration::from_millis(10), Duration::from_millis(50))
+    .handler_attempts(2, Policy::Skip)
+    .on_event_type::<Job, _>("Job", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (key, n, run) VALUES ('a', $1, 'run')")
+                .bind(msg.event.n)
+                .execute(&mut **tx)
+                .await?;
+            assert_ne!(msg.event.n, 1, "job 1 panics");
+            Ok(())
+        })
+    })
+    .build()
+    .expect("consumer")
+    .spawn();
+    wait_until("all three consumed", WAIT, || async {
+        let s = consumer.stats();
+        s.handled + s.skipped >= 3
+    })
+    .await;
+    let stats = consumer.stats();
+    assert!(!consumer.is_finished(), "the consumer survived the panics");
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        (stats.handled, stats.skipped, stats.handler_errors),
+        (2, 1, 2),
+        "{stats:?}"
+    );
+    assert_eq!(
+        by_key(&db, "run").await["a"],
+        [0, 2],
+        "job 1's effects rolled back"
+    );
+    B::remove(place).await;
+    db.cleanup().await;
+}
+
+async fn a_message_in_hand_at_shutdown_comes_again_after_a_restart<B: Broker>() {
+    let (db, outbox) = setup().await;
+    let place = B::place().await;
+    let group = group();
+    let mut jobs = vec![job(&place.destination, "slow", 0)];
+    jobs.extend((1..=10).map(|n| job(&place.destination, "fast", n)));
+    B::publish(&place, &jobs).await;
+    // Job 0 fails until the consumer stops; the jobs after it, of another key, are done.
+    let first = consumer(
+        B::transport(&place, &group).await,
+        &outbox,
+        "first",
+        |n, _| n == 0,
+    )
+    .build()
+    .expect("consumer")
+    .spawn();
+    wait_until("the other key's jobs handled", WAIT, || async {
+        first.stats().handled >= 10 && first.stats().handler_errors >= 1
+    })
+    .await;
+    first.shutdown().await.expect("consumer");
+    // Restarted: job 0 comes again (nothing acknowledged it, and no later message's
+    // acknowledgement covered it), and runs; whatever else comes again is skipped.
+    let second = consumer(
+        B::transport(&place, &group).await,
+        &outbox,
+        "second",
+        |_, _| false,
+    )
+    .build()
+    .expect("consumer")
+    .spawn();
+    wait_until("job 0 handled after the restart", WAIT, || async {
+        second.stats().handled >= 1
+    })
+    .await;
+    let stats = second.stats();
+    second.shutdown().await.expect("consumer");
+    assert_eq!(stats.handled, 1, "{stats:?}");
+    assert!(stats.duplicates <= 10, "{stats:?}");
+    assert_eq!(effects(&db, "second").await, [("slow".to_owned(), 0)]);
+    assert_eq!(
+        by_key(&db, "first").await["fast"],
+        (1..=10).collect::<Vec<_>>()
+    );
+    B::remove(place).await;
+    db.cleanup().await;
+}
+
 macro_rules! suite {
     ($broker:ident, $ty:ty) => {
         mod $broker {
@@ -323,6 +435,16 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_poison_message_is_dead_lettered_and_its_key_goes_on() {
                 super::a_poison_message_is_dead_lettered_and_its_key_goes_on::<$ty>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_in_hand_at_shutdown_comes_again_after_a_restart() {
+                super::a_message_in_hand_at_shutdown_comes_again_after_a_restart::<$ty>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_panicking_handler_is_a_failing_one() {
+                super::a_panicking_handler_is_a_failing_one::<$ty>().await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

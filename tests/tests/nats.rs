@@ -368,3 +368,31 @@ async fn the_publishers_time_bound_is_its_budget_plus_one_ack_timeout() {
         .expect("publisher");
     assert_eq!(custom.max_publish_time(), Some(Duration::from_secs(5)));
 }
+
+/// A consumer whose dead letters would land in what it reads would handle them again,
+/// fail again and write them again, for ever: refused at build, with what to do.
+#[tokio::test]
+async fn a_consumer_that_would_read_its_own_dead_letters_is_refused() {
+    let (js, stream, prefix) = fresh_stream().await;
+    let (events, dead) = (format!("{prefix}.jobs"), format!("{prefix}.dlq"));
+    let err = outbox_nats::NatsTransport::builder(nats_url(), &stream, "reads-all")
+        .dead_letter_subject(&dead)
+        .build()
+        .await
+        .expect_err("the dead letters are in its stream, unfiltered");
+    assert!(matches!(err, Error::Consumer { .. }), "{err:?}");
+    assert!(err.to_string().contains(".filter_subject("), "{err}");
+    for filter in [events.as_str(), &format!("{prefix}.*")] {
+        let built = outbox_nats::NatsTransport::builder(nats_url(), &stream, "filtered")
+            .filter_subject(filter)
+            .dead_letter_subject(&dead)
+            .build()
+            .await;
+        if filter == events {
+            assert!(built.is_ok(), "{:?}", built.err());
+        } else {
+            assert!(built.is_err(), "{filter} also reads {dead}");
+        }
+    }
+    let _ = js.delete_stream(&stream).await;
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::watch;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -77,7 +78,8 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             return work.await;
         };
         tokio::pin!(work);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // The first tick is at once: the message may have waited in a buffer before.
+        let mut tick = tokio::time::interval(every);
         loop {
             tokio::select! {
                 done = &mut work => return done,
@@ -187,7 +189,19 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             // The handler's span links to the trace that emitted the message.
             let span = tracing::info_span!("outbox.consume", otel.kind = "consumer", messaging.message.id = %id, %event_type, %origin, transport = T::NAME);
             crate::trace::link(&span, all);
-            match self.inbox.process(id, run).instrument(span).await {
+            // A panicking handler is a failing one: its transaction rolls back, and it
+            // counts towards `handler_attempts` like an error.
+            let outcome =
+                std::panic::AssertUnwindSafe(self.inbox.process(id, run).instrument(span))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| {
+                        let text = crate::task::panic_message(panic.as_ref());
+                        Err(InboxError::Handler(
+                            format!("the handler panicked: {text}").into(),
+                        ))
+                    });
+            match outcome {
                 Ok(Processed::Handled(())) => {
                     self.stats.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("outbox_consumer_handled_total", "transport" => T::NAME)

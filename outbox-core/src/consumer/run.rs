@@ -138,19 +138,29 @@ pub(super) async fn run<T: Transport, DB: Backend>(
             }
             received = shared.transport.receive(), if lanes.held < max_in_flight => match received {
                 Ok(delivery) => lanes.push(delivery),
-                Err(source) => break Err(Error::Transport { transport: T::NAME, source }),
+                // The transport's own error may name its connection: redacted.
+                Err(source) => break Err(Error::Transport {
+                    transport: T::NAME,
+                    source: shared.transport.redact(&source.to_string()).into(),
+                }),
             },
         }
     };
+    let mut result = result;
     match &result {
         // Messages in hand finish (a handler being retried sees the shutdown and stops
-        // without acknowledging), so their acknowledgements are sent.
+        // without acknowledging), so their acknowledgements are sent. An error among
+        // them (a `Policy::Stop`, a failed dead-letter write) is the consumer's result.
         Ok(()) => {
             while let Some(joined) = running.join_next().await {
-                if let Err(e) = joined {
-                    if e.is_panic() {
-                        std::panic::resume_unwind(e.into_panic());
+                match joined {
+                    Ok((_, Err(e))) if result.is_ok() => result = Err(e),
+                    Ok((_, Err(e))) => {
+                        tracing::error!(transport = T::NAME, error = %e, "outbox consumer: a handler failed while stopping")
                     }
+                    Ok(_) => {}
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(_) => {}
                 }
             }
         }

@@ -273,13 +273,7 @@ async fn guarded<P: Publisher>(
     std::panic::AssertUnwindSafe(async move { publisher.publish(batch).await })
         .catch_unwind()
         .await
-        .map_err(|panic| {
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned())
-        })
+        .map_err(|panic| crate::task::panic_message(panic.as_ref()))
 }
 
 /// After a panic on `batch`: publishes it one message at a time, in order, so that only
