@@ -17,7 +17,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // sqlx's "slow statement" warnings would interleave with the command's own
+                // output (a status on a busy server); `OUTBOX_LOG=sqlx=warn` shows them.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sqlx::query=error")),
         )
         .with_writer(std::io::stderr)
         .init();
