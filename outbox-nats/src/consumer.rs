@@ -207,7 +207,10 @@ impl NatsTransportBuilder {
             })
             .await
             .map_err(|e| failed(e.to_string()))?;
-        let batch = usize::try_from(self.max_ack_pending.clamp(1, 256)).unwrap_or(256);
+        // A pull request asks for up to this many; JetStream still sends no more than
+        // `MaxAckPending` unacknowledged. A request for fewer (one, with
+        // `max_ack_pending(1)`) must be renewed after each message, which took ~40 ms.
+        let batch = 256;
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch)

@@ -132,6 +132,11 @@ async fn connection(
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
+    // As clients set it on their own sockets: without it, Nagle's algorithm holds a small
+    // write behind an unacknowledged one for the peer's delayed ACK (~40 ms), which no
+    // direct connection would see.
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let up = pump(client_read, server_write, state.clone(), generation);

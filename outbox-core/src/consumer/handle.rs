@@ -78,8 +78,11 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             return work.await;
         };
         tokio::pin!(work);
-        // The first tick is at once: the message may have waited in a buffer before.
-        let mut tick = tokio::time::interval(every);
+        // The first renewal half an interval in: a message that waited in its key's lane
+        // was renewed at most one interval before it started (by the receive loop), so
+        // the broker's timer never runs more than 1.5 intervals (3/4 of `AckWait`), and a
+        // quick handler sends nothing extra.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every / 2, every);
         loop {
             tokio::select! {
                 done = &mut work => return done,
