@@ -18,6 +18,18 @@ pub fn rabbitmq_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// The broker's address in [`rabbitmq_url`], for a proxy in front of it.
+pub fn rabbitmq_address() -> std::net::SocketAddr {
+    let url = rabbitmq_url();
+    url.split_once('@')
+        .map_or(url.as_str(), |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .expect("OUTBOX_TEST_RABBITMQ_URL is amqp://user:password@ip:port/vhost")
+}
+
 /// A topic exchange and a queue bound to it with `binding`, both named for this test.
 #[derive(Debug)]
 pub struct Topology {

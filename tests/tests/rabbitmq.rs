@@ -15,7 +15,7 @@ use outbox_core::{OutboxMessage, Relay, sqlx};
 use outbox_rabbitmq::{Error, RabbitPublisher, RabbitTransport, headers};
 use outbox_tests::kafka::Job;
 use outbox_tests::proxy::Proxy;
-use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
+use outbox_tests::rabbitmq::{Topology, rabbitmq_address, rabbitmq_url};
 use outbox_tests::{TestDb, order, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -317,16 +317,7 @@ async fn stalls_and_resets_between_relay_and_broker_keep_every_key_in_order() {
     let topology = Topology::declare("ticks").await;
     let destination = format!("{}/ticks", topology.exchange);
     let server = rabbitmq_url();
-    let authority = server
-        .split_once('@')
-        .map_or(server.as_str(), |(_, rest)| rest);
-    let upstream = authority
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .expect("OUTBOX_TEST_RABBITMQ_URL is amqp://user:password@ip:port/vhost");
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::start(rabbitmq_address()).await;
     let db = TestDb::with_max_connections(8).await;
     let outbox = db.outbox().await;
     let publisher = RabbitPublisher::builder(proxy.url_for(&server))
@@ -406,15 +397,7 @@ async fn a_consumer_behind_stalls_and_resets_handles_every_message_once_in_key_o
     let topology = Topology::declare("jobs").await;
     let destination = format!("{}/jobs", topology.exchange);
     let server = rabbitmq_url();
-    let upstream = server
-        .split_once('@')
-        .map_or(server.as_str(), |(_, rest)| rest)
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .parse()
-        .expect("OUTBOX_TEST_RABBITMQ_URL is amqp://user:password@ip:port/vhost");
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::start(rabbitmq_address()).await;
     let db = TestDb::with_max_connections(8).await;
     let outbox = db.outbox().await;
     sqlx::query(
