@@ -13,6 +13,7 @@
 //! PostgreSQL from `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! Every scenario works in a schema of its own, dropped at the end.
 
+mod consume;
 mod kafka;
 mod load;
 mod nats;
@@ -55,6 +56,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "history" => scenarios::history(args, &mut report).await?,
             "scale" => scenarios::scale_out(args, &mut report).await?,
             "nats" => nats::drain(args, &mut report).await?,
+            "consume" => consume::consume(args, &mut report).await?,
             "rabbitmq" => rabbitmq::drain(args, &mut report).await?,
             "notify" => notify::notify(args, &mut report).await?,
             "enqueue" => load::enqueue(args, &mut report).await?,

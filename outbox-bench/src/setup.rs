@@ -38,7 +38,7 @@ pub struct Args {
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|consume|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
