@@ -448,14 +448,8 @@ impl Inner {
         }
     }
 
-    fn lock_known(&self) -> std::sync::MutexGuard<'_, HashSet<Needed>> {
-        self.known
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn remember(&self, needed: &Needed) {
-        self.lock_known().insert(needed.clone());
+        lock(&self.known).insert(needed.clone());
     }
 }
 
@@ -543,7 +537,7 @@ impl RabbitPublisher {
         needed: &Needed,
         deadline: Instant,
     ) -> Result<bool, PublishError> {
-        if self.inner.lock_known().contains(needed) {
+        if lock(&self.inner.known).contains(needed) {
             return Ok(true);
         }
         match tokio::time::timeout_at(deadline, exists(&link.connection, needed)).await {
@@ -658,7 +652,7 @@ impl Publisher for RabbitPublisher {
             match self.inner.connect().await {
                 Ok(link) => {
                     tracing::info!(url = %self.inner.shown, "outbox-rabbitmq: connected again");
-                    self.inner.lock_known().clear();
+                    lock(&self.inner.known).clear();
                     *guard = Some(link);
                 }
                 Err(reason) => {
