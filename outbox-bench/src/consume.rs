@@ -9,47 +9,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream;
 use outbox_core::consumer::{Consumer, Transport};
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
 use outbox_nats::{NatsPublisher, NatsTransport};
 
 use crate::BoxError;
+use crate::nats::{fresh_stream, records, url};
 use crate::report::{Report, Target};
 use crate::setup::{Args, BenchDb};
 
 const CONCURRENCY: usize = 8;
 
-fn url() -> String {
-    std::env::var("OUTBOX_BENCH_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
-
 #[derive(serde::Deserialize)]
 struct Event {
     #[allow(dead_code)]
     filler: String,
-}
-
-fn records(args: &Args, subject: &str) -> Vec<outbox_core::OutboxRecord> {
-    let payload = format!(
-        r#"{{"filler":"{}"}}"#,
-        "x".repeat(args.payload.saturating_sub(14))
-    );
-    (0..args.events)
-        .map(|i| outbox_core::OutboxRecord {
-            seq: i as i64,
-            id: uuid::Uuid::now_v7(),
-            event_type: "BenchEvent".to_owned(),
-            event_version: None,
-            destination: subject.to_owned(),
-            partition_key: Some(format!("k{}", i % args.keys.max(1))),
-            payload: payload.clone(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        })
-        .collect()
 }
 
 /// A consumer whose handler inserts one row, like a real one would.
@@ -70,24 +46,17 @@ fn consumer<T: Transport>(transport: T, db: &BenchDb, name: &str) -> Result<Cons
 
 pub async fn consume(args: &Args, report: &mut Report) -> Result<(), BoxError> {
     let js = jetstream::new(async_nats::connect(url()).await?);
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    let (name, subject) = (
-        format!("OUTBOX_BENCH_{id}"),
-        format!("outbox-bench-{id}.events"),
-    );
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        subjects: vec![subject.clone()],
-        storage: stream::StorageType::Memory,
-        ..Default::default()
-    })
-    .await?;
+    let (name, subject) = fresh_stream(&js).await?;
     let publisher = NatsPublisher::builder(url())
         .skip_catalog_check()
         .destination(&subject)
         .build()
         .await?;
-    let all = records(args, &subject);
+    let payload = format!(
+        r#"{{"filler":"{}"}}"#,
+        "x".repeat(args.payload.saturating_sub(14))
+    );
+    let all = records(args, &subject, &payload);
     for batch in all.chunks(1000) {
         if let Some(Err(e)) = publisher
             .publish(batch)

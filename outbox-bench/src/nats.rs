@@ -16,12 +16,12 @@ use crate::setup::{Args, BenchDb};
 
 const IN_FLIGHT: usize = 4096;
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("OUTBOX_BENCH_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
 /// A fresh in-memory stream; returns its name and subject.
-async fn fresh_stream(js: &jetstream::Context) -> Result<(String, String), BoxError> {
+pub(crate) async fn fresh_stream(js: &jetstream::Context) -> Result<(String, String), BoxError> {
     let id = uuid::Uuid::now_v7().simple().to_string();
     let (name, subject) = (
         format!("OUTBOX_BENCH_{id}"),
@@ -35,6 +35,24 @@ async fn fresh_stream(js: &jetstream::Context) -> Result<(String, String), BoxEr
     })
     .await?;
     Ok((name, subject))
+}
+
+/// `args.events` records for `subject`, over `args.keys` keys, each with `payload`.
+pub(crate) fn records(args: &Args, subject: &str, payload: &str) -> Vec<outbox_core::OutboxRecord> {
+    (0..args.events)
+        .map(|i| outbox_core::OutboxRecord {
+            seq: i as i64,
+            id: uuid::Uuid::now_v7(),
+            event_type: "BenchEvent".to_owned(),
+            event_version: None,
+            destination: subject.to_owned(),
+            partition_key: Some(format!("k{}", i % args.keys.max(1))),
+            payload: payload.to_owned(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        })
+        .collect()
 }
 
 pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
@@ -97,20 +115,7 @@ pub async fn drain(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         .skip_catalog_check()
         .build()
         .await?;
-    let records: Vec<outbox_core::OutboxRecord> = (0..args.events)
-        .map(|i| outbox_core::OutboxRecord {
-            seq: i as i64,
-            id: uuid::Uuid::now_v7(),
-            event_type: "BenchEvent".to_owned(),
-            event_version: None,
-            destination: subject.clone(),
-            partition_key: Some(format!("k{}", i % args.keys.max(1))),
-            payload: String::from_utf8_lossy(&payload).into_owned(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        })
-        .collect();
+    let records = records(args, &subject, &String::from_utf8_lossy(&payload));
     let started = Instant::now();
     for batch in records.chunks(1000) {
         use outbox_core::publisher::Publisher;
