@@ -199,13 +199,7 @@ impl Broker for Nats {
                     place.dead_letters
                 );
             };
-            let mut headers = BTreeMap::new();
-            for (name, values) in m.headers.iter().flat_map(|h| h.iter()) {
-                if let Some(v) = values.last() {
-                    headers.insert(name.to_string(), v.as_str().to_owned());
-                }
-            }
-            out.push(headers);
+            out.push(nats::text_headers(m.headers.as_ref()));
         }
         out
     }

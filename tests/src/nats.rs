@@ -15,6 +15,17 @@ pub fn nats_url() -> String {
     std::env::var("OUTBOX_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
+/// A message's headers as text (a header sent twice: its last value).
+pub fn text_headers(
+    headers: Option<&async_nats::HeaderMap>,
+) -> std::collections::BTreeMap<String, String> {
+    headers
+        .into_iter()
+        .flat_map(|h| h.iter())
+        .filter_map(|(name, values)| Some((name.to_string(), values.last()?.to_string())))
+        .collect()
+}
+
 /// A fresh stream capturing `<prefix>.>` on the server at `url`; returns the context,
 /// the stream name and the prefix.
 ///

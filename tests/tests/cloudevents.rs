@@ -129,17 +129,7 @@ async fn nats_writes_ce_headers() {
     .expect("a message within 30 s")
     .expect("a message")
     .expect("no error");
-    let headers: BTreeMap<String, String> = message
-        .headers
-        .iter()
-        .flat_map(|h| h.iter())
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                v.first().map(|v| v.to_string()).unwrap_or_default(),
-            )
-        })
-        .collect();
+    let headers = outbox_tests::nats::text_headers(message.headers.as_ref());
     let body = std::str::from_utf8(&message.payload).expect("text");
     check("ce-", &sent, &headers, body);
     js.delete_stream(&name).await.expect("delete stream");
