@@ -4,11 +4,31 @@
 //! `scripts/services.sh && cargo run -p outbox-examples --example orders`
 //! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; `KAFKA_BROKERS`,
 //! default `127.0.0.1:9092`).
+//!
+//! `cargo run -p outbox-examples --example orders -- --asyncapi orders.asyncapi.yaml`
+//! writes the service's event contract (AsyncAPI 3.0; JSON unless the file ends in
+//! `.yaml`) and exits.
 
-use outbox_examples::orders::{Config, run};
+use outbox_examples::orders::{Config, run, write_contract};
 
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => {}
+        [flag, path] if flag == "--asyncapi" => {
+            if let Err(e) = write_contract(std::path::Path::new(path)) {
+                eprintln!("cannot write the contract to {path}: {e}");
+                std::process::exit(1);
+            }
+            println!("wrote the event contract (AsyncAPI 3.0) to {path}");
+            return;
+        }
+        _ => {
+            eprintln!("usage: orders [--asyncapi <file.json|file.yaml>]");
+            std::process::exit(2);
+        }
+    }
     let config = Config {
         database_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),

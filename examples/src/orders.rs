@@ -20,7 +20,7 @@ destinations! {
 }
 
 /// An order was confirmed: the inventory reserves its stock.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, OutboxEvent)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
 #[outbox(destination = ORDER_EVENTS, key = order_id)]
 pub struct OrderConfirmed {
     /// The order.
@@ -29,6 +29,34 @@ pub struct OrderConfirmed {
     pub sku: String,
     /// How many.
     pub quantity: i32,
+}
+
+/// The `info` and `servers` of the order service's event contract.
+pub fn contract_info() -> outbox_core::contract::Info {
+    outbox_core::contract::Info::new("orders", "1.0.0")
+        .description("The events the order service announces through its outbox.")
+        .server("local", "127.0.0.1:9092", "kafka")
+}
+
+/// The order service's event contract (AsyncAPI 3.0), from the event types in the
+/// catalog. `cargo run -p outbox-examples --example orders -- --asyncapi orders.yaml`
+/// writes it; `examples/contracts/orders.asyncapi.json` is the committed baseline that
+/// `examples/tests/contract.rs` checks changes against.
+pub fn contract() -> Result<outbox_core::contract::Document, outbox_core::Error> {
+    outbox_core::contract::asyncapi(&contract_info())
+}
+
+/// Writes [`contract`] to `path`: YAML for a `.yaml`/`.yml` file, JSON otherwise.
+pub fn write_contract(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let document = contract()?;
+    let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    let text = if yaml {
+        document.to_yaml()
+    } else {
+        document.to_json()
+    };
+    std::fs::write(path, text)?;
+    Ok(())
 }
 
 /// What can go wrong in the order service.

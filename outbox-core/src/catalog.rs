@@ -28,7 +28,7 @@ use crate::{Destination, Error, Result};
 
 /// One event type registered by `#[derive(OutboxEvent)]`. An enum registers one entry
 /// per variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct EventInfo {
     /// The event type name consumers dispatch on.
@@ -44,10 +44,70 @@ pub struct EventInfo {
     pub variant: Option<&'static str>,
     /// The module the type is declared in.
     pub module_path: &'static str,
+    /// The field named by `key = ...` (`order_id`, or `0` in a tuple struct), if the
+    /// events of this type are ordered by a key.
+    pub key: Option<&'static str>,
+    /// The source file of the type's declaration (`file!()`), for error messages.
+    pub file: &'static str,
+    /// The line of the type's name in [`file`](Self::file).
+    pub line: u32,
+    #[cfg_attr(not(feature = "schema"), allow(dead_code))]
+    schema: SchemaFn,
 }
+
+/// Generates an event type's payload schema into a shared generator; `None` when the
+/// type does not implement `schemars::JsonSchema` (or the `schema` feature is off).
+pub(crate) type SchemaFn = fn(&mut SchemaGen) -> Option<serde_json::Value>;
+
+impl std::fmt::Debug for EventInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventInfo")
+            .field("event_type", &self.event_type)
+            .field("destination", &self.destination)
+            .field("version", &self.version)
+            .field("rust_type", &self.rust_type)
+            .field("variant", &self.variant)
+            .field("module_path", &self.module_path)
+            .field("key", &self.key)
+            .field("file", &self.file)
+            .field("line", &self.line)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two entries are equal when they describe the same registration (the schema is
+/// generated from the Rust type, which is compared by name).
+impl PartialEq for EventInfo {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.event_type,
+            self.destination,
+            self.version,
+            self.rust_type,
+            self.variant,
+            self.module_path,
+            self.key,
+            self.file,
+            self.line,
+        ) == (
+            other.event_type,
+            other.destination,
+            other.version,
+            other.rust_type,
+            other.variant,
+            other.module_path,
+            other.key,
+            other.file,
+            other.line,
+        )
+    }
+}
+
+impl Eq for EventInfo {}
 
 impl EventInfo {
     #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
     pub const fn __new(
         event_type: &'static str,
         destination: Destination,
@@ -55,6 +115,10 @@ impl EventInfo {
         rust_type: &'static str,
         variant: Option<&'static str>,
         module_path: &'static str,
+        key: Option<&'static str>,
+        file: &'static str,
+        line: u32,
+        schema: SchemaFn,
     ) -> Self {
         EventInfo {
             event_type,
@@ -63,14 +127,145 @@ impl EventInfo {
             rust_type,
             variant,
             module_path,
+            key,
+            file,
+            line,
+            schema,
         }
     }
 
+    /// The payload's JSON Schema (draft 07), with the types it uses under `definitions`;
+    /// `None` when the Rust type does not derive `schemars::JsonSchema`. For an enum,
+    /// every variant's entry has the enum's schema: the payload is the enum's serde
+    /// form. Generated on each call.
+    #[cfg(feature = "schema")]
+    pub fn schema(&self) -> Option<serde_json::Value> {
+        let mut generator = SchemaGen::new("/definitions");
+        let mut schema = (self.schema)(&mut generator)?;
+        let definitions = generator.take_definitions();
+        if let serde_json::Value::Object(map) = &mut schema {
+            if !definitions.is_empty() {
+                map.insert("definitions".into(), serde_json::Value::Object(definitions));
+            }
+        }
+        Some(resolve_root_ref(schema))
+    }
+
+    /// Generates this entry's payload schema into `generator`.
+    #[cfg(feature = "schema")]
+    pub(crate) fn schema_in(&self, generator: &mut SchemaGen) -> Option<serde_json::Value> {
+        (self.schema)(generator)
+    }
+
     fn describe(&self) -> String {
-        match self.variant {
+        let name = match self.variant {
             Some(v) => format!("`{}::{v}`", self.rust_type),
             None => format!("`{}`", self.rust_type),
+        };
+        format!("{name} ({}:{})", self.file, self.line)
+    }
+}
+
+/// A schema that is only a reference to its own definition (`{"$ref":
+/// "#/definitions/T", "definitions": {...}}`) keeps the reference: draft 07 ignores
+/// siblings of `$ref`, so the definition is copied up instead.
+#[cfg(feature = "schema")]
+fn resolve_root_ref(mut schema: serde_json::Value) -> serde_json::Value {
+    let target = schema
+        .get("$ref")
+        .and_then(|r| r.as_str())
+        .and_then(|r| r.strip_prefix("#/definitions/"))
+        .map(str::to_owned);
+    if let (Some(name), serde_json::Value::Object(map)) = (target, &mut schema) {
+        let definition = map.get("definitions").and_then(|d| d.get(&name)).cloned();
+        if let Some(serde_json::Value::Object(def)) = definition {
+            map.remove("$ref");
+            for (k, v) in def {
+                map.entry(k).or_insert(v);
+            }
         }
+    }
+    schema
+}
+
+/// The generator behind [`EventInfo::schema`] and the contract document: one per
+/// document, so types used by several events are defined once. Empty without the
+/// `schema` feature.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub struct SchemaGen {
+    #[cfg(feature = "schema")]
+    generator: schemars::SchemaGenerator,
+}
+
+#[cfg(feature = "schema")]
+impl SchemaGen {
+    /// Draft 07 (what AsyncAPI 3.0's schema object extends), with shared types under
+    /// `definitions_path`. The schema is the payload as a consumer reads it with serde
+    /// (schemars' deserialize contract): an `Option` field may be absent, so adding
+    /// one is compatible, while the publisher always writes it (as `null` when
+    /// `None`, unless `skip_serializing_if` says otherwise), which the schema accepts.
+    pub(crate) fn new(definitions_path: &'static str) -> SchemaGen {
+        let settings = schemars::generate::SchemaSettings::draft07().with(|s| {
+            s.definitions_path = definitions_path.into();
+            s.contract = schemars::generate::Contract::Deserialize;
+        });
+        SchemaGen {
+            generator: settings.into_generator(),
+        }
+    }
+
+    /// The definitions collected so far.
+    pub(crate) fn take_definitions(&mut self) -> serde_json::Map<String, serde_json::Value> {
+        self.generator.take_definitions(true)
+    }
+}
+
+/// How `#[derive(OutboxEvent)]` finds a type's schema without a bound on it: the
+/// method of [`ViaJsonSchema`] is found first when the type implements
+/// `schemars::JsonSchema`, the one of [`NoJsonSchema`] (one auto-reference further)
+/// otherwise. Not a public API.
+#[doc(hidden)]
+pub mod probe {
+    use super::SchemaGen;
+
+    /// Stands for the event type `T`.
+    #[allow(missing_debug_implementations)]
+    pub struct Probe<T>(std::marker::PhantomData<T>);
+
+    impl<T> Probe<T> {
+        /// The probe.
+        pub const NEW: Probe<T> = Probe(std::marker::PhantomData);
+    }
+
+    /// Found when `T: JsonSchema` (with the `schema` feature).
+    pub trait ViaJsonSchema {
+        /// `T`'s schema, generated into `generator`.
+        fn outbox_schema(&self, generator: &mut SchemaGen) -> Option<serde_json::Value>;
+    }
+
+    #[cfg(feature = "schema")]
+    impl<T: schemars::JsonSchema> ViaJsonSchema for Probe<T> {
+        fn outbox_schema(&self, generator: &mut SchemaGen) -> Option<serde_json::Value> {
+            Some(generator.generator.subschema_for::<T>().to_value())
+        }
+    }
+
+    /// Found otherwise: no schema.
+    pub trait NoJsonSchema {
+        /// `None`.
+        fn outbox_schema(&self, generator: &mut SchemaGen) -> Option<serde_json::Value>;
+    }
+
+    impl<T> NoJsonSchema for &Probe<T> {
+        fn outbox_schema(&self, _: &mut SchemaGen) -> Option<serde_json::Value> {
+            None
+        }
+    }
+
+    /// For generic event types, which have no one schema.
+    pub fn none(_: &mut SchemaGen) -> Option<serde_json::Value> {
+        None
     }
 }
 
@@ -99,37 +294,165 @@ pub fn destinations_to_check(
     wanted
 }
 
-/// Checks the catalog: two different Rust types (or enum variants) must not claim the
-/// same event type name on the same destination, since consumers could not tell their
-/// payloads apart. Call it once at start-up.
+/// Checks the catalog, once at start-up (and in a test). It reports, each with the Rust
+/// types and source locations involved:
 ///
-/// The error ([`Error::Catalog`]) lists every conflict with the types involved.
+/// - two Rust types (or enum variants) claiming the same event type name on the same
+///   destination: consumers could not tell their payloads apart;
+/// - one event type and version published to two destinations: a consumer of both could
+///   not tell which is meant;
+/// - with the `schema` feature, one event type and version with two different payload
+///   schemas.
+///
+/// The error ([`Error::Catalog`]) lists every conflict.
 pub fn validate() -> Result<()> {
-    let mut by_route: BTreeMap<(Destination, &'static str), Vec<&'static EventInfo>> =
-        BTreeMap::new();
-    for e in entries() {
-        let claimants = by_route.entry((e.destination, e.event_type)).or_default();
-        if !claimants
+    check(&entries())
+}
+
+fn check(entries: &[&'static EventInfo]) -> Result<()> {
+    // One entry per registration (a type linked twice registers once here).
+    let mut unique: Vec<&'static EventInfo> = Vec::new();
+    for e in entries {
+        if !unique
             .iter()
             .any(|c| c.rust_type == e.rust_type && c.variant == e.variant)
         {
-            claimants.push(e);
+            unique.push(e);
         }
     }
-    let conflicts: Vec<String> = by_route
-        .into_iter()
-        .filter(|(_, claimants)| claimants.len() > 1)
-        .map(|((destination, event_type), claimants)| {
-            let names: Vec<String> = claimants.iter().map(|c| c.describe()).collect();
-            format!(
+    let mut conflicts = Vec::new();
+    let mut by_route: BTreeMap<(Destination, &'static str), Vec<&'static EventInfo>> =
+        BTreeMap::new();
+    let mut by_version: BTreeMap<(&'static str, Option<i32>), Vec<&'static EventInfo>> =
+        BTreeMap::new();
+    for e in &unique {
+        by_route
+            .entry((e.destination, e.event_type))
+            .or_default()
+            .push(e);
+        by_version
+            .entry((e.event_type, e.version))
+            .or_default()
+            .push(e);
+    }
+    for ((destination, event_type), claimants) in &by_route {
+        if claimants.len() > 1 {
+            conflicts.push(format!(
                 "event type `{event_type}` on destination `{destination}` is claimed by {}",
-                names.join(" and ")
-            )
-        })
-        .collect();
+                list(claimants)
+            ));
+        }
+    }
+    for ((event_type, version), claimants) in &by_version {
+        let mut destinations: Vec<Destination> = claimants.iter().map(|c| c.destination).collect();
+        destinations.sort();
+        destinations.dedup();
+        let version = match version {
+            Some(v) => format!("version {v}"),
+            None => "without a version".to_owned(),
+        };
+        if destinations.len() > 1 {
+            let places: Vec<String> = claimants
+                .iter()
+                .map(|c| format!("`{}` by {}", c.destination, c.describe()))
+                .collect();
+            conflicts.push(format!(
+                "event type `{event_type}` {version} is published to more than one destination: {}; \
+                 give each its own event type name, or a version of its own",
+                places.join(" and ")
+            ));
+        }
+        #[cfg(feature = "schema")]
+        if claimants.len() > 1 {
+            let schemas: Vec<Option<serde_json::Value>> =
+                claimants.iter().map(|c| c.schema()).collect();
+            if schemas.windows(2).any(|w| w[0] != w[1]) {
+                conflicts.push(format!(
+                    "event type `{event_type}` {version} has different payload schemas in {}",
+                    list(claimants)
+                ));
+            }
+        }
+    }
     if conflicts.is_empty() {
         Ok(())
     } else {
         Err(Error::Catalog(conflicts.join("; ")))
+    }
+}
+
+fn list(claimants: &[&'static EventInfo]) -> String {
+    let names: Vec<String> = claimants.iter().map(|c| c.describe()).collect();
+    names.join(" and ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        rust_type: &'static str,
+        destination: &'static str,
+        line: u32,
+        schema: SchemaFn,
+    ) -> &'static EventInfo {
+        Box::leak(Box::new(EventInfo::__new(
+            "Shipped",
+            Destination::new(destination),
+            Some(1),
+            rust_type,
+            None,
+            "app",
+            None,
+            "src/app.rs",
+            line,
+            schema,
+        )))
+    }
+
+    #[test]
+    fn one_type_and_version_on_two_destinations_is_reported_with_both_places() {
+        let a = entry("app::a::Shipped", "a.events", 10, probe::none);
+        let b = entry("app::b::Shipped", "b.events", 20, probe::none);
+        let err = check(&[a, b]).expect_err("inconsistent").to_string();
+        assert!(
+            err.contains(
+                "event type `Shipped` version 1 is published to more than one destination: \
+                 `a.events` by `app::a::Shipped` (src/app.rs:10) and `b.events` by \
+                 `app::b::Shipped` (src/app.rs:20)"
+            ),
+            "{err}"
+        );
+        // With another version, the same name elsewhere is fine.
+        let c: &'static EventInfo = Box::leak(Box::new(EventInfo {
+            version: Some(2),
+            ..*b
+        }));
+        check(&[a, c]).expect("different versions");
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn one_type_and_version_with_two_schemas_is_reported() {
+        fn one(_: &mut SchemaGen) -> Option<serde_json::Value> {
+            Some(
+                serde_json::json!({ "type": "object", "properties": { "id": { "type": "string" } } }),
+            )
+        }
+        fn other(_: &mut SchemaGen) -> Option<serde_json::Value> {
+            Some(
+                serde_json::json!({ "type": "object", "properties": { "id": { "type": "integer" } } }),
+            )
+        }
+        let a = entry("app::a::Shipped", "a.events", 10, one);
+        let b = entry("app::b::Shipped", "a.events", 20, other);
+        let err = check(&[a, b]).expect_err("inconsistent").to_string();
+        assert!(
+            err.contains(
+                "event type `Shipped` version 1 has different payload schemas in \
+                 `app::a::Shipped` (src/app.rs:10) and `app::b::Shipped` (src/app.rs:20)"
+            ),
+            "{err}"
+        );
     }
 }

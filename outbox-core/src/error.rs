@@ -81,7 +81,9 @@ pub enum Error {
     },
 
     /// The event catalog is inconsistent: two Rust types claim the same event type name
-    /// on the same destination. See [`catalog::validate`](crate::catalog::validate).
+    /// on the same destination, one event type and version is published to two
+    /// destinations, or (feature `schema`) has two payload schemas. See
+    /// [`catalog::validate`](crate::catalog::validate).
     #[error(
         "inconsistent event catalog: {0}; consumers could not tell these payloads apart, so give \
          all but one of them another name with `#[outbox(event_type = \"...\")]`"

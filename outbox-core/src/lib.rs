@@ -114,6 +114,8 @@ pub mod admin;
 pub mod catalog;
 pub mod config;
 pub mod consumer;
+#[cfg(feature = "schema")]
+pub mod contract;
 mod db;
 mod error;
 pub mod event;
@@ -203,7 +205,8 @@ pub mod __private {
     /// Compiles only for a `Serialize` type.
     pub const fn assert_serialize<T: ?Sized + SerializableEvent>() {}
 
-    pub use crate::catalog::EventInfo;
+    pub use crate::catalog::probe::{NoJsonSchema, Probe, ViaJsonSchema, none as no_schema};
+    pub use crate::catalog::{EventInfo, SchemaGen};
     pub use crate::store::DefaultBackend;
     pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
     pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};

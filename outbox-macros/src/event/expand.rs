@@ -56,7 +56,8 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                 None => quote!(#p::Option::None),
             };
             let v = version(&input.attrs);
-            let reg = register(&p, &name, &destination, &v, ident, None);
+            let key_field = input.attrs.key.as_ref().map(|k| &k.value);
+            let reg = register(&p, &name, &destination, &v, input, None, key_field);
             (quote!(#name), key, v, reg)
         }
         Data::Enum(variants) => {
@@ -74,7 +75,16 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                 names.push(quote!(Self::#vi { .. } => #name,));
                 versions.push(quote!(Self::#vi { .. } => #ver,));
                 keys.push(variant_key(&p, v, &input.attrs, generic, &mut where_clause));
-                regs.extend(register(&p, &name, &destination, &ver, ident, Some(vi)));
+                let key_field = v.attrs.key.as_ref().or(input.attrs.key.as_ref());
+                regs.extend(register(
+                    &p,
+                    &name,
+                    &destination,
+                    &ver,
+                    input,
+                    Some(vi),
+                    key_field.map(|k| &k.value),
+                ));
             }
             if variants.is_empty() {
                 // An enum without variants has no values: `*self` is matched by nothing.
@@ -187,9 +197,11 @@ fn register(
     event_type: &str,
     destination: &TokenStream,
     version: &TokenStream,
-    ident: &syn::Ident,
+    input: &Input<'_>,
     variant: Option<&syn::Ident>,
+    key: Option<&Member>,
 ) -> TokenStream {
+    let ident = input.ident;
     let type_name = ident.unraw().to_string();
     let variant = match variant {
         Some(v) => {
@@ -198,6 +210,31 @@ fn register(
         }
         None => quote!(#p::Option::None),
     };
+    let key = match key {
+        Some(Member::Named(field)) => {
+            let field = field.unraw().to_string();
+            quote!(#p::Option::Some(#field))
+        }
+        Some(Member::Unnamed(index)) => {
+            let index = index.index.to_string();
+            quote!(#p::Option::Some(#index))
+        }
+        None => quote!(#p::Option::None),
+    };
+    // The schema, found through `schemars::JsonSchema` when the type implements it
+    // (autoref: the bounded impl is tried first). A generic type has no one schema.
+    let schema = if input.generics.params.is_empty() {
+        quote! {
+            |__outbox_generator: &mut #p::SchemaGen| {
+                #[allow(unused_imports)]
+                use #p::{NoJsonSchema as _, ViaJsonSchema as _};
+                (&#p::Probe::<#ident>::NEW).outbox_schema(__outbox_generator)
+            }
+        }
+    } else {
+        quote!(#p::no_schema)
+    };
+    let location = quote_spanned!(ident.span()=> ::core::file!(), ::core::line!());
     quote! {
         #p::inventory::submit! {
             #p::EventInfo::__new(
@@ -207,6 +244,9 @@ fn register(
                 ::core::concat!(::core::module_path!(), "::", #type_name),
                 #variant,
                 ::core::module_path!(),
+                #key,
+                #location,
+                #schema,
             )
         }
     }

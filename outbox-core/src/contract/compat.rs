@@ -1,0 +1,820 @@
+//! What changed between two contract documents, and which changes break consumers.
+//!
+//! Events are matched by destination and event type. A change breaks consumers when
+//! messages already published, or consumers already deployed, no longer fit:
+//!
+//! | change | verdict |
+//! | --- | --- |
+//! | an event type or a destination removed, an event type moved to another destination | breaking |
+//! | a field removed or renamed | breaking, unless the version was bumped |
+//! | a field's type changed | breaking, unless the version was bumped |
+//! | an optional field made required, a new required field | breaking, unless the version was bumped |
+//! | any other change to a schema (enum values, formats, bounds) | breaking, unless the version was bumped |
+//! | the key changed | breaking |
+//! | the version went down, or was removed | breaking |
+//! | a new event type, a new optional field | compatible |
+//! | a schema changed together with a version bump | compatible |
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+
+use serde_json::Value;
+
+/// One difference between the baseline and the current contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Change {
+    /// Whether the change breaks consumers.
+    pub breaking: bool,
+    /// The event type and destination (`OrderConfirmed` on `orders.events`).
+    pub event: String,
+    /// What changed.
+    pub what: String,
+}
+
+/// The changes from a baseline to the current contract; its `Display` is the readable
+/// diff [`super::assert_compatible`] prints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    changes: Vec<Change>,
+}
+
+impl Report {
+    /// Every change, breaking ones first.
+    pub fn changes(&self) -> &[Change] {
+        &self.changes
+    }
+
+    /// Whether any change breaks consumers.
+    pub fn is_breaking(&self) -> bool {
+        self.changes.iter().any(|c| c.breaking)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in &self.changes {
+            let mark = if c.breaking {
+                "- breaking:  "
+            } else {
+                "+ compatible:"
+            };
+            writeln!(f, "  {mark} {}: {}", c.event, c.what)?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares two AsyncAPI documents written by [`super::asyncapi`]: `baseline`, the
+/// published one, and `current`.
+pub fn check(baseline: &Value, current: &Value) -> Report {
+    let old = events(baseline);
+    let new = events(current);
+    let mut changes = Vec::new();
+    let new_destinations: BTreeSet<&str> = new.keys().map(|(d, _)| d.as_str()).collect();
+    // Destinations that are gone, with the event types they carried.
+    let mut gone: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut moved_to: HashSet<(String, String)> = HashSet::new();
+    for ((destination, event_type), before) in &old {
+        let label = format!("`{event_type}` on `{destination}`");
+        if let Some(after) = new.get(&(destination.clone(), event_type.clone())) {
+            compare_event(&label, before, after, baseline, current, &mut changes);
+            continue;
+        }
+        let elsewhere = new
+            .keys()
+            .find(|(d, t)| t == event_type && !old.contains_key(&(d.clone(), t.clone())))
+            .map(|(d, _)| d);
+        let destination_gone = !new_destinations.contains(destination.as_str());
+        if destination_gone {
+            let note = if elsewhere.is_some() { " (moved)" } else { "" };
+            gone.entry(destination)
+                .or_default()
+                .push(format!("`{event_type}`{note}"));
+        }
+        match elsewhere {
+            Some(d) => {
+                moved_to.insert((d.clone(), event_type.clone()));
+                changes.push(Change {
+                    breaking: true,
+                    event: label,
+                    what: format!(
+                        "moved to destination `{d}`: consumers of `{destination}` no longer get it"
+                    ),
+                });
+            }
+            None if destination_gone => {} // reported with its destination
+            None => changes.push(Change {
+                breaking: true,
+                event: label,
+                what: "was removed".to_owned(),
+            }),
+        }
+    }
+    for (destination, types) in gone {
+        changes.push(Change {
+            breaking: true,
+            event: format!("destination `{destination}`"),
+            what: format!("was removed, with its event types {}", types.join(", ")),
+        });
+    }
+    for (destination, event_type) in new.keys() {
+        if !old.contains_key(&(destination.clone(), event_type.clone()))
+            && !moved_to.contains(&(destination.clone(), event_type.clone()))
+        {
+            changes.push(Change {
+                breaking: false,
+                event: format!("`{event_type}` on `{destination}`"),
+                what: "new event type".to_owned(),
+            });
+        }
+    }
+    changes.sort_by_key(|c| !c.breaking);
+    Report { changes }
+}
+
+/// An event type as a document describes it.
+struct Event<'a> {
+    version: Option<i64>,
+    key: Option<&'a str>,
+    payload: Option<&'a Value>,
+}
+
+/// The events of a document, by destination and event type.
+fn events(document: &Value) -> BTreeMap<(String, String), Event<'_>> {
+    let mut out = BTreeMap::new();
+    let Some(Value::Object(channels)) = document.get("channels") else {
+        return out;
+    };
+    for (id, channel) in channels {
+        let address = channel
+            .get("address")
+            .and_then(Value::as_str)
+            .unwrap_or(id)
+            .to_owned();
+        let Some(Value::Object(messages)) = channel.get("messages") else {
+            continue;
+        };
+        for message in messages.values() {
+            let message = resolve(document, message);
+            let event_type = message
+                .get("x-outbox-event-type")
+                .or_else(|| message.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            out.insert(
+                (address.clone(), event_type),
+                Event {
+                    version: message.get("x-outbox-version").and_then(Value::as_i64),
+                    key: message.get("x-outbox-key").and_then(Value::as_str),
+                    payload: message.get("payload"),
+                },
+            );
+        }
+    }
+    out
+}
+
+fn compare_event(
+    label: &str,
+    before: &Event<'_>,
+    after: &Event<'_>,
+    baseline: &Value,
+    current: &Value,
+    changes: &mut Vec<Change>,
+) {
+    let mut push = |breaking: bool, what: String| {
+        changes.push(Change {
+            breaking,
+            event: label.to_owned(),
+            what,
+        })
+    };
+    if before.key != after.key {
+        let show = |k: Option<&str>| k.map_or("no key".to_owned(), |k| format!("`{k}`"));
+        push(
+            true,
+            format!(
+                "the key changed from {} to {}: the order consumers rely on, and where each event lands, change with it",
+                show(before.key),
+                show(after.key)
+            ),
+        );
+    }
+    let bumped = match (before.version, after.version) {
+        (Some(a), Some(b)) if b < a => {
+            push(true, format!("the version went down from {a} to {b}"));
+            false
+        }
+        (Some(a), None) => {
+            push(true, format!("lost its version ({a})"));
+            false
+        }
+        (Some(a), Some(b)) => b > a,
+        (None, Some(_)) => true,
+        (None, None) => false,
+    };
+    let (old, new) = match (before.payload, after.payload) {
+        (Some(old), Some(new)) => (old, new),
+        (Some(_), None) => {
+            push(true, "has no payload schema any more".to_owned());
+            return;
+        }
+        (None, _) => return,
+    };
+    let mut schema = Schemas {
+        baseline,
+        current,
+        visited: HashSet::new(),
+        found: Vec::new(),
+    };
+    schema.compare("", old, new);
+    let version_note = match (before.version, after.version) {
+        (a, Some(b)) if bumped => format!(
+            " (allowed: the version went from {} to {b})",
+            a.map_or("none".to_owned(), |a| a.to_string())
+        ),
+        _ => String::new(),
+    };
+    for (breaking, what) in schema.found {
+        if breaking && bumped {
+            push(false, format!("{what}{version_note}"));
+        } else {
+            push(breaking, what);
+        }
+    }
+}
+
+/// Walks two payload schemas side by side.
+struct Schemas<'a> {
+    baseline: &'a Value,
+    current: &'a Value,
+    /// `$ref` pairs already compared (recursive types).
+    visited: HashSet<(String, String)>,
+    /// (breaking, what) for each difference.
+    found: Vec<(bool, String)>,
+}
+
+/// Keywords that describe without constraining: changing them changes no message.
+const ANNOTATIONS: &[&str] = &[
+    "description",
+    "title",
+    "examples",
+    "default",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$comment",
+    "$schema",
+    "$id",
+    "definitions",
+    "$defs",
+];
+
+/// Keywords compared by the walk itself.
+const STRUCTURE: &[&str] = &[
+    "$ref",
+    "type",
+    "format",
+    "properties",
+    "required",
+    "items",
+    "anyOf",
+    "oneOf",
+    "allOf",
+];
+
+impl<'a> Schemas<'a> {
+    fn compare(&mut self, path: &str, old: &'a Value, new: &'a Value) {
+        if let (Some(a), Some(b)) = (ref_of(old), ref_of(new)) {
+            if !self.visited.insert((a.to_owned(), b.to_owned())) {
+                return;
+            }
+        }
+        let old = resolve(self.baseline, old);
+        let new = resolve(self.current, new);
+        let (old_kind, new_kind) = (self.kind(old, self.baseline), self.kind(new, self.current));
+        if old_kind != new_kind {
+            self.found.push((
+                true,
+                format!("{} changed type from {old_kind} to {new_kind}", field(path)),
+            ));
+            return;
+        }
+        let before = self.found.len();
+        if old.get("properties").is_some() || new.get("properties").is_some() {
+            self.compare_properties(path, old, new);
+        }
+        if let (Some(a), Some(b)) = (old.get("items"), new.get("items")) {
+            self.compare(&format!("{path}[]"), a, b);
+        }
+        for keyword in ["anyOf", "oneOf", "allOf"] {
+            if let (Some(Value::Array(a)), Some(Value::Array(b))) =
+                (old.get(keyword), new.get(keyword))
+            {
+                if a.len() == b.len() {
+                    for (a, b) in a.iter().zip(b) {
+                        self.compare(path, a, b);
+                    }
+                }
+            }
+        }
+        if self.found.len() == before {
+            self.compare_constraints(path, old, new);
+        }
+    }
+
+    fn compare_properties(&mut self, path: &str, old: &'a Value, new: &'a Value) {
+        static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
+            std::sync::LazyLock::new(serde_json::Map::new);
+        let props = |s: &'a Value| match s.get("properties") {
+            Some(Value::Object(p)) => p,
+            _ => &*EMPTY,
+        };
+        let (old_props, new_props) = (props(old), props(new));
+        let (old_required, new_required) = (required(old), required(new));
+        let removed: Vec<&String> = old_props
+            .keys()
+            .filter(|k| !new_props.contains_key(*k))
+            .collect();
+        let added: Vec<&String> = new_props
+            .keys()
+            .filter(|k| !old_props.contains_key(*k))
+            .collect();
+        let renamed = (removed.len() == 1 && added.len() == 1).then(|| added[0]);
+        for name in &removed {
+            let what = match renamed {
+                Some(to) => format!(
+                    "{} was renamed to `{}` (or removed, and `{}` added)",
+                    field(&join(path, name)),
+                    join(path, to),
+                    join(path, to)
+                ),
+                None => format!("{} was removed", field(&join(path, name))),
+            };
+            self.found.push((true, what));
+        }
+        for (name, old_schema) in old_props {
+            let Some(new_schema) = new_props.get(name) else {
+                continue;
+            };
+            let at = join(path, name);
+            if !old_required.contains(name.as_str()) && new_required.contains(name.as_str()) {
+                self.found.push((
+                    true,
+                    format!(
+                        "{} became required: messages written before lack it",
+                        field(&at)
+                    ),
+                ));
+            }
+            self.compare(&at, old_schema, new_schema);
+        }
+        for name in added {
+            let at = join(path, name);
+            if new_required.contains(name.as_str()) {
+                self.found.push((
+                    true,
+                    format!(
+                        "new required field `{at}`: messages written before lack it (make it an `Option` or give it `#[serde(default)]`)"
+                    ),
+                ));
+            } else if renamed != Some(name) {
+                self.found
+                    .push((false, format!("new optional field `{at}`")));
+            }
+        }
+    }
+
+    /// Everything but annotations and what the walk compares: enum values, bounds,
+    /// patterns, `additionalProperties`...
+    fn compare_constraints(&mut self, path: &str, old: &Value, new: &Value) {
+        let keys = |s: &Value| -> BTreeSet<String> {
+            s.as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let mut all = keys(old);
+        all.extend(keys(new));
+        for key in all {
+            if ANNOTATIONS.contains(&key.as_str()) || STRUCTURE.contains(&key.as_str()) {
+                continue;
+            }
+            let (a, b) = (old.get(&key), new.get(&key));
+            if a != b {
+                let show = |v: Option<&Value>| v.map_or("absent".to_owned(), |v| v.to_string());
+                self.found.push((
+                    true,
+                    format!(
+                        "the schema of {} changed: `{key}` went from {} to {}",
+                        if path.is_empty() {
+                            "the payload".to_owned()
+                        } else {
+                            field(path)
+                        },
+                        show(a),
+                        show(b)
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// A short description of a schema's type: `string (uuid)`, `integer or null`,
+    /// `object`, `array of string`.
+    fn kind(&self, schema: &Value, document: &Value) -> String {
+        self.kind_at(schema, document, 0)
+    }
+
+    fn kind_at(&self, schema: &Value, document: &Value, depth: usize) -> String {
+        let schema = resolve(document, schema);
+        if depth > 8 {
+            return "…".to_owned();
+        }
+        let mut kinds: Vec<String> = match schema.get("type") {
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        };
+        if kinds.is_empty() {
+            for keyword in ["anyOf", "oneOf"] {
+                if let Some(Value::Array(options)) = schema.get(keyword) {
+                    kinds = options
+                        .iter()
+                        .map(|o| self.kind_at(o, document, depth + 1))
+                        .collect();
+                }
+            }
+        }
+        if kinds.is_empty() {
+            if schema.get("properties").is_some() {
+                kinds.push("object".to_owned());
+            } else if schema.get("enum").is_some() || schema.get("const").is_some() {
+                kinds.push("constant".to_owned());
+            } else {
+                kinds.push("anything".to_owned());
+            }
+        }
+        kinds.sort();
+        kinds.dedup();
+        let mut out = kinds.join(" or ");
+        if let Some(format) = schema.get("format").and_then(Value::as_str) {
+            out = format!("{out} ({format})");
+        }
+        if kinds == ["array"] {
+            if let Some(items) = schema.get("items") {
+                out = format!("array of {}", self.kind_at(items, document, depth + 1));
+            }
+        }
+        out
+    }
+}
+
+fn required(schema: &Value) -> BTreeSet<&str> {
+    match schema.get("required") {
+        Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+fn field(path: &str) -> String {
+    if path.is_empty() {
+        "the payload".to_owned()
+    } else {
+        format!("field `{path}`")
+    }
+}
+
+fn ref_of(schema: &Value) -> Option<&str> {
+    schema.get("$ref").and_then(Value::as_str)
+}
+
+/// Follows local `$ref`s (`#/components/schemas/T`) within `document`.
+fn resolve<'v>(document: &'v Value, mut schema: &'v Value) -> &'v Value {
+    for _ in 0..32 {
+        let Some(target) = ref_of(schema)
+            .and_then(|r| r.strip_prefix('#'))
+            .and_then(|pointer| document.pointer(pointer))
+        else {
+            return schema;
+        };
+        schema = target;
+    }
+    schema
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A document with one channel `orders.events` and the messages given as
+    /// (event type, version, key, payload).
+    fn doc(messages: &[(&str, Option<i64>, Option<&str>, Value)]) -> Value {
+        doc_on("orders.events", messages)
+    }
+
+    fn doc_on(destination: &str, messages: &[(&str, Option<i64>, Option<&str>, Value)]) -> Value {
+        let mut channel = serde_json::Map::new();
+        let mut components = serde_json::Map::new();
+        for (event_type, version, key, payload) in messages {
+            let id = format!("{event_type}.{}", version.unwrap_or(0));
+            channel.insert(
+                id.clone(),
+                json!({ "$ref": format!("#/components/messages/{id}") }),
+            );
+            let mut message = json!({
+                "name": event_type,
+                "x-outbox-event-type": event_type,
+                "payload": payload,
+            });
+            if let Some(v) = version {
+                message["x-outbox-version"] = json!(v);
+            }
+            if let Some(k) = key {
+                message["x-outbox-key"] = json!(k);
+            }
+            components.insert(id, message);
+        }
+        json!({
+            "asyncapi": "3.0.0",
+            "channels": { destination: { "address": destination, "messages": channel } },
+            "components": { "messages": components, "schemas": {
+                "Address": { "type": "object", "properties": {
+                    "city": { "type": "string" }, "zip": { "type": "string" }
+                }, "required": ["city", "zip"] }
+            } },
+        })
+    }
+
+    fn order(extra: Value) -> Value {
+        let mut props = json!({
+            "order_id": { "type": "string", "format": "uuid" },
+            "quantity": { "type": "integer", "format": "int32" },
+            "note": { "type": ["string", "null"] },
+        });
+        if let Value::Object(extra) = extra {
+            for (k, v) in extra {
+                if v.is_null() {
+                    props.as_object_mut().expect("the fixture").remove(&k);
+                } else {
+                    props[k] = v;
+                }
+            }
+        }
+        json!({ "type": "object", "properties": props, "required": ["order_id", "quantity"] })
+    }
+
+    fn base() -> Value {
+        doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("order_id"),
+            order(json!({})),
+        )])
+    }
+
+    fn report(new: Value) -> String {
+        check(&base(), &new).to_string()
+    }
+
+    #[test]
+    fn the_same_document_has_no_changes() {
+        let r = check(&base(), &base());
+        assert!(r.changes().is_empty(), "{r}");
+        assert!(!r.is_breaking());
+    }
+
+    #[test]
+    fn descriptions_are_not_changes() {
+        let described = order(
+            json!({ "quantity": { "type": "integer", "format": "int32", "description": "How many" } }),
+        );
+        let r = check(
+            &base(),
+            &doc(&[("OrderConfirmed", Some(1), Some("order_id"), described)]),
+        );
+        assert!(r.changes().is_empty(), "{r}");
+    }
+
+    #[test]
+    fn a_new_event_type_and_a_new_optional_field_are_compatible() {
+        let new = doc(&[
+            (
+                "OrderConfirmed",
+                Some(1),
+                Some("order_id"),
+                order(json!({ "coupon": { "type": ["string", "null"] } })),
+            ),
+            ("OrderShipped", None, Some("order_id"), order(json!({}))),
+        ]);
+        let r = check(&base(), &new);
+        assert!(!r.is_breaking(), "{r}");
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[test]
+    fn a_removed_field_breaks() {
+        let r = check(
+            &base(),
+            &doc(&[(
+                "OrderConfirmed",
+                Some(1),
+                Some("order_id"),
+                order(json!({ "note": null })),
+            )]),
+        );
+        assert!(r.is_breaking());
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[test]
+    fn a_renamed_field_breaks() {
+        insta::assert_snapshot!(report(doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("order_id"),
+            order(json!({ "quantity": null, "qty": { "type": "integer", "format": "int32" } })),
+        )])));
+    }
+
+    #[test]
+    fn a_changed_field_type_breaks() {
+        insta::assert_snapshot!(report(doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("order_id"),
+            order(json!({ "quantity": { "type": "string" } })),
+        )])));
+    }
+
+    #[test]
+    fn an_optional_field_that_became_required_breaks() {
+        let mut payload = order(json!({ "note": { "type": "string" } }));
+        payload["required"] = json!(["order_id", "quantity", "note"]);
+        insta::assert_snapshot!(report(doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("order_id"),
+            payload
+        )])));
+    }
+
+    #[test]
+    fn a_new_required_field_breaks() {
+        let mut payload = order(json!({ "sku": { "type": "string" } }));
+        payload["required"] = json!(["order_id", "quantity", "sku"]);
+        insta::assert_snapshot!(report(doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("order_id"),
+            payload
+        )])));
+    }
+
+    #[test]
+    fn a_changed_key_breaks() {
+        insta::assert_snapshot!(report(doc(&[(
+            "OrderConfirmed",
+            Some(1),
+            Some("quantity"),
+            order(json!({}))
+        )])));
+    }
+
+    #[test]
+    fn a_removed_event_type_and_a_removed_destination_break() {
+        let old = json!({
+            "channels": {
+                "orders.events": base()["channels"]["orders.events"].clone(),
+                "billing": { "address": "billing", "messages": {
+                    "Invoiced": { "$ref": "#/components/messages/Invoiced" }
+                } },
+            },
+            "components": { "messages": {
+                "OrderConfirmed.1": base()["components"]["messages"]["OrderConfirmed.1"].clone(),
+                "Invoiced": { "x-outbox-event-type": "Invoiced", "payload": { "type": "object" } },
+            } },
+        });
+        let new = doc(&[("OrderShipped", None, Some("order_id"), order(json!({})))]);
+        let r = check(&old, &new);
+        assert!(r.is_breaking());
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[test]
+    fn an_event_type_moved_to_another_destination_breaks() {
+        let new = doc_on(
+            "orders.v2",
+            &[(
+                "OrderConfirmed",
+                Some(1),
+                Some("order_id"),
+                order(json!({})),
+            )],
+        );
+        let mut old = base();
+        old["channels"]["orders.v2"] = json!({ "address": "orders.v2", "messages": {} });
+        insta::assert_snapshot!(check(&old, &new).to_string());
+    }
+
+    #[test]
+    fn a_changed_schema_under_the_same_version_breaks() {
+        let payload =
+            order(json!({ "status": { "type": "string", "enum": ["new", "confirmed"] } }));
+        let old = doc(&[("OrderConfirmed", Some(1), Some("order_id"), payload)]);
+        let widened =
+            order(json!({ "status": { "type": "string", "enum": ["new", "confirmed", "held"] } }));
+        let r = check(
+            &old,
+            &doc(&[("OrderConfirmed", Some(1), Some("order_id"), widened)]),
+        );
+        assert!(r.is_breaking());
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[test]
+    fn a_version_bump_allows_a_changed_schema() {
+        let new = doc(&[(
+            "OrderConfirmed",
+            Some(2),
+            Some("order_id"),
+            order(json!({ "quantity": { "type": "string" }, "note": null })),
+        )]);
+        let r = check(&base(), &new);
+        assert!(!r.is_breaking(), "{r}");
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[test]
+    fn a_version_that_goes_down_or_away_breaks() {
+        let down = doc(&[(
+            "OrderConfirmed",
+            Some(0),
+            Some("order_id"),
+            order(json!({})),
+        )]);
+        let gone = doc(&[("OrderConfirmed", None, Some("order_id"), order(json!({})))]);
+        insta::assert_snapshot!(format!("{}{}", report(down), report(gone)));
+    }
+
+    #[test]
+    fn nested_types_are_compared_through_their_references() {
+        let with_address = |address: Value| {
+            doc(&[(
+                "OrderConfirmed",
+                Some(1),
+                Some("order_id"),
+                order(json!({ "ship_to": address })),
+            )])
+        };
+        let old = with_address(json!({ "$ref": "#/components/schemas/Address" }));
+        let mut new = with_address(json!({ "$ref": "#/components/schemas/Address" }));
+        new["components"]["schemas"]["Address"]["properties"]["zip"] = json!({ "type": "integer" });
+        new["components"]["schemas"]["Address"]["properties"]
+            .as_object_mut()
+            .expect("the fixture")
+            .remove("city");
+        insta::assert_snapshot!(check(&old, &new).to_string());
+    }
+
+    #[test]
+    fn recursive_types_end() {
+        let tree = json!({ "type": "object", "properties": {
+            "children": { "type": "array", "items": { "$ref": "#/components/schemas/Tree" } }
+        } });
+        let mut old = doc(&[(
+            "Tree",
+            None,
+            None,
+            json!({ "$ref": "#/components/schemas/Tree" }),
+        )]);
+        old["components"]["schemas"]["Tree"] = tree.clone();
+        let r = check(&old, &old);
+        assert!(r.changes().is_empty(), "{r}");
+    }
+
+    #[test]
+    fn a_lost_schema_breaks() {
+        let mut new = base();
+        new["components"]["messages"]["OrderConfirmed.1"]
+            .as_object_mut()
+            .expect("the fixture")
+            .remove("payload");
+        insta::assert_snapshot!(check(&base(), &new).to_string());
+    }
+}

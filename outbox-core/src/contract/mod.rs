@@ -1,0 +1,727 @@
+//! Event contracts from code (feature `schema`): the [AsyncAPI 3.0] document of the
+//! events this binary emits, and a breaking-change check against a committed copy of
+//! it. See `docs/contracts.md`.
+//!
+//! The catalog ([`crate::catalog`]) knows every event type `#[derive(OutboxEvent)]` saw:
+//! its destination, version and key. With `schemars::JsonSchema` derived on the same
+//! type, it also knows the payload's JSON Schema. From that, [`asyncapi`] writes one
+//! channel per destination and one message per event type (payload schema, the headers
+//! our publishers set, the key), and [`assert_compatible`] fails a test when a change
+//! would break consumers.
+//!
+//! ```standalone_crate
+//! use outbox_core::OutboxEvent;
+//! use outbox_core::contract::{Info, asyncapi};
+//!
+//! #[derive(serde::Serialize, schemars::JsonSchema, OutboxEvent)]
+//! #[outbox(destination = "orders.events", key = order_id, version = 1)]
+//! struct OrderConfirmed {
+//!     order_id: u64,
+//!     note: Option<String>,
+//! }
+//!
+//! let document = asyncapi(&Info::new("orders", "1.4.0").server("production", "kafka:9092", "kafka"))
+//!     .expect("a consistent catalog");
+//! let json: serde_json::Value = serde_json::from_str(&document.to_json()).expect("the fixture");
+//! assert_eq!(json["channels"]["orders.events"]["address"], "orders.events");
+//! assert_eq!(json["components"]["messages"]["OrderConfirmed.v1"]["x-outbox-key"], "order_id");
+//! assert!(document.to_yaml().starts_with("asyncapi: \"3.0.0\"\n"));
+//! ```
+//!
+//! [AsyncAPI 3.0]: https://www.asyncapi.com/docs/reference/specification/v3.0.0
+
+mod compat;
+mod yaml;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+
+pub use compat::{Change, Report, check};
+
+use crate::catalog::{EventInfo, SchemaGen};
+use crate::publisher::headers;
+use crate::{Error, Result};
+
+/// The document's `info` and `servers`. Servers are named by host (and port) only:
+/// never put credentials here, the document is meant to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    title: String,
+    version: String,
+    description: Option<String>,
+    servers: Vec<Server>,
+    cloudevents_prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Server {
+    name: String,
+    host: String,
+    protocol: String,
+}
+
+impl Info {
+    /// `title` and `version` of the application (its API version, not AsyncAPI's).
+    pub fn new(title: impl Into<String>, version: impl Into<String>) -> Info {
+        Info {
+            title: title.into(),
+            version: version.into(),
+            description: None,
+            servers: Vec::new(),
+            cloudevents_prefix: None,
+        }
+    }
+
+    /// A description of the application (Markdown).
+    pub fn description(mut self, description: impl Into<String>) -> Info {
+        self.description = Some(description.into());
+        self
+    }
+
+    /// A broker the events are published to: `host` with its port
+    /// (`kafka.internal:9092`), `protocol` as AsyncAPI names it (`kafka`, `nats`,
+    /// `amqp`). Anything before an `@` in `host` (credentials) is dropped.
+    pub fn server(
+        mut self,
+        name: impl Into<String>,
+        host: impl Into<String>,
+        protocol: impl Into<String>,
+    ) -> Info {
+        let host = host.into();
+        let host = host.rsplit_once('@').map_or(host.as_str(), |(_, h)| h);
+        let host = host
+            .split_once("://")
+            .map_or(host, |(_, rest)| rest)
+            .to_owned();
+        self.servers.push(Server {
+            name: name.into(),
+            host,
+            protocol: protocol.into(),
+        });
+        self
+    }
+
+    /// The publishers write CloudEvents attributes as headers with this prefix (`ce_`
+    /// on Kafka, `ce-` on NATS, `cloudEvents_` on AMQP; see
+    /// [`crate::publisher::cloudevents`]): the document lists them.
+    pub fn cloudevents(mut self, header_prefix: impl Into<String>) -> Info {
+        self.cloudevents_prefix = Some(header_prefix.into());
+        self
+    }
+
+    /// The `info` and `servers` of an existing document, so that a rewritten baseline
+    /// keeps them.
+    fn from_document(document: &Value) -> Option<Info> {
+        let info = document.get("info")?;
+        let mut out = Info::new(info.get("title")?.as_str()?, info.get("version")?.as_str()?);
+        out.description = info
+            .get("description")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if let Some(Value::Object(servers)) = document.get("servers") {
+            for (name, server) in servers {
+                let (Some(host), Some(protocol)) = (
+                    server.get("host").and_then(Value::as_str),
+                    server.get("protocol").and_then(Value::as_str),
+                ) else {
+                    continue;
+                };
+                out = out.server(name, host, protocol);
+            }
+        }
+        out.cloudevents_prefix = document
+            .get("x-outbox-cloudevents-prefix")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Some(out)
+    }
+}
+
+/// An AsyncAPI 3.0 document; [`to_json`](Self::to_json) or
+/// [`to_yaml`](Self::to_yaml) to write it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    value: Value,
+}
+
+impl Document {
+    /// The document as JSON (pretty-printed, ending with a newline).
+    pub fn to_json(&self) -> String {
+        let mut out = serde_json::to_string_pretty(&self.value).unwrap_or_default();
+        out.push('\n');
+        out
+    }
+
+    /// The document as YAML.
+    pub fn to_yaml(&self) -> String {
+        yaml::to_string(&self.value)
+    }
+
+    /// The document as a JSON value.
+    pub fn as_value(&self) -> &Value {
+        &self.value
+    }
+}
+
+/// The AsyncAPI 3.0 document of every event type in this binary's catalog: one channel
+/// per destination, one `send` operation per channel, one message per event type (and
+/// version) with its payload schema, headers and key.
+///
+/// Fails when [`crate::catalog::validate`] does (two types claiming one event type, one
+/// event type and version on two destinations): such a catalog has no one contract.
+/// An event type whose Rust type does not derive `schemars::JsonSchema` gets a message
+/// without a payload schema (`x-outbox-schema: "missing"`); [`assert_compatible`]
+/// refuses those.
+pub fn asyncapi(info: &Info) -> Result<Document> {
+    crate::catalog::validate()?;
+    Ok(Document {
+        value: document(info, &crate::catalog::entries()),
+    })
+}
+
+fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
+    let mut generator = SchemaGen::new("/components/schemas");
+    let mut channels = Map::new();
+    let mut operations = Map::new();
+    let mut messages = Map::new();
+    let mut by_destination: BTreeMap<&str, Vec<&EventInfo>> = BTreeMap::new();
+    let mut seen = Vec::new();
+    for e in entries {
+        // A type linked twice is one registration.
+        if seen.contains(&(e.rust_type, e.variant)) {
+            continue;
+        }
+        seen.push((e.rust_type, e.variant));
+        by_destination
+            .entry(e.destination.as_str())
+            .or_default()
+            .push(e);
+    }
+    let mut channel_ids = Ids::default();
+    let mut message_ids = Ids::default();
+    for (destination, events) in by_destination {
+        let channel_id = channel_ids.take(destination);
+        let mut channel_messages = Map::new();
+        let mut operation_messages = Vec::new();
+        for e in events {
+            let name = match e.version {
+                Some(v) => format!("{}.v{v}", e.event_type),
+                None => e.event_type.to_owned(),
+            };
+            let message_id = message_ids.take(&name);
+            messages.insert(
+                message_id.clone(),
+                message(e, &name, &mut generator, info.cloudevents_prefix.as_deref()),
+            );
+            channel_messages.insert(
+                message_id.clone(),
+                json!({ "$ref": format!("#/components/messages/{message_id}") }),
+            );
+            operation_messages.push(json!({
+                "$ref": format!("#/channels/{channel_id}/messages/{message_id}")
+            }));
+        }
+        channels.insert(
+            channel_id.clone(),
+            json!({
+                "address": destination,
+                "messages": channel_messages,
+            }),
+        );
+        operations.insert(
+            format!("send.{channel_id}"),
+            json!({
+                "action": "send",
+                "summary": format!("The outbox relay publishes the events written for `{destination}`."),
+                "channel": { "$ref": format!("#/channels/{channel_id}") },
+                "messages": operation_messages,
+            }),
+        );
+    }
+    let mut info_value = json!({ "title": info.title, "version": info.version });
+    if let Some(description) = &info.description {
+        info_value["description"] = json!(description);
+    }
+    let mut out = json!({
+        "asyncapi": "3.0.0",
+        "info": info_value,
+    });
+    if !info.servers.is_empty() {
+        let servers: Map<String, Value> = info
+            .servers
+            .iter()
+            .map(|s| {
+                (
+                    ids_safe(&s.name),
+                    json!({ "host": s.host, "protocol": s.protocol }),
+                )
+            })
+            .collect();
+        out["servers"] = Value::Object(servers);
+    }
+    out["defaultContentType"] = json!(headers::JSON);
+    out["channels"] = Value::Object(channels);
+    out["operations"] = Value::Object(operations);
+    let schemas = generator.take_definitions();
+    let mut components = json!({ "messages": messages });
+    if !schemas.is_empty() {
+        components["schemas"] = Value::Object(schemas);
+    }
+    out["components"] = components;
+    if let Some(prefix) = &info.cloudevents_prefix {
+        out["x-outbox-cloudevents-prefix"] = json!(prefix);
+    }
+    out
+}
+
+/// One message: the event type's payload schema, headers and key.
+fn message(
+    e: &EventInfo,
+    name: &str,
+    generator: &mut SchemaGen,
+    cloudevents_prefix: Option<&str>,
+) -> Value {
+    let mut message = json!({
+        "name": name,
+        "title": e.event_type,
+        "contentType": headers::JSON,
+        "headers": message_headers(e, cloudevents_prefix),
+    });
+    match e.schema_in(generator) {
+        Some(schema) => message["payload"] = schema,
+        None => message["x-outbox-schema"] = json!("missing"),
+    }
+    if let Some(key) = e.key {
+        message["x-outbox-key"] = json!(key);
+        message["bindings"] = json!({
+            "kafka": {
+                "key": {
+                    "type": "string",
+                    "description": format!("The partition key: the event's `{key}` field. Events of one key are published in the order they were written."),
+                },
+                "bindingVersion": "0.5.0",
+            }
+        });
+    }
+    message["x-outbox-event-type"] = json!(e.event_type);
+    if let Some(version) = e.version {
+        message["x-outbox-version"] = json!(version);
+    }
+    let rust_type = match e.variant {
+        Some(variant) => format!("{}::{variant}", e.rust_type),
+        None => e.rust_type.to_owned(),
+    };
+    message["x-outbox-rust-type"] = json!(rust_type);
+    message
+}
+
+/// The headers every publisher writes ([`crate::publisher::headers`]), and the
+/// CloudEvents attributes when they are on.
+fn message_headers(e: &EventInfo, cloudevents_prefix: Option<&str>) -> Value {
+    let mut properties = Map::new();
+    let mut required = vec![
+        headers::MESSAGE_ID,
+        headers::EVENT_TYPE,
+        headers::CONTENT_TYPE,
+    ];
+    properties.insert(
+        headers::MESSAGE_ID.into(),
+        json!({ "type": "string", "format": "uuid", "description": "The outbox message id (UUIDv7): consumers deduplicate by it." }),
+    );
+    properties.insert(
+        headers::EVENT_TYPE.into(),
+        json!({ "type": "string", "const": e.event_type, "description": "The event type: consumers dispatch on it." }),
+    );
+    if let Some(version) = e.version {
+        properties.insert(
+            headers::EVENT_VERSION.into(),
+            json!({ "type": "string", "const": version.to_string(), "description": "The payload's schema version." }),
+        );
+        required.push(headers::EVENT_VERSION);
+    }
+    properties.insert(
+        headers::CONTENT_TYPE.into(),
+        json!({ "type": "string", "const": headers::JSON }),
+    );
+    if e.key.is_some() {
+        properties.insert(
+            headers::PARTITION_KEY.into(),
+            json!({ "type": "string", "description": "The partition key, on brokers whose messages have no key of their own (NATS, AMQP); Kafka uses the message key." }),
+        );
+    }
+    properties.insert(
+        headers::TRACEPARENT.into(),
+        json!({ "type": "string", "description": "W3C trace context of the request that wrote the event, when it had one." }),
+    );
+    properties.insert(
+        headers::TRACESTATE.into(),
+        json!({ "type": "string", "description": "W3C trace state, next to traceparent." }),
+    );
+    if let Some(prefix) = cloudevents_prefix {
+        let kind = match e.version {
+            Some(v) => format!("{}.v{v}", e.event_type),
+            None => e.event_type.to_owned(),
+        };
+        for (attribute, schema) in [
+            ("specversion", json!({ "type": "string", "const": "1.0" })),
+            ("id", json!({ "type": "string", "format": "uuid" })),
+            (
+                "source",
+                json!({ "type": "string", "format": "uri-reference" }),
+            ),
+            ("type", json!({ "type": "string", "const": kind })),
+            ("time", json!({ "type": "string", "format": "date-time" })),
+        ] {
+            let name = format!("{prefix}{attribute}");
+            properties.insert(name, schema);
+        }
+    }
+    let mut required: Vec<String> = required.into_iter().map(str::to_owned).collect();
+    if let Some(prefix) = cloudevents_prefix {
+        required.extend(
+            ["specversion", "id", "source", "type", "time"].map(|a| format!("{prefix}{a}")),
+        );
+    }
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+    })
+}
+
+/// Component and channel ids: AsyncAPI allows `[A-Za-z0-9._-]`; other characters become
+/// `_`, and a clash gets a suffix.
+#[derive(Default)]
+struct Ids(Vec<String>);
+
+impl Ids {
+    fn take(&mut self, name: &str) -> String {
+        let base = ids_safe(name);
+        let mut id = base.clone();
+        let mut n = 2;
+        while self.0.contains(&id) {
+            id = format!("{base}_{n}");
+            n += 1;
+        }
+        self.0.push(id.clone());
+        id
+    }
+}
+
+fn ids_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The environment variable that makes [`assert_compatible`] rewrite its baseline:
+/// `OUTBOX_CONTRACT=overwrite cargo test`.
+pub const OVERWRITE_ENV: &str = "OUTBOX_CONTRACT";
+
+/// The breaking-change check, for your test suite: compares this binary's event
+/// contract with the committed baseline at `baseline` (an AsyncAPI document written by
+/// a previous run) and panics with a readable list of changes when they differ.
+///
+/// - A change that breaks consumers (a removed event type or destination, a removed or
+///   renamed field, a changed field type, a field that became required, a changed key,
+///   a changed schema under the same version) fails, and says what to do.
+/// - Compatible changes (new event types, new optional fields, a schema changed with a
+///   version bump) fail too, asking to record them: the committed document is the
+///   published contract and must match the code.
+/// - `OUTBOX_CONTRACT=overwrite` writes the current contract to `baseline` instead (the
+///   way `insta` and `trybuild` update their snapshots), printing what changed. Review
+///   the file's diff like any other.
+///
+/// The baseline's `info` and `servers` are kept; a new baseline takes the test's
+/// package name and version (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`). Relative paths are
+/// relative to the package (where `cargo test` runs). Use
+/// [`assert_compatible_with`] to set them.
+///
+/// ```no_run
+/// #[test]
+/// fn the_event_contract_is_compatible() {
+///     outbox_core::contract::assert_compatible("contracts/orders.asyncapi.json");
+/// }
+/// ```
+#[track_caller]
+pub fn assert_compatible(baseline: impl AsRef<Path>) {
+    if let Err(message) = overwrite_from_env().and_then(|o| compatible(baseline.as_ref(), None, o))
+    {
+        panic!("{message}");
+    }
+}
+
+/// [`assert_compatible`] with the `info` and `servers` of the document given.
+#[track_caller]
+pub fn assert_compatible_with(baseline: impl AsRef<Path>, info: &Info) {
+    if let Err(message) =
+        overwrite_from_env().and_then(|o| compatible(baseline.as_ref(), Some(info), o))
+    {
+        panic!("{message}");
+    }
+}
+
+fn overwrite_from_env() -> std::result::Result<bool, String> {
+    match std::env::var(OVERWRITE_ENV) {
+        Ok(v) if v == "overwrite" => Ok(true),
+        Ok(v) if v.is_empty() => Ok(false),
+        Ok(other) => Err(format!(
+            "{OVERWRITE_ENV}={other:?} is not understood: set it to `overwrite` to rewrite the baseline, or unset it"
+        )),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The check behind [`assert_compatible`]: `Err` is the message it panics with.
+fn compatible(
+    path: &Path,
+    info: Option<&Info>,
+    overwrite: bool,
+) -> std::result::Result<(), String> {
+    let existing = match std::fs::read_to_string(path) {
+        Ok(text) => Some(serde_json::from_str::<Value>(&text).map_err(|e| {
+            format!(
+                "the contract baseline {} is not valid JSON ({e}); rewrite it with {OVERWRITE_ENV}=overwrite",
+                path.display()
+            )
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("cannot read the contract baseline {}: {e}", path.display())),
+    };
+    let info = match (info, existing.as_ref().and_then(Info::from_document)) {
+        (Some(info), _) => info.clone(),
+        (None, Some(info)) => info,
+        (None, None) => Info::new(
+            std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "events".to_owned()),
+            std::env::var("CARGO_PKG_VERSION").unwrap_or_else(|_| "0.0.0".to_owned()),
+        ),
+    };
+    let current = asyncapi(&info).map_err(|e| match e {
+        Error::Catalog(conflicts) => format!("the event catalog is inconsistent: {conflicts}"),
+        other => other.to_string(),
+    })?;
+    let missing = missing_schemas(current.as_value());
+    if !missing.is_empty() {
+        return Err(format!(
+            "no JSON Schema for {}: derive `schemars::JsonSchema` next to `OutboxEvent` (and enable outbox-core's `schema` feature), so that the contract can check their fields",
+            missing.join(", ")
+        ));
+    }
+    let report = existing.as_ref().map(|old| check(old, current.as_value()));
+    if overwrite {
+        if existing.as_ref() != Some(current.as_value()) {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            }
+            std::fs::write(path, current.to_json())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            match &report {
+                Some(report) => eprintln!(
+                    "outbox: rewrote the contract baseline {}:\n{report}",
+                    path.display()
+                ),
+                None => eprintln!("outbox: wrote the contract baseline {}", path.display()),
+            }
+        }
+        return Ok(());
+    }
+    let Some(report) = report else {
+        return Err(format!(
+            "no contract baseline at {}: write it with `{OVERWRITE_ENV}=overwrite cargo test`, review it and commit it",
+            path.display()
+        ));
+    };
+    if report.is_breaking() {
+        return Err(format!(
+            "the event contract has changes that break consumers (baseline {}):\n{report}\n\
+             Undo them, or publish the change as a new version (`#[outbox(version = N)]`, \
+             bumped) or a new event type. If consumers are ready for it, accept the change \
+             with `{OVERWRITE_ENV}=overwrite cargo test` and commit the baseline.",
+            path.display()
+        ));
+    }
+    if existing.as_ref() != Some(current.as_value()) {
+        let changes = if report.changes().is_empty() {
+            "(no change to the events: the document's info, servers, headers or descriptions differ)\n".to_owned()
+        } else {
+            report.to_string()
+        };
+        return Err(format!(
+            "the event contract changed compatibly, and the baseline {} does not have it yet:\n{changes}\
+             Record it with `{OVERWRITE_ENV}=overwrite cargo test` and commit the baseline.",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+fn missing_schemas(document: &Value) -> Vec<String> {
+    let Some(Value::Object(messages)) = document.pointer("/components/messages") else {
+        return Vec::new();
+    };
+    messages
+        .values()
+        .filter(|m| m.get("payload").is_none())
+        .map(|m| {
+            format!(
+                "`{}`",
+                m.get("x-outbox-rust-type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An order was confirmed.
+    #[derive(serde::Serialize, schemars::JsonSchema, crate::OutboxEvent)]
+    #[outbox(crate = "crate", destination = "contract.orders", key = order_id, version = 3)]
+    struct ContractOrderConfirmed {
+        order_id: u64,
+        /// What the customer wrote.
+        note: Option<String>,
+        lines: Vec<Line>,
+    }
+
+    #[derive(serde::Serialize, schemars::JsonSchema)]
+    struct Line {
+        sku: String,
+        quantity: u32,
+    }
+
+    fn message(document: &Value) -> &Value {
+        &document["components"]["messages"]["ContractOrderConfirmed.v3"]
+    }
+
+    #[test]
+    fn the_derive_records_the_schema_key_and_location() {
+        let entry = crate::catalog()
+            .into_iter()
+            .find(|e| e.event_type == "ContractOrderConfirmed")
+            .expect("registered");
+        assert_eq!(entry.key, Some("order_id"));
+        assert!(entry.file.ends_with("mod.rs"), "{}", entry.file);
+        assert!(entry.line > 1);
+        let schema = entry.schema().expect("derives JsonSchema");
+        assert_eq!(
+            schema["properties"]["note"]["type"],
+            json!(["string", "null"])
+        );
+        assert_eq!(
+            schema["properties"]["note"]["description"],
+            "What the customer wrote."
+        );
+        assert_eq!(schema["required"], json!(["order_id", "lines"]));
+        assert_eq!(
+            schema["properties"]["lines"]["items"]["$ref"],
+            "#/definitions/Line"
+        );
+        assert!(schema["definitions"]["Line"].is_object(), "{schema}");
+    }
+
+    #[test]
+    fn the_document_has_channels_messages_headers_and_shared_schemas() {
+        let info = Info::new("shop", "2.0.0")
+            .server("prod", "user:secret@kafka.internal:9092", "kafka")
+            .cloudevents("ce_");
+        let document = asyncapi(&info).expect("consistent");
+        let doc = document.as_value();
+        assert_eq!(doc["servers"]["prod"]["host"], "kafka.internal:9092");
+        assert!(!document.to_json().contains("secret"));
+        assert_eq!(
+            doc["channels"]["contract.orders"]["address"],
+            "contract.orders"
+        );
+        assert_eq!(
+            doc["operations"]["send.contract.orders"]["channel"]["$ref"],
+            "#/channels/contract.orders"
+        );
+        let m = message(doc);
+        assert_eq!(m["x-outbox-key"], "order_id");
+        assert_eq!(m["x-outbox-version"], 3);
+        assert_eq!(
+            m["payload"]["$ref"],
+            "#/components/schemas/ContractOrderConfirmed"
+        );
+        assert_eq!(
+            doc["components"]["schemas"]["ContractOrderConfirmed"]["properties"]["lines"]["items"]
+                ["$ref"],
+            "#/components/schemas/Line"
+        );
+        let headers = &m["headers"]["properties"];
+        assert_eq!(headers["event-type"]["const"], "ContractOrderConfirmed");
+        assert_eq!(headers["event-version"]["const"], "3");
+        assert_eq!(headers["ce_type"]["const"], "ContractOrderConfirmed.v3");
+        assert!(headers["traceparent"].is_object());
+    }
+
+    #[test]
+    fn the_check_writes_a_baseline_then_refuses_breaking_and_unrecorded_changes() {
+        let dir = std::env::temp_dir().join(format!("outbox-contract-{}", uuid::Uuid::now_v7()));
+        let path = dir.join("contracts/events.asyncapi.json");
+        let info = Info::new("shop", "1").server("local", "127.0.0.1:9092", "kafka");
+        let err = compatible(&path, Some(&info), false).expect_err("refused");
+        assert!(
+            err.contains("no contract baseline") && err.contains("OUTBOX_CONTRACT=overwrite"),
+            "{err}"
+        );
+
+        compatible(&path, Some(&info), true).expect("writes the baseline");
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("the fixture"))
+                .expect("the fixture");
+        assert_eq!(&written, asyncapi(&info).expect("the fixture").as_value());
+        compatible(&path, None, false).expect("the baseline's own info is kept");
+
+        let tamper = |change: &dyn Fn(&mut Value)| {
+            let mut old = written.clone();
+            change(&mut old);
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(&old).expect("the fixture"),
+            )
+            .expect("the fixture");
+        };
+        // The published contract had a field the type no longer has: breaking.
+        tamper(&|old| {
+            old["components"]["schemas"]["ContractOrderConfirmed"]["properties"]["legacy"] =
+                json!({ "type": "string" });
+        });
+        let err = compatible(&path, None, false).expect_err("refused");
+        assert!(
+            err.contains("break consumers") && err.contains("field `legacy` was removed"),
+            "{err}"
+        );
+        // The type has an optional field the published contract lacks: compatible, but
+        // it must be recorded.
+        tamper(&|old| {
+            let schema = &mut old["components"]["schemas"]["ContractOrderConfirmed"];
+            schema["properties"]
+                .as_object_mut()
+                .expect("the fixture")
+                .remove("note");
+        });
+        let err = compatible(&path, None, false).expect_err("refused");
+        assert!(
+            err.contains("changed compatibly") && err.contains("new optional field `note`"),
+            "{err}"
+        );
+        // Overwrite accepts either.
+        compatible(&path, None, true).expect("rewrites");
+        compatible(&path, None, false).expect("recorded");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
