@@ -579,13 +579,13 @@ mod tests {
         json!({ "type": "object", "properties": props, "required": ["order_id", "quantity"] })
     }
 
+    /// `OrderConfirmed` version 1, keyed by `order_id`, with `payload`.
+    fn v1(payload: Value) -> Value {
+        doc(&[("OrderConfirmed", Some(1), Some("order_id"), payload)])
+    }
+
     fn base() -> Value {
-        doc(&[(
-            "OrderConfirmed",
-            Some(1),
-            Some("order_id"),
-            order(json!({})),
-        )])
+        v1(order(json!({})))
     }
 
     fn report(new: Value) -> String {
@@ -604,10 +604,7 @@ mod tests {
         let described = order(
             json!({ "quantity": { "type": "integer", "format": "int32", "description": "How many" } }),
         );
-        let r = check(
-            &base(),
-            &doc(&[("OrderConfirmed", Some(1), Some("order_id"), described)]),
-        );
+        let r = check(&base(), &v1(described));
         assert!(r.changes().is_empty(), "{r}");
     }
 
@@ -629,61 +626,37 @@ mod tests {
 
     #[test]
     fn a_removed_field_breaks() {
-        let r = check(
-            &base(),
-            &doc(&[(
-                "OrderConfirmed",
-                Some(1),
-                Some("order_id"),
-                order(json!({ "note": null })),
-            )]),
-        );
+        let r = check(&base(), &v1(order(json!({ "note": null }))));
         assert!(r.is_breaking());
         insta::assert_snapshot!(r.to_string());
     }
 
     #[test]
     fn a_renamed_field_breaks() {
-        insta::assert_snapshot!(report(doc(&[(
-            "OrderConfirmed",
-            Some(1),
-            Some("order_id"),
-            order(json!({ "quantity": null, "qty": { "type": "integer", "format": "int32" } })),
-        )])));
+        insta::assert_snapshot!(report(v1(order(
+            json!({ "quantity": null, "qty": { "type": "integer", "format": "int32" } })
+        ))));
     }
 
     #[test]
     fn a_changed_field_type_breaks() {
-        insta::assert_snapshot!(report(doc(&[(
-            "OrderConfirmed",
-            Some(1),
-            Some("order_id"),
-            order(json!({ "quantity": { "type": "string" } })),
-        )])));
+        insta::assert_snapshot!(report(v1(order(
+            json!({ "quantity": { "type": "string" } })
+        ))));
     }
 
     #[test]
     fn an_optional_field_that_became_required_breaks() {
         let mut payload = order(json!({ "note": { "type": "string" } }));
         payload["required"] = json!(["order_id", "quantity", "note"]);
-        insta::assert_snapshot!(report(doc(&[(
-            "OrderConfirmed",
-            Some(1),
-            Some("order_id"),
-            payload
-        )])));
+        insta::assert_snapshot!(report(v1(payload)));
     }
 
     #[test]
     fn a_new_required_field_breaks() {
         let mut payload = order(json!({ "sku": { "type": "string" } }));
         payload["required"] = json!(["order_id", "quantity", "sku"]);
-        insta::assert_snapshot!(report(doc(&[(
-            "OrderConfirmed",
-            Some(1),
-            Some("order_id"),
-            payload
-        )])));
+        insta::assert_snapshot!(report(v1(payload)));
     }
 
     #[test]
@@ -736,13 +709,10 @@ mod tests {
     fn a_changed_schema_under_the_same_version_breaks() {
         let payload =
             order(json!({ "status": { "type": "string", "enum": ["new", "confirmed"] } }));
-        let old = doc(&[("OrderConfirmed", Some(1), Some("order_id"), payload)]);
+        let old = v1(payload);
         let widened =
             order(json!({ "status": { "type": "string", "enum": ["new", "confirmed", "held"] } }));
-        let r = check(
-            &old,
-            &doc(&[("OrderConfirmed", Some(1), Some("order_id"), widened)]),
-        );
+        let r = check(&old, &v1(widened));
         assert!(r.is_breaking());
         insta::assert_snapshot!(r.to_string());
     }
@@ -774,14 +744,7 @@ mod tests {
 
     #[test]
     fn nested_types_are_compared_through_their_references() {
-        let with_address = |address: Value| {
-            doc(&[(
-                "OrderConfirmed",
-                Some(1),
-                Some("order_id"),
-                order(json!({ "ship_to": address })),
-            )])
-        };
+        let with_address = |address: Value| v1(order(json!({ "ship_to": address })));
         let old = with_address(json!({ "$ref": "#/components/schemas/Address" }));
         let mut new = with_address(json!({ "$ref": "#/components/schemas/Address" }));
         new["components"]["schemas"]["Address"]["properties"]["zip"] = json!({ "type": "integer" });
