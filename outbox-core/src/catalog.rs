@@ -44,8 +44,9 @@ pub struct EventInfo {
     pub variant: Option<&'static str>,
     /// The module the type is declared in.
     pub module_path: &'static str,
-    /// The field named by `key = ...` (`order_id`, or `0` in a tuple struct), if the
-    /// events of this type are ordered by a key.
+    /// The key field named by `key = ...`, as it appears in the payload (serde's name:
+    /// `orderId` for `order_id` under `rename_all = "camelCase"`; `0` in a tuple
+    /// struct), if the events of this type are ordered by a key.
     pub key: Option<&'static str>,
     /// The source file of the type's declaration (`file!()`), for error messages.
     pub file: &'static str,
@@ -53,6 +54,8 @@ pub struct EventInfo {
     pub line: u32,
     #[cfg_attr(not(feature = "schema"), allow(dead_code))]
     schema: SchemaFn,
+    #[cfg_attr(not(feature = "schema"), allow(dead_code))]
+    generic: bool,
 }
 
 /// Generates an event type's payload schema into a shared generator; `None` when the
@@ -119,6 +122,7 @@ impl EventInfo {
         file: &'static str,
         line: u32,
         schema: SchemaFn,
+        generic: bool,
     ) -> Self {
         EventInfo {
             event_type,
@@ -131,7 +135,14 @@ impl EventInfo {
             file,
             line,
             schema,
+            generic,
         }
+    }
+
+    /// Whether the Rust type has type parameters (and so no one schema).
+    #[cfg(feature = "schema")]
+    pub(crate) fn is_generic(&self) -> bool {
+        self.generic
     }
 
     /// The payload's JSON Schema (draft 07), with the types it uses under `definitions`;
@@ -213,6 +224,12 @@ impl SchemaGen {
         SchemaGen {
             generator: settings.into_generator(),
         }
+    }
+
+    /// `T`'s schema (a reference, for a named type), its definitions kept.
+    #[cfg(test)]
+    pub(crate) fn subschema_for<T: schemars::JsonSchema>(&mut self) -> serde_json::Value {
+        self.generator.subschema_for::<T>().to_value()
     }
 
     /// The definitions collected so far.
@@ -407,6 +424,7 @@ mod tests {
             "src/app.rs",
             line,
             schema,
+            false,
         )))
     }
 

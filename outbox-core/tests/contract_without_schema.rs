@@ -9,6 +9,13 @@ use outbox_core::contract::{Info, assert_compatible, asyncapi};
 #[outbox(destination = "contract.plain", key = 0)]
 struct PlainEvent(u64);
 
+/// Generic: no one schema, even with `JsonSchema`.
+#[derive(serde::Serialize, schemars::JsonSchema, OutboxEvent)]
+#[outbox(destination = "contract.generic")]
+struct Envelope<T: serde::Serialize + schemars::JsonSchema> {
+    body: T,
+}
+
 #[test]
 fn an_event_without_a_schema_is_marked_and_the_check_says_what_to_derive() {
     let entry = outbox_core::catalog()
@@ -26,8 +33,21 @@ fn an_event_without_a_schema_is_marked_and_the_check_says_what_to_derive() {
         .expect_err("refuses a catalog with an event without a schema");
     let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(
-        message.contains("`contract_without_schema::PlainEvent`")
-            && message.contains("derive `schemars::JsonSchema`"),
+        message.contains("no JSON Schema for `contract_without_schema::PlainEvent`")
+            && message.contains("derive `schemars::JsonSchema` (schemars 1.x"),
         "{message}"
     );
+    assert!(
+        message.contains("`contract_without_schema::Envelope` is generic")
+            && message.contains("Info::destinations"),
+        "{message}"
+    );
+    // Leaving those destinations out is the way through.
+    let only = Info::new("plain", "1").destinations(["elsewhere"]);
+    assert!(
+        asyncapi(&only).expect("consistent").as_value()["channels"]
+            .as_object()
+            .is_some_and(|c| c.is_empty())
+    );
+    let _ = Envelope { body: 1u8 }.event_type();
 }

@@ -287,7 +287,7 @@ const STRUCTURE: &[&str] = &[
 
 impl<'a> Schemas<'a> {
     fn compare(&mut self, path: &str, old: &'a Value, new: &'a Value) {
-        if let (Some(a), Some(b)) = (ref_of(old), ref_of(new)) {
+        if let (Some(a), Some(b)) = (first_ref(old), first_ref(new)) {
             if !self.visited.insert((a.to_owned(), b.to_owned())) {
                 return;
             }
@@ -302,26 +302,70 @@ impl<'a> Schemas<'a> {
             ));
             return;
         }
-        let before = self.found.len();
         if old.get("properties").is_some() || new.get("properties").is_some() {
             self.compare_properties(path, old, new);
         }
-        if let (Some(a), Some(b)) = (old.get("items"), new.get("items")) {
-            self.compare(&format!("{path}[]"), a, b);
+        match (old.get("items"), new.get("items")) {
+            // A tuple: element by element.
+            (Some(Value::Array(a)), Some(Value::Array(b))) => {
+                for (i, (a, b)) in a.iter().zip(b).enumerate() {
+                    self.compare(&format!("{path}[{i}]"), a, b);
+                }
+            }
+            (Some(a), Some(b)) if !a.is_array() && !b.is_array() => {
+                self.compare(&format!("{path}[]"), a, b);
+            }
+            _ => {}
+        }
+        // A map's values (`HashMap<String, T>`).
+        if let (Some(a @ Value::Object(_)), Some(b @ Value::Object(_))) = (
+            old.get("additionalProperties"),
+            new.get("additionalProperties"),
+        ) {
+            self.compare(&format!("{path}{{}}"), a, b);
         }
         for keyword in ["anyOf", "oneOf", "allOf"] {
             if let (Some(Value::Array(a)), Some(Value::Array(b))) =
                 (old.get(keyword), new.get(keyword))
             {
-                if a.len() == b.len() {
-                    for (a, b) in a.iter().zip(b) {
-                        self.compare(path, a, b);
-                    }
-                }
+                self.compare_branches(path, a, b);
             }
         }
-        if self.found.len() == before {
-            self.compare_constraints(path, old, new);
+        self.compare_constraints(path, old, new);
+    }
+
+    /// The alternatives of an enum or an `Option` (`oneOf`, `anyOf`), paired by what
+    /// they stand for (a variant's name or tag, a referenced type, `null`), not by
+    /// position: a removed alternative breaks readers of the old messages, an added one
+    /// breaks consumers that handle every alternative.
+    fn compare_branches(&mut self, path: &str, old: &'a [Value], new: &'a [Value]) {
+        let old_ids: Vec<String> = old
+            .iter()
+            .enumerate()
+            .map(|(i, b)| branch_id(self.baseline, b, i))
+            .collect();
+        let new_ids: Vec<String> = new
+            .iter()
+            .enumerate()
+            .map(|(i, b)| branch_id(self.current, b, i))
+            .collect();
+        for (id, branch) in old_ids.iter().zip(old) {
+            match new_ids.iter().position(|n| n == id) {
+                Some(j) => self.compare(path, branch, &new[j]),
+                None => self.found.push((
+                    true,
+                    format!("{}: the alternative {id} was removed", field(path)),
+                )),
+            }
+        }
+        for id in new_ids.iter().filter(|id| !old_ids.contains(id)) {
+            self.found.push((
+                true,
+                format!(
+                    "{}: new alternative {id} (consumers that handle every alternative do not know it)",
+                    field(path)
+                ),
+            ));
         }
     }
 
@@ -402,17 +446,19 @@ impl<'a> Schemas<'a> {
                 continue;
             }
             let (a, b) = (old.get(&key), new.get(&key));
+            if key == "additionalProperties"
+                && a.is_some_and(Value::is_object)
+                && b.is_some_and(Value::is_object)
+            {
+                continue; // walked
+            }
             if a != b {
                 let show = |v: Option<&Value>| v.map_or("absent".to_owned(), |v| v.to_string());
                 self.found.push((
                     true,
                     format!(
                         "the schema of {} changed: `{key}` went from {} to {}",
-                        if path.is_empty() {
-                            "the payload".to_owned()
-                        } else {
-                            field(path)
-                        },
+                        field(path),
                         show(a),
                         show(b)
                     ),
@@ -467,8 +513,12 @@ impl<'a> Schemas<'a> {
             out = format!("{out} ({format})");
         }
         if kinds == ["array"] {
-            if let Some(items) = schema.get("items") {
-                out = format!("array of {}", self.kind_at(items, document, depth + 1));
+            match schema.get("items") {
+                Some(Value::Array(items)) => out = format!("tuple of {}", items.len()),
+                Some(items) => {
+                    out = format!("array of {}", self.kind_at(items, document, depth + 1));
+                }
+                None => {}
             }
         }
         out
@@ -502,9 +552,15 @@ fn ref_of(schema: &Value) -> Option<&str> {
     schema.get("$ref").and_then(Value::as_str)
 }
 
-/// Follows local `$ref`s (`#/components/schemas/T`) within `document`.
+/// Follows local `$ref`s (`#/components/schemas/T`) within `document`, and a lone
+/// `allOf` (what schemars writes for a referenced type with a description or a
+/// default next to it).
 fn resolve<'v>(document: &'v Value, mut schema: &'v Value) -> &'v Value {
     for _ in 0..32 {
+        if let Some(inner) = lone_all_of(schema) {
+            schema = inner;
+            continue;
+        }
         let Some(target) = ref_of(schema)
             .and_then(|r| r.strip_prefix('#'))
             .and_then(|pointer| document.pointer(pointer))
@@ -514,6 +570,70 @@ fn resolve<'v>(document: &'v Value, mut schema: &'v Value) -> &'v Value {
         schema = target;
     }
     schema
+}
+
+/// `{"allOf": [x], ...annotations}` -> `x`.
+fn lone_all_of(schema: &Value) -> Option<&Value> {
+    let map = schema.as_object()?;
+    match map.get("allOf") {
+        Some(Value::Array(all)) if all.len() == 1 => {}
+        _ => return None,
+    }
+    if map
+        .keys()
+        .any(|k| k != "allOf" && !ANNOTATIONS.contains(&k.as_str()))
+    {
+        return None;
+    }
+    map.get("allOf")?.get(0)
+}
+
+/// The first `$ref` of a schema, through lone `allOf`s (for the recursion guard).
+fn first_ref(mut schema: &Value) -> Option<&str> {
+    for _ in 0..32 {
+        if let Some(r) = ref_of(schema) {
+            return Some(r);
+        }
+        schema = lone_all_of(schema)?;
+    }
+    None
+}
+
+/// What an alternative of `oneOf`/`anyOf` stands for: `null`, a constant (a unit
+/// variant), a tag (`{"Shipped": {...}}`, or `{"type": "Shipped", ...}`), a referenced
+/// type, or else its position.
+fn branch_id(document: &Value, branch: &Value, index: usize) -> String {
+    if let Some(r) = first_ref(branch) {
+        return format!("`{}`", r.rsplit('/').next().unwrap_or(r));
+    }
+    let branch = resolve(document, branch);
+    if branch.get("type").and_then(Value::as_str) == Some("null") {
+        return "`null`".to_owned();
+    }
+    if let Some(c) = branch.get("const") {
+        return format!("`{c}`");
+    }
+    if let Some(Value::Array(values)) = branch.get("enum") {
+        let values: Vec<String> = values.iter().map(Value::to_string).collect();
+        return format!("`{}`", values.join("|"));
+    }
+    let props = branch.get("properties").and_then(Value::as_object);
+    let required = required(branch);
+    if let Some(props) = props {
+        // Internally or adjacently tagged: a property with a constant.
+        for (name, schema) in props {
+            if let Some(c) = resolve(document, schema).get("const") {
+                return format!("`{name}: {c}`");
+            }
+        }
+        // Externally tagged: one property, required.
+        if props.len() == 1 && required.len() == 1 {
+            if let Some(name) = props.keys().next() {
+                return format!("`{name}`");
+            }
+        }
+    }
+    format!("#{index}")
 }
 
 #[cfg(test)]
@@ -779,5 +899,186 @@ mod tests {
             .expect("the fixture")
             .remove("payload");
         insta::assert_snapshot!(check(&base(), &new).to_string());
+    }
+
+    /// What schemars writes for `T`, as `OrderConfirmed`'s payload in a document.
+    #[cfg(feature = "schema")]
+    fn of<T: schemars::JsonSchema>() -> Value {
+        let mut generator = crate::catalog::SchemaGen::new("/components/schemas");
+        let payload = generator.subschema_for::<T>();
+        let mut document = v1(payload);
+        document["components"]["schemas"] = Value::Object(generator.take_definitions());
+        document
+    }
+
+    #[cfg(feature = "schema")]
+    mod real {
+        #![allow(dead_code)]
+        use std::collections::HashMap;
+
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Status")]
+        pub enum Status {
+            Placed { at: String },
+            Shipped { carrier: String },
+            Held,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Status")]
+        pub enum StatusReordered {
+            Held,
+            Shipped { carrier: String },
+            Placed { at: String },
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Status")]
+        pub enum StatusGrown {
+            Placed { at: String },
+            Shipped { carrier: String },
+            Held,
+            Cancelled { reason: String },
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Status")]
+        pub enum StatusShrunk {
+            Placed { at: String },
+            Held,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct WithStatus<S: schemars::JsonSchema> {
+            pub status: S,
+        }
+
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Address")]
+        pub struct Address {
+            pub city: String,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct Plain {
+            pub ship_to: Address,
+            pub backup: Option<Address>,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct Described {
+            /// Where it goes.
+            pub ship_to: Address,
+            /// Where else.
+            pub backup: Option<Address>,
+        }
+
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Line")]
+        pub struct Line {
+            pub quantity: u32,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Line")]
+        pub struct LineText {
+            pub quantity: String,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct Lines<L: schemars::JsonSchema> {
+            pub lines: HashMap<String, L>,
+            pub pair: (String, u32),
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct LinesPair {
+            pub lines: HashMap<String, Line>,
+            pub pair: (String, String),
+        }
+
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Tree")]
+        pub struct Tree {
+            pub label: String,
+            pub children: Vec<Tree>,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Tree")]
+        pub struct TreeNumbered {
+            pub label: u32,
+            pub children: Vec<TreeNumbered>,
+        }
+
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order")]
+        pub struct Kind {
+            pub kind: Unit,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Order", deny_unknown_fields)]
+        pub struct KindAndNote {
+            pub kind: UnitMore,
+            pub note: Option<String>,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Unit")]
+        pub enum Unit {
+            A,
+            B,
+        }
+        #[derive(schemars::JsonSchema)]
+        #[schemars(rename = "Unit")]
+        pub enum UnitMore {
+            A,
+            B,
+            C,
+        }
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn enum_variants_are_paired_by_name_not_position() {
+        use real::*;
+        let base = of::<WithStatus<Status>>();
+        let r = check(&base, &of::<WithStatus<StatusReordered>>());
+        assert!(
+            r.changes().is_empty(),
+            "reordered variants are the same: {r}"
+        );
+        let grown = check(&base, &of::<WithStatus<StatusGrown>>());
+        let shrunk = check(&base, &of::<WithStatus<StatusShrunk>>());
+        assert!(grown.is_breaking() && shrunk.is_breaking());
+        insta::assert_snapshot!(format!("{grown}{shrunk}"));
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn a_description_on_a_field_of_a_named_type_is_not_a_change() {
+        use real::*;
+        let r = check(&of::<Plain>(), &of::<Described>());
+        assert!(r.changes().is_empty(), "{r}");
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn map_values_and_tuple_elements_are_compared() {
+        use real::*;
+        let r = check(&of::<Lines<Line>>(), &of::<Lines<LineText>>());
+        let pair = check(&of::<Lines<Line>>(), &of::<LinesPair>());
+        insta::assert_snapshot!(format!("{r}{pair}"));
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn a_change_inside_a_recursive_type_is_found_once() {
+        use real::*;
+        let r = check(&of::<Tree>(), &of::<TreeNumbered>());
+        insta::assert_snapshot!(r.to_string());
+    }
+
+    #[cfg(feature = "schema")]
+    #[test]
+    fn a_new_optional_field_does_not_hide_another_change_of_its_type() {
+        use real::*;
+        let r = check(&of::<Kind>(), &of::<KindAndNote>());
+        assert!(r.is_breaking(), "{r}");
+        insta::assert_snapshot!(r.to_string());
     }
 }

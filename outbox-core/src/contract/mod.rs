@@ -52,7 +52,8 @@ pub struct Info {
     version: String,
     description: Option<String>,
     servers: Vec<Server>,
-    cloudevents_prefix: Option<String>,
+    cloudevents: Option<(String, String)>,
+    destinations: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +71,8 @@ impl Info {
             version: version.into(),
             description: None,
             servers: Vec::new(),
-            cloudevents_prefix: None,
+            cloudevents: None,
+            destinations: None,
         }
     }
 
@@ -82,7 +84,9 @@ impl Info {
 
     /// A broker the events are published to: `host` with its port
     /// (`kafka.internal:9092`), `protocol` as AsyncAPI names it (`kafka`, `nats`,
-    /// `amqp`). Anything before an `@` in `host` (credentials) is dropped.
+    /// `amqp`). Only the host and port are kept: a scheme, credentials (before an `@`),
+    /// a path and a query string are dropped, so a connection URL can be passed as is
+    /// without publishing its password.
     pub fn server(
         mut self,
         name: impl Into<String>,
@@ -90,11 +94,11 @@ impl Info {
         protocol: impl Into<String>,
     ) -> Info {
         let host = host.into();
-        let host = host.rsplit_once('@').map_or(host.as_str(), |(_, h)| h);
         let host = host
             .split_once("://")
-            .map_or(host, |(_, rest)| rest)
-            .to_owned();
+            .map_or(host.as_str(), |(_, rest)| rest);
+        let host = host.split(['/', '?', '#']).next().unwrap_or_default();
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h).to_owned();
         self.servers.push(Server {
             name: name.into(),
             host,
@@ -104,11 +108,42 @@ impl Info {
     }
 
     /// The publishers write CloudEvents attributes as headers with this prefix (`ce_`
-    /// on Kafka, `ce-` on NATS, `cloudEvents_` on AMQP; see
-    /// [`crate::publisher::cloudevents`]): the document lists them.
-    pub fn cloudevents(mut self, header_prefix: impl Into<String>) -> Info {
-        self.cloudevents_prefix = Some(header_prefix.into());
+    /// on Kafka, `ce-` on NATS, `cloudEvents_` on AMQP) and this `source` (what
+    /// [`CloudEvents::new`](crate::publisher::cloudevents::CloudEvents::new) was
+    /// given): the document lists them (see [`crate::publisher::cloudevents`]).
+    pub fn cloudevents(
+        mut self,
+        header_prefix: impl Into<String>,
+        source: impl Into<String>,
+    ) -> Info {
+        self.cloudevents = Some((header_prefix.into(), source.into()));
         self
+    }
+
+    /// Only the event types published to these destinations are in the document (all
+    /// of them by default): the contract of one service when its binary (or its test
+    /// binary) also links event types it does not publish, or generic event types,
+    /// which have no one schema. Kept in the document (`x-outbox-destinations`), so
+    /// that [`assert_compatible`] uses it again.
+    pub fn destinations<I, D>(mut self, destinations: I) -> Info
+    where
+        I: IntoIterator<Item = D>,
+        D: AsRef<str>,
+    {
+        let mut list: Vec<String> = destinations
+            .into_iter()
+            .map(|d| d.as_ref().to_owned())
+            .collect();
+        list.sort();
+        list.dedup();
+        self.destinations = Some(list);
+        self
+    }
+
+    fn includes(&self, e: &EventInfo) -> bool {
+        self.destinations
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|d| d == e.destination.as_str()))
     }
 
     /// The `info` and `servers` of an existing document, so that a rewritten baseline
@@ -131,10 +166,17 @@ impl Info {
                 out = out.server(name, host, protocol);
             }
         }
-        out.cloudevents_prefix = document
-            .get("x-outbox-cloudevents-prefix")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        if let Some(ce) = document.get("x-outbox-cloudevents") {
+            if let (Some(prefix), Some(source)) = (
+                ce.get("prefix").and_then(Value::as_str),
+                ce.get("source").and_then(Value::as_str),
+            ) {
+                out = out.cloudevents(prefix, source);
+            }
+        }
+        if let Some(Value::Array(list)) = document.get("x-outbox-destinations") {
+            out = out.destinations(list.iter().filter_map(Value::as_str));
+        }
         Some(out)
     }
 }
@@ -177,8 +219,22 @@ impl Document {
 pub fn asyncapi(info: &Info) -> Result<Document> {
     crate::catalog::validate()?;
     Ok(Document {
-        value: document(info, &crate::catalog::entries()),
+        value: document(info, &selected(info)),
     })
+}
+
+/// The catalog's entries `info` includes, each registration once.
+fn selected(info: &Info) -> Vec<&'static EventInfo> {
+    let mut out: Vec<&'static EventInfo> = Vec::new();
+    for e in crate::catalog::entries() {
+        let same = |o: &&EventInfo| {
+            (o.rust_type, o.variant, o.file, o.line) == (e.rust_type, e.variant, e.file, e.line)
+        };
+        if info.includes(e) && !out.iter().any(same) {
+            out.push(e);
+        }
+    }
+    out
 }
 
 fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
@@ -187,18 +243,14 @@ fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
     let mut operations = Map::new();
     let mut messages = Map::new();
     let mut by_destination: BTreeMap<&str, Vec<&EventInfo>> = BTreeMap::new();
-    let mut seen = Vec::new();
     for e in entries {
-        // A type linked twice is one registration.
-        if seen.contains(&(e.rust_type, e.variant)) {
-            continue;
-        }
-        seen.push((e.rust_type, e.variant));
         by_destination
             .entry(e.destination.as_str())
             .or_default()
             .push(e);
     }
+    // Messages that are an enum's variant: (message id, variant).
+    let mut variants: Vec<(String, &str)> = Vec::new();
     let mut channel_ids = Ids::default();
     let mut message_ids = Ids::default();
     for (destination, events) in by_destination {
@@ -211,9 +263,12 @@ fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
                 None => e.event_type.to_owned(),
             };
             let message_id = message_ids.take(&name);
+            if let Some(variant) = e.variant {
+                variants.push((message_id.clone(), variant));
+            }
             messages.insert(
                 message_id.clone(),
-                message(e, &name, &mut generator, info.cloudevents_prefix.as_deref()),
+                message(e, &name, &mut generator, info.cloudevents.as_ref()),
             );
             channel_messages.insert(
                 message_id.clone(),
@@ -265,15 +320,91 @@ fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
     out["channels"] = Value::Object(channels);
     out["operations"] = Value::Object(operations);
     let schemas = generator.take_definitions();
+    for (message_id, variant) in variants {
+        if let Some(message) = messages.get_mut(&message_id) {
+            let branch = message
+                .get("payload")
+                .and_then(|payload| variant_branch(&schemas, payload, variant));
+            if let Some(branch) = branch {
+                message["payload"] = branch;
+            }
+        }
+    }
     let mut components = json!({ "messages": messages });
     if !schemas.is_empty() {
         components["schemas"] = Value::Object(schemas);
     }
     out["components"] = components;
-    if let Some(prefix) = &info.cloudevents_prefix {
-        out["x-outbox-cloudevents-prefix"] = json!(prefix);
+    if let Some((prefix, source)) = &info.cloudevents {
+        out["x-outbox-cloudevents"] = json!({ "prefix": prefix, "source": source });
+    }
+    if let Some(list) = &info.destinations {
+        out["x-outbox-destinations"] = json!(list);
     }
     out
+}
+
+/// The alternative of an enum's schema (`payload`, a reference into `schemas`) that is
+/// `variant`: the variant's payload, as the enum's serde form writes it (`{"Shipped":
+/// {...}}`, `{"type": "Shipped", ...}` or `"Held"`). Names are matched as serde's
+/// `rename_all` rules leave them (case, `_` and `-` aside); a variant renamed otherwise
+/// keeps the whole enum's schema.
+fn variant_branch(schemas: &Map<String, Value>, payload: &Value, variant: &str) -> Option<Value> {
+    let name = payload
+        .get("$ref")?
+        .as_str()?
+        .strip_prefix("#/components/schemas/")?;
+    let enum_schema = schemas.get(name)?;
+    let normal = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let wanted = normal(variant);
+    let is = |v: &Value| v.as_str().is_some_and(|s| normal(s) == wanted);
+    let branches = enum_schema
+        .get("oneOf")
+        .or_else(|| enum_schema.get("anyOf"))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(std::slice::from_ref(enum_schema));
+    for branch in branches {
+        if branch.get("const").is_some_and(is) {
+            return Some(branch.clone());
+        }
+        if let Some(found) = branch
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|values| values.iter().find(|v| is(v)))
+        {
+            // Unit variants grouped in one `enum`: this one alone.
+            return Some(json!({ "type": "string", "const": found }));
+        }
+        let Some(properties) = branch.get("properties").and_then(Value::as_object) else {
+            continue;
+        };
+        // Externally tagged: `{"Variant": ...}`, one required property.
+        let required: Vec<&Value> = branch
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().collect())
+            .unwrap_or_default();
+        if properties.len() == 1 && required.len() == 1 && properties.keys().any(|k| is(&json!(k)))
+        {
+            return Some(branch.clone());
+        }
+        // Internally or adjacently tagged: a property with the variant's name as constant.
+        if properties.values().any(|p| {
+            p.get("const").is_some_and(is)
+                || p.get("enum")
+                    .and_then(Value::as_array)
+                    .is_some_and(|e| e.len() == 1 && is(&e[0]))
+        }) {
+            return Some(branch.clone());
+        }
+    }
+    None
 }
 
 /// One message: the event type's payload schema, headers and key.
@@ -281,13 +412,13 @@ fn message(
     e: &EventInfo,
     name: &str,
     generator: &mut SchemaGen,
-    cloudevents_prefix: Option<&str>,
+    cloudevents: Option<&(String, String)>,
 ) -> Value {
     let mut message = json!({
         "name": name,
         "title": e.event_type,
         "contentType": headers::JSON,
-        "headers": message_headers(e, cloudevents_prefix),
+        "headers": message_headers(e, cloudevents),
     });
     match e.schema_in(generator) {
         Some(schema) => message["payload"] = schema,
@@ -309,17 +440,12 @@ fn message(
     if let Some(version) = e.version {
         message["x-outbox-version"] = json!(version);
     }
-    let rust_type = match e.variant {
-        Some(variant) => format!("{}::{variant}", e.rust_type),
-        None => e.rust_type.to_owned(),
-    };
-    message["x-outbox-rust-type"] = json!(rust_type);
     message
 }
 
 /// The headers every publisher writes ([`crate::publisher::headers`]), and the
 /// CloudEvents attributes when they are on.
-fn message_headers(e: &EventInfo, cloudevents_prefix: Option<&str>) -> Value {
+fn message_headers(e: &EventInfo, cloudevents: Option<&(String, String)>) -> Value {
     let mut properties = Map::new();
     let mut required = vec![
         headers::MESSAGE_ID,
@@ -359,7 +485,7 @@ fn message_headers(e: &EventInfo, cloudevents_prefix: Option<&str>) -> Value {
         headers::TRACESTATE.into(),
         json!({ "type": "string", "description": "W3C trace state, next to traceparent." }),
     );
-    if let Some(prefix) = cloudevents_prefix {
+    if let Some((prefix, source)) = cloudevents {
         let kind = match e.version {
             Some(v) => format!("{}.v{v}", e.event_type),
             None => e.event_type.to_owned(),
@@ -369,7 +495,7 @@ fn message_headers(e: &EventInfo, cloudevents_prefix: Option<&str>) -> Value {
             ("id", json!({ "type": "string", "format": "uuid" })),
             (
                 "source",
-                json!({ "type": "string", "format": "uri-reference" }),
+                json!({ "type": "string", "format": "uri-reference", "const": source }),
             ),
             ("type", json!({ "type": "string", "const": kind })),
             ("time", json!({ "type": "string", "format": "date-time" })),
@@ -379,7 +505,7 @@ fn message_headers(e: &EventInfo, cloudevents_prefix: Option<&str>) -> Value {
         }
     }
     let mut required: Vec<String> = required.into_iter().map(str::to_owned).collect();
-    if let Some(prefix) = cloudevents_prefix {
+    if let Some((prefix, _)) = cloudevents {
         required.extend(
             ["specversion", "id", "source", "type", "time"].map(|a| format!("{prefix}{a}")),
         );
@@ -487,14 +613,24 @@ fn compatible(
     overwrite: bool,
 ) -> std::result::Result<(), String> {
     let existing = match std::fs::read_to_string(path) {
-        Ok(text) => Some(serde_json::from_str::<Value>(&text).map_err(|e| {
-            format!(
-                "the contract baseline {} is not valid JSON ({e}); rewrite it with {OVERWRITE_ENV}=overwrite",
-                path.display()
-            )
-        })?),
+        Ok(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(value) => Some(value),
+            // Rewritten from scratch (a merge conflict, say).
+            Err(_) if overwrite => None,
+            Err(e) => {
+                return Err(format!(
+                    "the contract baseline {} is not valid JSON ({e}); fix it, or rewrite it with `{OVERWRITE_ENV}=overwrite cargo test`",
+                    path.display()
+                ));
+            }
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("cannot read the contract baseline {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot read the contract baseline {}: {e}",
+                path.display()
+            ));
+        }
     };
     let info = match (info, existing.as_ref().and_then(Info::from_document)) {
         (Some(info), _) => info.clone(),
@@ -508,13 +644,7 @@ fn compatible(
         Error::Catalog(conflicts) => format!("the event catalog is inconsistent: {conflicts}"),
         other => other.to_string(),
     })?;
-    let missing = missing_schemas(current.as_value());
-    if !missing.is_empty() {
-        return Err(format!(
-            "no JSON Schema for {}: derive `schemars::JsonSchema` next to `OutboxEvent` (and enable outbox-core's `schema` feature), so that the contract can check their fields",
-            missing.join(", ")
-        ));
-    }
+    missing_schemas(&info)?;
     let report = existing.as_ref().map(|old| check(old, current.as_value()));
     if overwrite {
         if existing.as_ref() != Some(current.as_value()) {
@@ -551,7 +681,21 @@ fn compatible(
     }
     if existing.as_ref() != Some(current.as_value()) {
         let changes = if report.changes().is_empty() {
-            "(no change to the events: the document's info, servers, headers or descriptions differ)\n".to_owned()
+            let mut places = Vec::new();
+            if let Some(old) = &existing {
+                differences("", old, current.as_value(), &mut places);
+            }
+            let more = places.len().saturating_sub(10);
+            places.truncate(10);
+            let mut text = format!(
+                "  no change to the events; the document differs at {}",
+                places.join(", ")
+            );
+            if more > 0 {
+                text.push_str(&format!(" and {more} more places"));
+            }
+            text.push('\n');
+            text
         } else {
             report.to_string()
         };
@@ -564,22 +708,59 @@ fn compatible(
     Ok(())
 }
 
-fn missing_schemas(document: &Value) -> Vec<String> {
-    let Some(Value::Object(messages)) = document.pointer("/components/messages") else {
-        return Vec::new();
+/// The JSON pointers at which two documents differ (descriptions, servers...).
+fn differences(at: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differences(&here, x, y, out),
+                    (Some(_), None) => out.push(format!("`{here}` (removed)")),
+                    (None, _) => out.push(format!("`{here}` (added)")),
+                }
+            }
+        }
+        (a, b) if a != b => out.push(format!("`{at}`")),
+        _ => {}
+    }
+}
+
+/// Refuses event types without a schema, saying why each has none.
+fn missing_schemas(info: &Info) -> std::result::Result<(), String> {
+    let name = |e: &EventInfo| match e.variant {
+        Some(v) => format!("`{}::{v}`", e.rust_type),
+        None => format!("`{}`", e.rust_type),
     };
-    messages
-        .values()
-        .filter(|m| m.get("payload").is_none())
-        .map(|m| {
-            format!(
-                "`{}`",
-                m.get("x-outbox-rust-type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-            )
-        })
-        .collect()
+    let missing: Vec<&EventInfo> = selected(info)
+        .into_iter()
+        .filter(|e| e.schema().is_none())
+        .collect();
+    let (generic, plain): (Vec<&EventInfo>, Vec<&EventInfo>) =
+        missing.into_iter().partition(|e| e.is_generic());
+    let mut problems = Vec::new();
+    if !plain.is_empty() {
+        let names: Vec<String> = plain.iter().map(|e| name(e)).collect();
+        problems.push(format!(
+            "no JSON Schema for {}: derive `schemars::JsonSchema` (schemars 1.x; 0.8's trait is another trait) next to `OutboxEvent`, so that the contract can check their fields",
+            names.join(", ")
+        ));
+    }
+    if !generic.is_empty() {
+        let names: Vec<String> = generic.iter().map(|e| name(e)).collect();
+        problems.push(format!(
+            "{} generic: a generic event type has no one schema (it depends on the type parameters); leave its destination out of the contract with `Info::destinations`, or publish a concrete type",
+            if names.len() == 1 { format!("{} is", names[0]) } else { format!("{} are", names.join(", ")) }
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
 }
 
 #[cfg(test)]
@@ -600,6 +781,81 @@ mod tests {
     struct Line {
         sku: String,
         quantity: u32,
+    }
+
+    /// Keys are named as in the payload.
+    #[derive(serde::Serialize, schemars::JsonSchema, crate::OutboxEvent)]
+    #[serde(rename_all = "camelCase")]
+    #[outbox(crate = "crate", destination = "contract.camel", key = order_id)]
+    struct ContractCamel {
+        order_id: u64,
+    }
+
+    /// Each variant is an event type of its own, with its own payload.
+    #[derive(serde::Serialize, schemars::JsonSchema, crate::OutboxEvent)]
+    #[outbox(crate = "crate", destination = "contract.parcels", key = parcel)]
+    enum ContractParcel {
+        ParcelShipped { parcel: u64, carrier: String },
+        ParcelLost { parcel: u64 },
+    }
+
+    /// The same, internally tagged, with unit variants.
+    #[derive(serde::Serialize, schemars::JsonSchema, crate::OutboxEvent)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    #[outbox(crate = "crate", destination = "contract.tagged")]
+    enum ContractTagged {
+        DoorOpened { door: u32 },
+        AlarmReset,
+    }
+
+    #[derive(serde::Serialize, schemars::JsonSchema, crate::OutboxEvent)]
+    #[outbox(crate = "crate", destination = "contract.units")]
+    enum ContractUnits {
+        LightsOn,
+        LightsOff,
+    }
+
+    #[test]
+    fn keys_are_named_as_serde_writes_them_and_variants_have_their_own_payload() {
+        let document = asyncapi(&Info::new("shop", "1")).expect("consistent");
+        let doc = document.as_value();
+        let messages = &doc["components"]["messages"];
+        assert_eq!(messages["ContractCamel"]["x-outbox-key"], "orderId");
+        assert_eq!(
+            doc["components"]["schemas"]["ContractCamel"]["required"],
+            json!(["orderId"])
+        );
+        let shipped = &messages["ParcelShipped"]["payload"];
+        assert_eq!(shipped["required"], json!(["ParcelShipped"]), "{shipped}");
+        assert!(shipped["properties"]["ParcelShipped"]["properties"]["carrier"].is_object());
+        assert_eq!(
+            messages["ParcelLost"]["payload"]["required"],
+            json!(["ParcelLost"])
+        );
+        let opened = &messages["DoorOpened"]["payload"];
+        assert_eq!(
+            opened["properties"]["kind"]["const"], "door_opened",
+            "{opened}"
+        );
+        let reset = &messages["AlarmReset"]["payload"];
+        assert_eq!(
+            reset["properties"]["kind"]["const"], "alarm_reset",
+            "{reset}"
+        );
+        assert_eq!(messages["LightsOff"]["payload"]["const"], "LightsOff");
+        assert_eq!(messages["LightsOn"]["payload"]["const"], "LightsOn");
+        let _ = (
+            ContractCamel { order_id: 1 }.order_id,
+            ContractParcel::ParcelLost { parcel: 1 },
+            ContractParcel::ParcelShipped {
+                parcel: 1,
+                carrier: String::new(),
+            },
+            ContractTagged::DoorOpened { door: 1 },
+            ContractTagged::AlarmReset,
+            ContractUnits::LightsOn,
+            ContractUnits::LightsOff,
+        );
     }
 
     fn message(document: &Value) -> &Value {
@@ -636,11 +892,18 @@ mod tests {
     fn the_document_has_channels_messages_headers_and_shared_schemas() {
         let info = Info::new("shop", "2.0.0")
             .server("prod", "user:secret@kafka.internal:9092", "kafka")
-            .cloudevents("ce_");
+            .server(
+                "tls",
+                "kafka+ssl://user:secret@kafka.internal:9093/?password=secret2",
+                "kafka-secure",
+            )
+            .cloudevents("ce_", "/shop");
         let document = asyncapi(&info).expect("consistent");
         let doc = document.as_value();
         assert_eq!(doc["servers"]["prod"]["host"], "kafka.internal:9092");
+        assert_eq!(doc["servers"]["tls"]["host"], "kafka.internal:9093");
         assert!(!document.to_json().contains("secret"));
+        assert!(!document.to_yaml().contains("secret"));
         assert_eq!(
             doc["channels"]["contract.orders"]["address"],
             "contract.orders"
@@ -665,6 +928,15 @@ mod tests {
         assert_eq!(headers["event-type"]["const"], "ContractOrderConfirmed");
         assert_eq!(headers["event-version"]["const"], "3");
         assert_eq!(headers["ce_type"]["const"], "ContractOrderConfirmed.v3");
+        assert_eq!(headers["ce_source"]["const"], "/shop");
+        assert!(m.get("x-outbox-rust-type").is_none(), "no internal paths");
+        // Kept for the check to use again.
+        assert_eq!(Info::from_document(doc), Some(info.clone()));
+        // A filter leaves the other destinations out, and is kept too.
+        let only = info.clone().destinations(["elsewhere"]);
+        let filtered = asyncapi(&only).expect("consistent");
+        assert_eq!(filtered.as_value()["channels"], json!({}));
+        assert_eq!(Info::from_document(filtered.as_value()), Some(only));
         assert!(headers["traceparent"].is_object());
     }
 

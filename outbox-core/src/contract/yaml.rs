@@ -59,6 +59,7 @@ fn scalar(value: &Value) -> String {
     match value {
         Value::Object(_) => "{}".to_owned(),
         Value::Array(_) => "[]".to_owned(),
+        Value::String(text) => quoted(text),
         // JSON's literals and numbers are YAML's.
         other => other.to_string(),
     }
@@ -76,11 +77,26 @@ fn key_text(key: &str) -> String {
             key.to_ascii_lowercase().as_str(),
             "y" | "n" | "yes" | "no" | "on" | "off" | "true" | "false" | "null"
         );
-    if plain {
-        key.to_owned()
-    } else {
-        Value::String(key.to_owned()).to_string()
+    if plain { key.to_owned() } else { quoted(key) }
+}
+
+/// A double-quoted YAML scalar: JSON's escapes, and `\u` escapes for what JSON leaves
+/// as is but YAML does not (C1 controls, which YAML forbids, and the line and paragraph
+/// separators and the byte order mark, which YAML readers take for breaks).
+fn quoted(text: &str) -> String {
+    let json = Value::String(text.to_owned()).to_string();
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if matches!(
+            c,
+            '\u{80}'..='\u{9f}' | '\u{2028}' | '\u{2029}' | '\u{feff}'
+        ) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
     }
+    out
 }
 
 fn push_indent(out: &mut String, indent: usize) {
@@ -99,6 +115,7 @@ mod tests {
             "list": [1, "two", { "three": true, "empty": {} }, []],
             "$ref": "#/x",
             "on": null,
+            "odd": "nel\u{85} ls\u{2028} bom\u{feff} é",
         });
         insta::assert_snapshot!(super::to_string(&value));
     }

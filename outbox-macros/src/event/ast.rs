@@ -4,6 +4,7 @@
 use syn::parse::ParseStream;
 use syn::{Attribute, Expr, Fields, Generics, Ident, LitInt, LitStr, Member, Path, Token};
 
+use super::serde_names;
 use crate::attr::{Attr, Errors, parse_crate_path};
 
 pub(crate) const VALID_KEYS: &str = "`destination = ...`, `key = field`, `event_type = \"...\"`, `version = N` or `crate = \"...\"`";
@@ -13,6 +14,10 @@ pub(crate) struct Input<'a> {
     pub generics: &'a Generics,
     pub attrs: Attrs,
     pub data: Data<'a>,
+    /// serde's `rename_all` on the type (for a struct's key field).
+    pub serde_rename_all: Option<String>,
+    /// serde's `rename_all_fields` on an enum (for a variant's key field).
+    pub serde_rename_all_fields: Option<String>,
 }
 
 pub(crate) enum Data<'a> {
@@ -25,6 +30,8 @@ pub(crate) struct Variant<'a> {
     pub ident: &'a Ident,
     pub fields: &'a Fields,
     pub attrs: Attrs,
+    /// serde's `rename_all` on the variant (for its key field).
+    pub serde_rename_all: Option<String>,
 }
 
 /// A value with the key it was written under (`destination`, `key`...), for errors
@@ -68,6 +75,7 @@ impl<'a> Input<'a> {
                             ident: &v.ident,
                             fields: &v.fields,
                             attrs: Attrs::from_syn(&v.attrs, errors),
+                            serde_rename_all: serde_names::rename_all(&v.attrs),
                         }
                     })
                     .collect(),
@@ -79,6 +87,8 @@ impl<'a> Input<'a> {
             generics: &input.generics,
             attrs: Attrs::from_syn(&input.attrs, errors),
             data,
+            serde_rename_all: serde_names::rename_all(&input.attrs),
+            serde_rename_all_fields: serde_names::rename_all_fields(&input.attrs),
         }
     }
 }

@@ -7,6 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Fields, Member, Type};
 
 use super::ast::{Attrs, Data, Destination, Input, Variant};
+use super::serde_names;
 use crate::attr::private_path;
 
 pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
@@ -56,7 +57,9 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                 None => quote!(#p::Option::None),
             };
             let v = version(&input.attrs);
-            let key_field = input.attrs.key.as_ref().map(|k| &k.value);
+            let key_field = input.attrs.key.as_ref().map(|k| {
+                serde_names::field_name(fields, &k.value, input.serde_rename_all.as_deref())
+            });
             let reg = register(&p, &name, &destination, &v, input, None, key_field);
             (quote!(#name), key, v, reg)
         }
@@ -75,7 +78,16 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                 names.push(quote!(Self::#vi { .. } => #name,));
                 versions.push(quote!(Self::#vi { .. } => #ver,));
                 keys.push(variant_key(&p, v, &input.attrs, generic, &mut where_clause));
-                let key_field = v.attrs.key.as_ref().or(input.attrs.key.as_ref());
+                let rule = v
+                    .serde_rename_all
+                    .as_deref()
+                    .or(input.serde_rename_all_fields.as_deref());
+                let key_field = v
+                    .attrs
+                    .key
+                    .as_ref()
+                    .or(input.attrs.key.as_ref())
+                    .map(|k| serde_names::field_name(v.fields, &k.value, rule));
                 regs.extend(register(
                     &p,
                     &name,
@@ -83,7 +95,7 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                     &ver,
                     input,
                     Some(vi),
-                    key_field.map(|k| &k.value),
+                    key_field,
                 ));
             }
             if variants.is_empty() {
@@ -199,7 +211,7 @@ fn register(
     version: &TokenStream,
     input: &Input<'_>,
     variant: Option<&syn::Ident>,
-    key: Option<&Member>,
+    key: Option<String>,
 ) -> TokenStream {
     let ident = input.ident;
     let type_name = ident.unraw().to_string();
@@ -211,19 +223,13 @@ fn register(
         None => quote!(#p::Option::None),
     };
     let key = match key {
-        Some(Member::Named(field)) => {
-            let field = field.unraw().to_string();
-            quote!(#p::Option::Some(#field))
-        }
-        Some(Member::Unnamed(index)) => {
-            let index = index.index.to_string();
-            quote!(#p::Option::Some(#index))
-        }
+        Some(field) => quote!(#p::Option::Some(#field)),
         None => quote!(#p::Option::None),
     };
     // The schema, found through `schemars::JsonSchema` when the type implements it
     // (autoref: the bounded impl is tried first). A generic type has no one schema.
-    let schema = if input.generics.params.is_empty() {
+    let generic = !input.generics.params.is_empty();
+    let schema = if !generic {
         quote! {
             |__outbox_generator: &mut #p::SchemaGen| {
                 #[allow(unused_imports)]
@@ -247,6 +253,7 @@ fn register(
                 #key,
                 #location,
                 #schema,
+                #generic,
             )
         }
     }

@@ -4,6 +4,7 @@
 mod ast;
 mod expand;
 mod fallback;
+mod serde_names;
 mod valid;
 
 use proc_macro2::TokenStream;
