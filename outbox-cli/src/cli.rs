@@ -151,6 +151,31 @@ pub enum Command {
         #[command(subcommand)]
         command: SlotCommand,
     },
+    /// Check the outbox's health and say what to do: dead letters and the keys they park,
+    /// the oldest pending message, open transactions holding the relay back, table bloat
+    /// and autovacuum, the sequence cache, relays and their partitions, replication
+    /// slots. Read-only. Exit status 3 when something needs action.
+    Doctor {
+        /// Print JSON (the findings and the facts they come from).
+        #[arg(long)]
+        json: bool,
+        /// The oldest pending message may wait this long.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "5m")]
+        oldest_pending: Duration,
+        /// A transaction may hold the outbox's writer lock this long.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "30s")]
+        open_writer: Duration,
+        /// Dead row versions in the outbox table above this many (and above a fifth of
+        /// the live rows) need a vacuum.
+        #[arg(long, value_name = "ROWS", default_value_t = 100_000)]
+        dead_rows: i64,
+        /// A replication slot may keep this many MiB of WAL.
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        slot_wal_mib: i64,
+        /// The partition count the relays should run with (`RelayBuilder::partitions`).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+        partitions: Option<u16>,
+    },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
         /// Delete messages sent longer ago than this age.

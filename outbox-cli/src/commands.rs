@@ -8,6 +8,7 @@ use std::path::Path;
 
 use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, SlotStatus, Status};
 use outbox_core::config::percent_decoded;
+use outbox_core::doctor::{Doctor, Limits, Report};
 use outbox_core::retention::Retention;
 use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
 use outbox_core::{Backend, Outbox, OutboxBuilder, TableName};
@@ -24,6 +25,8 @@ pub enum Failure {
     Message(String),
     /// Standard output could not be written.
     Output(io::Error),
+    /// `doctor` found something that needs action (the report is on standard output).
+    NeedsAction,
 }
 
 impl fmt::Display for Failure {
@@ -32,6 +35,7 @@ impl fmt::Display for Failure {
             Failure::Outbox(e) => write!(f, "{e}"),
             Failure::Message(m) => f.write_str(m),
             Failure::Output(e) => write!(f, "cannot write the output: {e}"),
+            Failure::NeedsAction => f.write_str("something needs action"),
         }
     }
 }
@@ -187,6 +191,33 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             } else {
                 let list: Vec<String> = applied.iter().map(i64::to_string).collect();
                 writeln!(out, "applied migrations {} to {table}", list.join(", "))?;
+            }
+        }
+        Command::Doctor {
+            json,
+            oldest_pending,
+            open_writer,
+            dead_rows,
+            slot_wal_mib,
+            partitions,
+        } => {
+            let mut limits = Limits::default()
+                .oldest_pending(oldest_pending)
+                .open_writer(open_writer)
+                .dead_rows(dead_rows, Limits::default().dead_ratio)
+                .slot_retained_bytes(slot_wal_mib.saturating_mul(1 << 20));
+            if let Some(n) = partitions {
+                limits = limits.partitions(n);
+            }
+            let report = Doctor::new(outbox.clone()).limits(limits).examine().await?;
+            if json {
+                serde_json::to_writer_pretty(&mut *out, &report)?;
+                writeln!(out)?;
+            } else {
+                print_report(out, &report)?;
+            }
+            if report.needs_action() {
+                return Err(Failure::NeedsAction);
             }
         }
         Command::Status { json } => {
@@ -452,6 +483,25 @@ fn list_filter(filter: Filter) -> ListFilter {
 
 fn age(secs: Option<f64>) -> String {
     secs.map_or_else(|| "-".to_owned(), human)
+}
+
+fn print_report(out: &mut impl Write, report: &Report) -> io::Result<()> {
+    print_status(out, &report.status)?;
+    writeln!(out)?;
+    for finding in &report.findings {
+        write!(out, "{finding}")?;
+    }
+    let actions = report
+        .findings
+        .iter()
+        .filter(|f| f.severity == outbox_core::doctor::Severity::Action)
+        .count();
+    if actions == 0 {
+        writeln!(out, "\nnothing needs action")?;
+    } else {
+        writeln!(out, "\n{actions} finding(s) need action")?;
+    }
+    Ok(())
 }
 
 fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {

@@ -1,7 +1,8 @@
 //! `outbox`: the operations tool of the transactional outbox.
 //!
 //! Exit status: 0 on success, 1 when the command failed (the reason is on one line of
-//! standard error, and nothing was changed), 2 for a command line that does not parse.
+//! standard error, and nothing was changed), 2 for a command line that does not parse,
+//! 3 when `doctor` found something that needs action.
 
 mod cli;
 mod commands;
@@ -40,6 +41,10 @@ fn main() -> ExitCode {
         // The reader went away (`outbox dead | head`): not an error of ours.
         Err(commands::Failure::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
+        }
+        Err(commands::Failure::NeedsAction) => {
+            let _ = out.flush();
+            ExitCode::from(3)
         }
         Err(e) => fail(&e.to_string()),
     }

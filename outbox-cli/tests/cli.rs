@@ -938,6 +938,22 @@ async fn commands_on<DB: outbox_core::Backend>(url: &str, outbox: outbox_core::O
         "{text}"
     );
 
+    // The doctor's checks that every database has: the dead letter needs action.
+    let doctor = run(&["doctor"]).await;
+    assert_eq!(doctor.code, 3, "{}\n{}", doctor.stdout, doctor.stderr);
+    assert!(
+        doctor
+            .stdout
+            .contains("ACTION  dead-letters: 1 dead letter(s), holding back 0 later message(s)"),
+        "{}",
+        doctor.stdout
+    );
+    assert!(
+        doctor.stdout.contains("1 finding(s) need action"),
+        "only that one: {}",
+        doctor.stdout
+    );
+
     let dead = run(&["dead", "--json"]).await;
     let listed: serde_json::Value = serde_json::from_str(dead.ok()).expect("JSON");
     assert_eq!(listed[0]["id"], poison.to_string(), "{listed}");
@@ -1263,5 +1279,109 @@ async fn status_shows_the_wal_slot_and_slot_drop_asks_first() {
         "{}",
         sqlite.stderr
     );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn doctor_says_what_needs_action_and_exits_3_until_nothing_does() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    // Replication slots are server-wide: other tests' are not this outbox's business.
+    let healthy = in_db(&db, &["doctor", "--slot-wal-mib", "1000000000"]).await;
+    let autovacuum: bool = sqlx::query_scalar("SELECT current_setting('autovacuum') = 'on'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("autovacuum setting");
+    if autovacuum {
+        let text = healthy.ok();
+        assert!(text.contains("nothing needs action"), "{text}");
+    } else {
+        // A test server may run without autovacuum: that alone needs action.
+        assert_eq!(healthy.code, 3, "{}", healthy.stdout);
+        assert!(
+            healthy
+                .stdout
+                .contains("ACTION  autovacuum: autovacuum is off on this server"),
+            "{}",
+            healthy.stdout
+        );
+        assert!(
+            healthy.stdout.contains("1 finding(s) need action"),
+            "{}",
+            healthy.stdout
+        );
+    }
+    assert!(
+        healthy
+            .stdout
+            .contains("note    relays: 0 relay(s) connected"),
+        "{}",
+        healthy.stdout
+    );
+
+    let dead = insert(
+        &db,
+        Row {
+            key: Some("order-9"),
+            dead_ago: Some("1 hour"),
+            attempts: 5,
+            ..PENDING
+        },
+    )
+    .await;
+    insert(
+        &db,
+        Row {
+            key: Some("order-9"),
+            ..PENDING
+        },
+    )
+    .await;
+    let sick = in_db(&db, &["doctor", "--oldest-pending", "10s"]).await;
+    assert_eq!(
+        sick.code, 3,
+        "stdout: {}\nstderr: {}",
+        sick.stdout, sick.stderr
+    );
+    assert!(
+        sick.stderr.is_empty(),
+        "the report is the output: {}",
+        sick.stderr
+    );
+    for expected in [
+        "ACTION  dead-letters: 1 dead letter(s), holding back 1 later message(s) of their keys",
+        &format!("{dead} Tested to orders, key order-9: holds back 1 message(s)"),
+        "ACTION  no-relay: 1 message(s) pending and no relay is connected",
+        "ACTION  oldest-pending: the oldest pending message has waited 60s (limit 10s)",
+        "fix: see `no-relay`",
+        if autovacuum {
+            "3 finding(s) need action"
+        } else {
+            "4 finding(s) need action"
+        },
+    ] {
+        assert!(
+            sick.stdout.contains(expected),
+            "{expected:?} in\n{}",
+            sick.stdout
+        );
+    }
+    let json_run = in_db(&db, &["doctor", "--json"]).await;
+    assert_eq!(json_run.code, 3, "{}", json_run.stderr);
+    let report = json(&json_run.stdout);
+    assert_eq!(report["findings"][0]["check"], "dead-letters");
+    assert_eq!(report["findings"][0]["severity"], "action");
+    assert_eq!(report["status"]["dead"], 1);
+    assert_eq!(report["health"]["sequence_cache"], 1);
+
+    let discarded = in_db(&db, &["discard", "--id", &dead.to_string()]).await;
+    discarded.ok();
+    let still = in_db(&db, &["doctor"]).await;
+    assert_eq!(
+        still.code, 3,
+        "a pending message and no relay: {}",
+        still.stdout
+    );
+    assert!(!still.stdout.contains("dead-letters"), "{}", still.stdout);
     db.cleanup().await;
 }

@@ -117,6 +117,7 @@ pub mod consumer;
 #[cfg(feature = "schema")]
 pub mod contract;
 mod db;
+pub mod doctor;
 mod error;
 pub mod event;
 pub mod inbox;

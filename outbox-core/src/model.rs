@@ -213,6 +213,70 @@ pub struct OpenWriter {
     pub age_seconds: f64,
     /// `pg_stat_activity.state` (`idle in transaction`, `active`...), or `prepared`.
     pub state: String,
+    /// Its last statement (`pg_stat_activity.query`), with string literals masked as
+    /// `'…'` and cut to 300 characters; `None` for a prepared transaction.
+    pub query: Option<String>,
+}
+
+/// What the database says about the outbox's own health, for `outbox doctor`
+/// ([`crate::doctor`]): PostgreSQL only (`None` elsewhere).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Health {
+    /// The outbox table with its indexes and TOAST, in bytes.
+    pub table_bytes: i64,
+    /// Live rows (`pg_stat_user_tables.n_live_tup`, an estimate).
+    pub live_rows: i64,
+    /// Dead row versions not vacuumed yet (`n_dead_tup`).
+    pub dead_rows: i64,
+    /// The last vacuum of the table, by autovacuum or by hand.
+    pub last_vacuum: Option<DateTime<Utc>>,
+    /// The table's storage parameters (`autovacuum_vacuum_scale_factor=0.01`...).
+    pub storage_parameters: Vec<String>,
+    /// Whether autovacuum runs on this server (`autovacuum` and `track_counts`).
+    pub autovacuum_on: bool,
+    /// The `seq` column's sequence, and its cache size (the relay needs 1).
+    pub sequence: Option<String>,
+    /// See [`sequence`](Self::sequence).
+    pub sequence_cache: Option<i64>,
+    /// The relays connected now, each with the partitions it holds.
+    pub relays: Vec<RelayInstance>,
+    /// The partition counts relays registered (one, unless relays disagree).
+    pub partition_counts: Vec<i32>,
+    /// Partitions held by a session that is not a relay of this outbox.
+    pub partitions_held_by_others: Vec<i32>,
+    /// The logical replication slots of this database.
+    pub slots: Vec<ReplicationSlot>,
+}
+
+/// A relay connected to the outbox, as the server sees it; see [`Health::relays`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RelayInstance {
+    /// Its connection's server process.
+    pub pid: i32,
+    /// `application_name` (`RelayConfig::application_name`).
+    pub application_name: String,
+    /// The client's address, when it connects over TCP.
+    pub client: Option<String>,
+    /// How long it has been connected.
+    pub connected_seconds: f64,
+    /// The partitions it publishes.
+    pub partitions: Vec<i32>,
+}
+
+/// A logical replication slot; see [`Health::slots`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ReplicationSlot {
+    /// Its name.
+    pub name: String,
+    /// Whether a client streams from it now.
+    pub active: bool,
+    /// WAL it keeps on disk (bytes from its `restart_lsn`).
+    pub retained_bytes: Option<i64>,
+    /// `wal_status` (`reserved`, `extended`, `unreserved`, `lost`).
+    pub wal_status: Option<String>,
 }
 
 /// What `Admin::purge` deleted, or would delete.

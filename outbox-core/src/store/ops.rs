@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::config::Tables;
-use crate::model::{ListFilter, MessageInfo, MessageState, Status};
+use crate::model::{Health, ListFilter, MessageInfo, MessageState, Status};
 pub use crate::model::{SentBatch, Which};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
@@ -164,6 +164,15 @@ pub trait Ops: sqlx::Database {
         dead_before: Option<DateTime<Utc>>,
         dry_run: bool,
     ) -> BoxFuture<'c, SqlResult<(u64, u64)>>;
+
+    /// The database's view of the outbox's health (`outbox doctor`); `None` where the
+    /// database has nothing to say beyond [`status`](Self::status) (MySQL, SQLite).
+    fn health<'c>(
+        _pool: &'c sqlx::Pool<Self>,
+        _tables: &'c Tables,
+    ) -> BoxFuture<'c, SqlResult<Option<Health>>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// Wakes listening relays when the transaction commits (PostgreSQL); a no-op on
     /// polling databases.

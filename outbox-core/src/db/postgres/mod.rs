@@ -142,10 +142,11 @@ pub(crate) async fn oldest_writer<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    let row: Option<(Option<i32>, f64, String)> = sqlx::query_as(&format!(
+    let row: Option<(Option<i32>, f64, String, Option<String>)> = sqlx::query_as(&format!(
         "SELECT a.pid, \
                 coalesce(extract(epoch FROM now() - coalesce(a.xact_start, p.prepared))::float8, 0), \
-                CASE WHEN a.pid IS NULL THEN 'prepared' ELSE coalesce(a.state, 'unknown') END \
+                CASE WHEN a.pid IS NULL THEN 'prepared' ELSE coalesce(a.state, 'unknown') END, \
+                a.query \
          FROM pg_locks l \
          LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
          LEFT JOIN pg_prepared_xacts p \
@@ -159,13 +160,48 @@ where
     .bind(table)
     .fetch_optional(executor)
     .await?;
-    Ok(
-        row.map(|(pid, age_seconds, state)| crate::model::OpenWriter {
+    Ok(row.map(
+        |(pid, age_seconds, state, query)| crate::model::OpenWriter {
             pid,
             age_seconds,
             state,
-        }),
-    )
+            query: query.map(|q| mask_literals(&q, 300)),
+        },
+    ))
+}
+
+/// `query` with the contents of its string literals (`'...'`, `E'...'`, dollar-quoted
+/// bodies are left: they are code) replaced by `…`, and cut to `max` characters: what
+/// a writer was doing, without the data it wrote.
+pub(crate) fn mask_literals(query: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut in_literal = false;
+    let mut chars = query.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_literal {
+            if c == '\'' {
+                if chars.peek() == Some(&'\'') {
+                    chars.next(); // an escaped quote, still inside
+                } else {
+                    in_literal = false;
+                    out.push_str("…'");
+                }
+            }
+            continue;
+        }
+        out.push(c);
+        if c == '\'' {
+            in_literal = true;
+        }
+    }
+    if in_literal {
+        out.push('…');
+    }
+    let collapsed = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    match collapsed.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
+        None => collapsed,
+    }
 }
 
 impl Outbox<Postgres> {
@@ -426,7 +462,23 @@ async fn insert_messages(
 
 #[cfg(test)]
 mod tests {
-    use super::dollar_tag;
+    use super::{dollar_tag, mask_literals};
+
+    #[test]
+    fn literals_are_masked_and_long_queries_cut() {
+        assert_eq!(
+            mask_literals(
+                "UPDATE users SET password = 'hunter''2', name = 'x'\n  WHERE id = $1",
+                300
+            ),
+            "UPDATE users SET password = '…', name = '…' WHERE id = $1"
+        );
+        assert_eq!(mask_literals("SELECT 'unterminated", 300), "SELECT '…");
+        assert_eq!(
+            mask_literals(&"x".repeat(400), 300),
+            format!("{}…", "x".repeat(300))
+        );
+    }
 
     #[test]
     fn the_dollar_tag_never_occurs_in_the_value() {

@@ -10,8 +10,8 @@ use crate::config::Tables;
 use crate::db::rows::{message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which, count,
-    requeue_reset, total,
+    DestinationStatus, Health, ListFilter, MessageInfo, MessageState, RelayInstance,
+    ReplicationSlot, SentBatch, Status, Which, count, requeue_reset, total,
 };
 use crate::store::ops::{Behind, Ops, SqlResult};
 
@@ -171,6 +171,108 @@ impl Ops for Postgres {
                 status.slot = Some(slot);
             }
             Ok(status)
+        })
+    }
+
+    fn health<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+    ) -> BoxFuture<'c, SqlResult<Option<Health>>> {
+        Box::pin(async move {
+            let t = tables.outbox.quoted();
+            let mut conn = pool.acquire().await?;
+            let row = sqlx::query(
+                "SELECT pg_total_relation_size(c.oid) AS bytes, \
+                        coalesce(s.n_live_tup, 0) AS live, coalesce(s.n_dead_tup, 0) AS dead, \
+                        greatest(s.last_autovacuum, s.last_vacuum) AS vacuumed, \
+                        coalesce(c.reloptions, '{}')::text[] AS options, \
+                        current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on' AS autovacuum, \
+                        q.name AS sequence, \
+                        (SELECT seqcache FROM pg_sequence WHERE seqrelid = q.name::regclass) AS cache \
+                 FROM pg_class c \
+                 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid \
+                 CROSS JOIN (SELECT pg_get_serial_sequence($1, 'seq') AS name) q \
+                 WHERE c.oid = $1::text::regclass",
+            )
+            .bind(&t)
+            .fetch_one(&mut *conn)
+            .await?;
+            let mut health = Health {
+                table_bytes: row.try_get("bytes")?,
+                live_rows: row.try_get("live")?,
+                dead_rows: row.try_get("dead")?,
+                last_vacuum: row.try_get("vacuumed")?,
+                storage_parameters: row.try_get("options")?,
+                autovacuum_on: row.try_get("autovacuum")?,
+                sequence: row.try_get("sequence")?,
+                sequence_cache: row.try_get("cache")?,
+                ..Health::default()
+            };
+            // This outbox's advisory locks (keyed by the table's oid), by session.
+            let locks_cte = format!(
+                "WITH l AS (SELECT pid, objid::int8 AS objid FROM pg_locks \
+                   WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+                     AND classid = ($1::text::regclass::oid::int4)::oid \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())), \
+                 relays AS (SELECT DISTINCT pid FROM l WHERE objid >= {relays} AND objid < {relays} + {max}), \
+                 parts AS (SELECT pid, (objid - {parts})::int4 AS p FROM l \
+                   WHERE objid >= {parts} AND objid < {parts} + 65536) ",
+                relays = locks::RELAYS,
+                max = locks::MAX_RELAYS,
+                parts = locks::PARTITIONS,
+            );
+            let rows = sqlx::query(&format!(
+                "{locks_cte} \
+                 SELECT r.pid, coalesce(a.application_name, '') AS name, a.client_addr::text AS client, \
+                        coalesce(extract(epoch FROM now() - a.backend_start), 0)::float8 AS connected, \
+                        coalesce((SELECT array_agg(p ORDER BY p) FROM parts WHERE parts.pid = r.pid), '{{}}') AS partitions \
+                 FROM relays r LEFT JOIN pg_stat_activity a ON a.pid = r.pid ORDER BY r.pid"
+            ))
+            .bind(&t)
+            .fetch_all(&mut *conn)
+            .await?;
+            for row in &rows {
+                health.relays.push(RelayInstance {
+                    pid: row.try_get("pid")?,
+                    application_name: row.try_get("name")?,
+                    client: row.try_get("client")?,
+                    connected_seconds: row.try_get("connected")?,
+                    partitions: row.try_get("partitions")?,
+                });
+            }
+            health.partition_counts = sqlx::query_scalar(&format!(
+                "{locks_cte} SELECT DISTINCT (objid - {counts})::int4 FROM l \
+                 WHERE objid > {counts} AND objid <= {counts} + 65535 ORDER BY 1",
+                counts = locks::PARTITION_COUNT,
+            ))
+            .bind(&t)
+            .fetch_all(&mut *conn)
+            .await?;
+            health.partitions_held_by_others = sqlx::query_scalar(&format!(
+                "{locks_cte} SELECT p FROM parts WHERE pid NOT IN (SELECT pid FROM relays) ORDER BY p"
+            ))
+            .bind(&t)
+            .fetch_all(&mut *conn)
+            .await?;
+            let slots = sqlx::query(
+                "SELECT slot_name::text AS name, active, \
+                        CASE WHEN pg_is_in_recovery() THEN NULL \
+                             ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 END AS retained, \
+                        wal_status \
+                 FROM pg_replication_slots \
+                 WHERE slot_type = 'logical' AND database = current_database() ORDER BY slot_name",
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+            for row in &slots {
+                health.slots.push(ReplicationSlot {
+                    name: row.try_get("name")?,
+                    active: row.try_get("active")?,
+                    retained_bytes: row.try_get("retained")?,
+                    wal_status: row.try_get("wal_status")?,
+                });
+            }
+            Ok(Some(health))
         })
     }
 
