@@ -219,7 +219,7 @@ pub struct OpenWriter {
 }
 
 /// What the database says about the outbox's own health, for `outbox doctor`
-/// ([`crate::doctor`]): PostgreSQL only (`None` elsewhere).
+/// (the `doctor` module): PostgreSQL only (`None` elsewhere).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct Health {
