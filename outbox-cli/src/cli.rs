@@ -176,6 +176,25 @@ pub enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
         partitions: Option<u16>,
     },
+    /// Serve a dashboard (status, throughput, dead letters grouped by error, the keys they
+    /// park; release, discard, replay) and its JSON API, until Ctrl-C. Binds to
+    /// 127.0.0.1 unless told otherwise; actions need the token.
+    Serve {
+        /// The address to listen on (port 0: any free port; the first line printed says
+        /// which).
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// The token actions need (`Authorization: Bearer <token>`), at least 16
+        /// characters. Without it the dashboard is read-only. Prefer the environment
+        /// variable: a command line is visible to other users of the machine.
+        #[arg(
+            long,
+            env = "OUTBOX_TOKEN",
+            hide_env_values = true,
+            value_name = "TOKEN"
+        )]
+        token: Option<String>,
+    },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
         /// Delete messages sent longer ago than this age.

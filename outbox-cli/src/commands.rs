@@ -58,7 +58,7 @@ impl From<serde_json::Error> for Failure {
     }
 }
 
-type Result<T = ()> = std::result::Result<T, Failure>;
+pub type Result<T = ()> = std::result::Result<T, Failure>;
 
 /// Runs the command, writing its output to `out`: connects to the database the URL's
 /// scheme names, then does the same on each.
@@ -219,6 +219,9 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             if report.needs_action() {
                 return Err(Failure::NeedsAction);
             }
+        }
+        Command::Serve { listen, token } => {
+            crate::serve::serve(outbox.clone(), listen, token, out).await?;
         }
         Command::Status { json } => {
             let status = admin.status().await?;
@@ -478,6 +481,7 @@ fn list_filter(filter: Filter) -> ListFilter {
         until: filter.until,
         in_retry_only: false,
         limit: filter.limit,
+        after_seq: None,
     }
 }
 

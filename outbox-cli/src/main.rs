@@ -6,6 +6,7 @@
 
 mod cli;
 mod commands;
+mod serve;
 mod time;
 
 use std::io::Write;

@@ -38,8 +38,8 @@ use uuid::Uuid;
 
 use crate::model::Which;
 pub use crate::model::{
-    DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport, SlotStatus,
-    Status,
+    DeadGroup, DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport,
+    SlotStatus, Status,
 };
 use crate::store::ops::Behind;
 use crate::store::{Backend, DefaultBackend};
@@ -94,6 +94,14 @@ impl<DB: Backend> Admin<DB> {
             .map_err(self.err("reading the outbox status"))?;
         status.table = self.table();
         Ok(status)
+    }
+
+    /// Dead letters grouped by their last error, the largest groups first (at most
+    /// `limit` groups): what failed, how often. Reads the dead letters only.
+    pub async fn dead_by_error(&self, limit: u32) -> Result<Vec<DeadGroup>> {
+        DB::dead_by_error(self.outbox.pool(), self.outbox.tables(), limit)
+            .await
+            .map_err(self.err("grouping the dead letters by error"))
     }
 
     /// Pending messages (in retry or not), oldest first.

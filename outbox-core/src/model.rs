@@ -109,6 +109,9 @@ pub struct ListFilter {
     pub in_retry_only: bool,
     /// At most this many (the oldest first).
     pub limit: u32,
+    /// Only messages after this `seq`: the next page after a page that ended there
+    /// (an index range, however many rows come before).
+    pub after_seq: Option<i64>,
 }
 
 impl Default for ListFilter {
@@ -121,6 +124,7 @@ impl Default for ListFilter {
             until: None,
             in_retry_only: false,
             limit: 100,
+            after_seq: None,
         }
     }
 }
@@ -174,6 +178,21 @@ pub struct Status {
     pub oldest_writer: Option<OpenWriter>,
     /// WAL mode (PostgreSQL): the replication slot the relay reads. `None` in table mode.
     pub slot: Option<SlotStatus>,
+    /// The highest `seq` in the table (read from its primary key's index), `None` when it
+    /// is empty: two samples tell how many messages were written in between.
+    pub last_seq: Option<i64>,
+}
+
+/// Dead letters that failed with one error; see `Admin::dead_by_error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DeadGroup {
+    /// The last error (empty when none was recorded).
+    pub error: String,
+    /// How many dead letters have it.
+    pub count: i64,
+    /// The first of them (lowest `seq`).
+    pub first_seq: i64,
 }
 
 /// The replication slot of an outbox in WAL mode; see [`Status::slot`] and `docs/wal.md`.

@@ -342,7 +342,32 @@ macro_rules! lite_backend {
                     let (relays, rows_estimate) = <$db as Lite>::relays_and_rows(&mut conn, tables).await?;
                     status.relays = relays;
                     status.rows_estimate = rows_estimate;
+                    let last: (Option<i64>,) = sqlx::query_as(&format!("SELECT MAX(seq) FROM {t}"))
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    status.last_seq = last.0;
                     Ok(status)
+                })
+            }
+
+            fn dead_by_error<'c>(
+                pool: &'c Pool,
+                tables: &'c Tables,
+                limit: u32,
+            ) -> BoxFuture<'c, SqlResult<Vec<$crate::model::DeadGroup>>> {
+                Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.outbox);
+                    let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+                        "SELECT COALESCE(last_error, '') AS error, COUNT(*) AS n, MIN(seq) AS first_seq FROM {t} \
+                         WHERE dead_at IS NOT NULL GROUP BY COALESCE(last_error, '') ORDER BY n DESC, first_seq LIMIT ?"
+                    ))
+                    .bind(i64::from(limit))
+                    .fetch_all(pool)
+                    .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|(error, count, first_seq)| $crate::model::DeadGroup { error, count, first_seq })
+                        .collect())
                 })
             }
 
@@ -366,6 +391,7 @@ macro_rules! lite_backend {
                         ("partition_key = ?", filter.key.is_some()),
                         ("created_at >= ?", filter.since.is_some()),
                         ("created_at < ?", filter.until.is_some()),
+                        ("seq > ?", filter.after_seq.is_some()),
                     ] {
                         if set {
                             sql.push_str(" AND ");
@@ -382,6 +408,9 @@ macro_rules! lite_backend {
                     }
                     for time in [filter.since, filter.until].into_iter().flatten() {
                         query = query.bind(<$db as Lite>::ts(time));
+                    }
+                    if let Some(after) = filter.after_seq {
+                        query = query.bind(after);
                     }
                     let rows = query.bind(i64::from(filter.limit)).fetch_all(pool).await?;
                     rows.iter().map(message).collect()

@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::config::Tables;
-use crate::model::{Health, ListFilter, MessageInfo, MessageState, Status};
+use crate::model::{DeadGroup, Health, ListFilter, MessageInfo, MessageState, Status};
 pub use crate::model::{SentBatch, Which};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
@@ -82,6 +82,14 @@ pub trait Ops: sqlx::Database {
         pool: &'c sqlx::Pool<Self>,
         tables: &'c Tables,
     ) -> BoxFuture<'c, SqlResult<Status>>;
+
+    /// Dead letters grouped by their last error, the largest groups first (at most
+    /// `limit` groups).
+    fn dead_by_error<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        limit: u32,
+    ) -> BoxFuture<'c, SqlResult<Vec<DeadGroup>>>;
 
     /// Messages in state `which` matching `filter`, in `seq` order.
     fn list<'c>(

@@ -10,7 +10,7 @@ use crate::config::Tables;
 use crate::db::rows::{message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    DestinationStatus, Health, ListFilter, MessageInfo, MessageState, RelayInstance,
+    DeadGroup, DestinationStatus, Health, ListFilter, MessageInfo, MessageState, RelayInstance,
     ReplicationSlot, SentBatch, Status, Which, count, requeue_reset, total,
 };
 use crate::store::ops::{Behind, Ops, SqlResult};
@@ -163,6 +163,9 @@ impl Ops for Postgres {
             .await?;
             status.relays = Some(relays);
             status.rows_estimate = rows_estimate;
+            status.last_seq = sqlx::query_scalar(&format!("SELECT max(seq) FROM {t}"))
+                .fetch_one(pool)
+                .await?;
             status.oldest_writer = super::oldest_writer(pool, &t).await?;
             if let Some(wal) = &tables.wal {
                 let slot = super::wal::slot_status(pool, wal).await?;
@@ -171,6 +174,31 @@ impl Ops for Postgres {
                 status.slot = Some(slot);
             }
             Ok(status)
+        })
+    }
+
+    fn dead_by_error<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        limit: u32,
+    ) -> BoxFuture<'c, SqlResult<Vec<DeadGroup>>> {
+        Box::pin(async move {
+            let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+                "SELECT coalesce(last_error, '') AS error, count(*), min(seq) FROM {t} \
+                 WHERE dead_at IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 3 LIMIT $1",
+                t = tables.outbox.quoted()
+            ))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(error, count, first_seq)| DeadGroup {
+                    error,
+                    count,
+                    first_seq,
+                })
+                .collect())
         })
     }
 
@@ -289,8 +317,14 @@ impl Ops for Postgres {
                    AND ($2::text IS NULL OR event_type = $2) \
                    AND ($3::text IS NULL OR partition_key = $3) \
                    AND ($4::timestamptz IS NULL OR created_at >= $4) \
-                   AND ($5::timestamptz IS NULL OR created_at < $5) \
+                   AND ($5::timestamptz IS NULL OR created_at < $5){after} \
                  ORDER BY seq LIMIT $6",
+                // Its own statement (and plan): an index range, not a filter.
+                after = if filter.after_seq.is_some() {
+                    " AND seq > $7"
+                } else {
+                    ""
+                },
                 columns = message_columns(|c| format!("{c}::text")),
                 held_back = which.held_back(&tables.outbox.quoted()),
                 t = tables.outbox.quoted(),
@@ -302,6 +336,7 @@ impl Ops for Postgres {
             .bind(filter.since)
             .bind(filter.until)
             .bind(i64::from(filter.limit))
+            .bind(filter.after_seq)
             .fetch_all(pool)
             .await?;
             rows.iter().map(message).collect()
