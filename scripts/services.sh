@@ -10,6 +10,8 @@
 #   installed; skipped if OUTBOX_TEST_NATS_URL is set)
 #   RabbitMQ on 127.0.0.1:5672 (started with the service manager if it is down and
 #   installed; waited for up to 60 s; skipped if OUTBOX_TEST_RABBITMQ_URL is set)
+#   Chromium and ChromeDriver (Debian's chromium and chromium-driver), installed on
+#   first use, for the dashboard's browser test (outbox-cli/tests/browser.rs)
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
 # brokers of their own on other ports): `eval "$(scripts/services.sh)"` keeps it.
@@ -207,10 +209,30 @@ ensure_rabbitmq() {
   die "RabbitMQ did not answer on 127.0.0.1:5672 within 60 s"
 }
 
+# ---------------------------------------------------------------------- Chromium
+# The dashboard's browser test drives Debian's chromium through chromedriver. apt's
+# output goes to stderr: this script's standard output is eval'd.
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return 0
+  fi
+  command -v apt-get >/dev/null 2>&1 \
+    || die "chromium and chromedriver are missing and apt-get is not here; install them (Debian: chromium, chromium-driver)"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  log "installing chromium and chromium-driver (the dashboard's browser test)"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >&2 \
+    || { $sudo apt-get update -qq >&2 \
+         && $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >&2; } \
+    || die "cannot install chromium and chromium-driver with apt-get"
+}
+
 ensure_postgres
 ensure_pg_settings
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
 ensure_kafka
+ensure_chromium
 echo "export TANSU_BIN=$TANSU_BIN"
