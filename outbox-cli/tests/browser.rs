@@ -180,7 +180,7 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let clicked = async {
-            let button = client.find(release.clone()).await?;
+            let button = client.find(release).await?;
             if !button.is_enabled().await? {
                 return Ok::<bool, fantoccini::error::CmdError>(false);
             }
