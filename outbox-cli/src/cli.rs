@@ -171,7 +171,7 @@ pub enum Command {
         dead_rows: i64,
         /// A replication slot may keep this many MiB of WAL.
         #[arg(long, value_name = "MIB", default_value_t = 1024)]
-        slot_wal_mib: i64,
+        slot_wal_mib: u64,
         /// The partition count the relays should run with (`RelayBuilder::partitions`).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
         partitions: Option<u16>,

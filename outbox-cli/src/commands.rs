@@ -205,7 +205,9 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 .oldest_pending(oldest_pending)
                 .open_writer(open_writer)
                 .dead_rows(dead_rows, Limits::default().dead_ratio)
-                .slot_retained_bytes(slot_wal_mib.saturating_mul(1 << 20));
+                .slot_retained_bytes(
+                    i64::try_from(slot_wal_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+                );
             if let Some(n) = partitions {
                 limits = limits.partitions(n);
             }

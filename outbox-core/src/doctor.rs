@@ -14,7 +14,7 @@
 //!     println!("{finding}");
 //! }
 //! if report.needs_action() {
-//!     std::process::exit(2);
+//!     std::process::exit(3); // what `outbox doctor` does
 //! }
 //! # Ok(()) }
 //! ```
@@ -30,8 +30,8 @@
 //! | `table-bloat` | dead row versions exceed [`Limits::dead_rows`] and [`Limits::dead_ratio`] of the live ones |
 //! | `autovacuum` | autovacuum is off for the server or for the outbox table |
 //! | `sequence-cache` | the `seq` sequence caches values (the relay refuses to start) |
-//! | `partitions` | relays disagree on the partition count, it differs from [`Limits::partitions`], a partition has no relay, or a session that is not a relay holds one |
-//! | `replication-slots` | a logical slot keeps more WAL than [`Limits::slot_retained_bytes`], WAL mode's slot is missing or lost |
+//! | `partitions` | the relays' partition count differs from [`Limits::partitions`], a partition has had no relay for longer than a rebalance takes, or a session that is not a relay holds one |
+//! | `replication-slots` | WAL mode's slot keeps more WAL than [`Limits::slot_retained_bytes`], is missing or lost (other slots of the database over the limit: a note) |
 //!
 //! It reads the pending and dead-letter rows and the server's statistics, never the
 //! history, and changes nothing.
@@ -113,7 +113,7 @@ impl Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
-    /// Something is wrong: `outbox doctor` exits with 2.
+    /// Something is wrong: `outbox doctor` exits with 3.
     Action,
     /// Worth knowing; nothing to do.
     Note,
@@ -234,12 +234,36 @@ impl<DB: Backend> Doctor<DB> {
         };
         let mut findings = Vec::new();
         let limits = &self.limits;
+        let standby = health.as_ref().is_some_and(|h| h.in_recovery);
         dead_letters(&status, &dead, &mut findings);
-        pending(&status, limits, &mut findings);
+        pending(&status, limits, standby, &mut findings);
         if let Some(health) = &health {
-            table(&status.table, health, limits, &mut findings);
+            let sql_name = outbox.tables().outbox.quoted();
+            table(&status.table, &sql_name, health, limits, &mut findings);
             sequence(health, &mut findings);
-            relays(health, limits, &mut findings);
+            if standby {
+                findings.push(Finding {
+                    check: "relays",
+                    severity: Severity::Note,
+                    summary: "this server is a standby: relays and writers run on the primary; \
+                              examine the primary for relays, partitions and open writers"
+                        .to_owned(),
+                    details: Vec::new(),
+                    fix: String::new(),
+                });
+            } else if status.slot.is_some() {
+                findings.push(Finding {
+                    check: "relays",
+                    severity: Severity::Note,
+                    summary: "WAL mode: the relay is the slot's reader (see the status line); \
+                              standbys leave no trace"
+                        .to_owned(),
+                    details: Vec::new(),
+                    fix: String::new(),
+                });
+            } else {
+                relays(health, limits, &mut findings);
+            }
             slots(&status, health, limits, &mut findings);
         }
         findings.sort_by_key(|f| f.severity != Severity::Action);
@@ -255,7 +279,16 @@ fn dead_letters(status: &Status, dead: &[crate::model::MessageInfo], out: &mut V
     if status.dead == 0 {
         return;
     }
-    let held: i64 = dead.iter().map(|m| m.held_back).sum();
+    // The earliest dead letter of a key counts every later pending message of it,
+    // including those behind a later dead letter of the same key: the largest per key.
+    let mut per_key: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for m in dead {
+        if let Some(key) = m.partition_key.as_deref() {
+            let held = per_key.entry(key).or_default();
+            *held = (*held).max(m.held_back);
+        }
+    }
+    let held: i64 = per_key.values().sum();
     let all_listed = dead.len() as i64 >= status.dead;
     let mut details: Vec<String> = dead
         .iter()
@@ -287,13 +320,14 @@ fn dead_letters(status: &Status, dead: &[crate::model::MessageInfo], out: &mut V
         details,
         fix: "read them with `outbox dead`; once the cause is fixed, `outbox release --id <id>` \
               publishes one (first, then the rest of its key), `outbox discard --id <id>` drops it \
-              and lets its key go on"
+              and lets its key go on (with `OnDeadLetter::SkipKey` the later messages do not wait)"
             .to_owned(),
     });
 }
 
-fn pending(status: &Status, limits: &Limits, out: &mut Vec<Finding>) {
-    let no_relay = status.relays == Some(0) && status.pending > 0;
+fn pending(status: &Status, limits: &Limits, standby: bool, out: &mut Vec<Finding>) {
+    // A standby's locks are its own: relays connect to the primary.
+    let no_relay = status.relays == Some(0) && status.pending > 0 && !standby;
     if no_relay {
         out.push(Finding {
             check: "no-relay",
@@ -317,6 +351,8 @@ fn pending(status: &Status, limits: &Limits, out: &mut Vec<Finding>) {
                 .is_some_and(|w| w.age_seconds > limits.open_writer.as_secs_f64());
             let fix = if no_relay {
                 "see `no-relay`"
+            } else if status.dead > 0 {
+                "see `dead-letters`: pending messages wait behind dead letters of their keys"
             } else if writer_stuck {
                 "see `open-writer`: an open transaction holds the relay back"
             } else {
@@ -385,7 +421,7 @@ fn pending(status: &Status, limits: &Limits, out: &mut Vec<Finding>) {
     }
 }
 
-fn table(name: &str, health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
+fn table(name: &str, sql_name: &str, health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
     let facts = vec![format!(
         "{} on disk, {} live rows, {} dead row versions, last vacuum {}",
         human_bytes(health.table_bytes),
@@ -395,10 +431,7 @@ fn table(name: &str, health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
             .last_vacuum
             .map_or("never".to_owned(), |t| t.to_rfc3339()),
     )];
-    let disabled = health.storage_parameters.iter().any(|p| {
-        p.eq_ignore_ascii_case("autovacuum_enabled=false")
-            || p.eq_ignore_ascii_case("autovacuum_enabled=off")
-    });
+    let disabled = !health.table_autovacuum;
     if !health.autovacuum_on || disabled {
         out.push(Finding {
             check: "autovacuum",
@@ -410,14 +443,21 @@ fn table(name: &str, health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
             },
             details: facts.clone(),
             fix: if disabled {
-                format!("ALTER TABLE {name} RESET (autovacuum_enabled)")
+                format!("ALTER TABLE {sql_name} RESET (autovacuum_enabled)")
             } else {
                 "turn `autovacuum` and `track_counts` on in postgresql.conf".to_owned()
             },
         });
     }
+    // Autovacuum runs when dead rows pass its trigger, and then takes its time: only
+    // what it has left alone for a while needs a hand.
+    let vacuum_overdue = health
+        .last_vacuum
+        .is_none_or(|t| (chrono::Utc::now() - t).num_seconds() > 600);
     let bloated = health.dead_rows > limits.dead_rows
-        && health.dead_rows as f64 > limits.dead_ratio * health.live_rows.max(1) as f64;
+        && health.dead_rows as f64 > limits.dead_ratio * health.live_rows.max(1) as f64
+        && health.dead_rows as f64 > health.vacuum_trigger_rows
+        && vacuum_overdue;
     out.push(Finding {
         check: "table-bloat",
         severity: if bloated {
@@ -436,8 +476,8 @@ fn table(name: &str, health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
         details: if bloated { facts } else { Vec::new() },
         fix: if bloated {
             let mut fix = format!(
-                "VACUUM (ANALYZE) {name}; if it comes back, let autovacuum visit the table \
-                 sooner: ALTER TABLE {name} SET (autovacuum_vacuum_scale_factor = 0.01, \
+                "VACUUM (ANALYZE) {sql_name}; if it comes back, let autovacuum visit the table \
+                 sooner: ALTER TABLE {sql_name} SET (autovacuum_vacuum_scale_factor = 0.01, \
                  autovacuum_vacuum_cost_delay = 0)"
             );
             if !health.storage_parameters.is_empty() {
@@ -503,6 +543,7 @@ fn relays(health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
         fix: String::new(),
     });
     let mut problems = Vec::new();
+    let mut notes = Vec::new();
     if health.partition_counts.len() > 1 {
         problems.push(format!(
             "relays registered different partition counts: {:?}",
@@ -524,11 +565,20 @@ fn relays(health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
                 .iter()
                 .flat_map(|r| r.partitions.iter().copied())
                 .collect();
-            let unowned: Vec<i32> = (0..*count).filter(|p| !owned.contains(p)).collect();
-            if !unowned.is_empty() {
+            let unowned: Vec<i32> = (0..*count)
+                .filter(|p| !owned.contains(p) && !health.partitions_held_by_others.contains(p))
+                .collect();
+            // Relays rebalance within about a second (`rebalance_interval`) of one
+            // starting or stopping: a young relay may still be taking its share.
+            let settled = health.relays.iter().all(|r| r.connected_seconds >= 30.0);
+            if !unowned.is_empty() && settled {
                 problems.push(format!(
-                    "partitions {} have no relay: the keys hashed to them are not published \
-                     (unless the relays are rebalancing: look again after the rebalance interval)",
+                    "partitions {} have no relay: the keys hashed to them are not published",
+                    ranges(&unowned)
+                ));
+            } else if !unowned.is_empty() {
+                notes.push(format!(
+                    "partitions {} have no relay yet (a relay connected less than 30 s ago): look again",
                     ranges(&unowned)
                 ));
             }
@@ -547,6 +597,15 @@ fn relays(health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
              advisory lock taken by hand?): their keys are not published",
             ranges(&health.partitions_held_by_others)
         ));
+    }
+    for note in notes {
+        out.push(Finding {
+            check: "partitions",
+            severity: Severity::Note,
+            summary: note,
+            details: Vec::new(),
+            fix: String::new(),
+        });
     }
     if !problems.is_empty() {
         out.push(Finding {
@@ -582,7 +641,7 @@ fn slots(status: &Status, health: &Health, limits: &Limits, out: &mut Vec<Findin
             continue;
         };
         if retained > limits.slot_retained_bytes {
-            problems.push(format!(
+            let line = format!(
                 "slot {} keeps {} of WAL{}",
                 slot.name,
                 human_bytes(retained),
@@ -591,7 +650,20 @@ fn slots(status: &Status, health: &Health, limits: &Limits, out: &mut Vec<Findin
                 } else {
                     ", and nothing reads it"
                 }
-            ));
+            );
+            if status.slot.as_ref().is_some_and(|s| s.name == slot.name) {
+                problems.push(line);
+            } else {
+                // Another application's (Debezium, a replica...): the server's disk, not
+                // this outbox's to act on.
+                out.push(Finding {
+                    check: "replication-slots",
+                    severity: Severity::Note,
+                    summary: format!("{line} (not this outbox's slot)"),
+                    details: Vec::new(),
+                    fix: String::new(),
+                });
+            }
         }
     }
     if !problems.is_empty() {

@@ -252,6 +252,14 @@ pub struct Health {
     pub last_vacuum: Option<DateTime<Utc>>,
     /// The table's storage parameters (`autovacuum_vacuum_scale_factor=0.01`...).
     pub storage_parameters: Vec<String>,
+    /// Whether autovacuum may visit the table (its `autovacuum_enabled` parameter).
+    pub table_autovacuum: bool,
+    /// Dead rows past which autovacuum visits the table: `autovacuum_vacuum_threshold`
+    /// plus `autovacuum_vacuum_scale_factor` times the row estimate (the table's own
+    /// settings first).
+    pub vacuum_trigger_rows: f64,
+    /// The server is a standby (in recovery): relays and writers run on the primary.
+    pub in_recovery: bool,
     /// Whether autovacuum runs on this server (`autovacuum` and `track_counts`).
     pub autovacuum_on: bool,
     /// The `seq` column's sequence, and its cache size (the relay needs 1).

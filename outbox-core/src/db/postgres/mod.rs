@@ -170,32 +170,107 @@ where
     ))
 }
 
-/// `query` with the contents of its string literals (`'...'`, `E'...'`, dollar-quoted
-/// bodies are left: they are code) replaced by `…`, and cut to `max` characters: what
-/// a writer was doing, without the data it wrote.
+/// `query` without the data in it, cut to `max` characters: string constants (`'...'`,
+/// `E'...'` with backslash escapes, dollar-quoted `$tag$...$tag$`) become `'…'` or `$…$`,
+/// numeric constants `?`, comments are dropped; keywords, identifiers (`"quoted"` ones
+/// too) and parameters (`$1`) stay. What a writer was doing, without what it wrote.
 pub(crate) fn mask_literals(query: &str, max: usize) -> String {
+    let chars: Vec<char> = query.chars().collect();
+    let n = chars.len();
+    let at = |i: usize| chars.get(i).copied();
+    let word = |c: char| c.is_alphanumeric() || c == '_' || c == '$';
     let mut out = String::new();
-    let mut in_literal = false;
-    let mut chars = query.chars().peekable();
-    while let Some(c) = chars.next() {
-        if in_literal {
-            if c == '\'' {
-                if chars.peek() == Some(&'\'') {
-                    chars.next(); // an escaped quote, still inside
+    let mut i = 0;
+    while i < n {
+        let c = chars[i];
+        let after_word = i > 0 && word(chars[i - 1]);
+        if c == '-' && at(i + 1) == Some('-') {
+            while i < n && chars[i] != '\n' {
+                i += 1;
+            }
+            out.push(' ');
+        } else if c == '/' && at(i + 1) == Some('*') {
+            let mut depth = 0;
+            while i < n {
+                if chars[i] == '/' && at(i + 1) == Some('*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && at(i + 1) == Some('/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
                 } else {
-                    in_literal = false;
-                    out.push_str("…'");
+                    i += 1;
                 }
             }
-            continue;
+            out.push(' ');
+        } else if c == '"' {
+            // A quoted identifier, kept (`""` inside it is a quote).
+            out.push('"');
+            i += 1;
+            while i < n {
+                if chars[i] == '"' {
+                    if at(i + 1) == Some('"') {
+                        out.push_str("\"\"");
+                        i += 2;
+                        continue;
+                    }
+                    out.push('"');
+                    i += 1;
+                    break;
+                }
+                out.push(chars[i]);
+                i += 1;
+            }
+        } else if c == '\'' || (matches!(c, 'E' | 'e') && at(i + 1) == Some('\'') && !after_word) {
+            let escapes = c != '\'';
+            i += if escapes { 2 } else { 1 };
+            while i < n {
+                if escapes && chars[i] == '\\' {
+                    i += 2;
+                } else if chars[i] == '\'' {
+                    if at(i + 1) == Some('\'') {
+                        i += 2;
+                    } else {
+                        i += 1;
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push_str("'…'");
+        } else if c == '$' && !after_word {
+            // `$tag$` (the tag empty or an identifier) opens a dollar-quoted string; `$1`
+            // is a parameter.
+            let mut j = i + 1;
+            while j < n && (chars[j].is_alphanumeric() || chars[j] == '_') {
+                j += 1;
+            }
+            let tagged = at(j) == Some('$') && !at(i + 1).is_some_and(|d| d.is_ascii_digit());
+            if tagged {
+                let tag: String = chars[i..=j].iter().collect();
+                let rest: String = chars[j + 1..].iter().collect();
+                i = match rest.find(&tag) {
+                    Some(pos) => j + 1 + rest[..pos].chars().count() + tag.chars().count(),
+                    None => n,
+                };
+                out.push_str("$…$");
+            } else {
+                out.push(c);
+                i += 1;
+            }
+        } else if c.is_ascii_digit() && !after_word {
+            while i < n && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+            i += 1;
         }
-        out.push(c);
-        if c == '\'' {
-            in_literal = true;
-        }
-    }
-    if in_literal {
-        out.push('…');
     }
     let collapsed = out.split_whitespace().collect::<Vec<_>>().join(" ");
     match collapsed.char_indices().nth(max) {
@@ -466,14 +541,33 @@ mod tests {
 
     #[test]
     fn literals_are_masked_and_long_queries_cut() {
-        assert_eq!(
-            mask_literals(
+        let cases = [
+            (
                 "UPDATE users SET password = 'hunter''2', name = 'x'\n  WHERE id = $1",
-                300
+                "UPDATE users SET password = '…', name = '…' WHERE id = $1",
             ),
-            "UPDATE users SET password = '…', name = '…' WHERE id = $1"
-        );
-        assert_eq!(mask_literals("SELECT 'unterminated", 300), "SELECT '…");
+            ("SELECT 'unterminated", "SELECT '…'"),
+            (
+                r#"SELECT "it's" FROM t WHERE a = 'secret'"#,
+                r#"SELECT "it's" FROM t WHERE a = '…'"#,
+            ),
+            (r"SELECT E'a\'secret' , e'x'", "SELECT '…' , '…'"),
+            (
+                "SELECT $$card 4111$$, $o$x$o$ FROM t2 WHERE c = $2",
+                "SELECT $…$, $…$ FROM t2 WHERE c = $2",
+            ),
+            (
+                "SELECT 1 -- card 4111\n, /* 4111 /* nested */ */ t.col2",
+                "SELECT ? , t.col2",
+            ),
+            (
+                "UPDATE cards SET number = 4111111111111111, cvv = 1.5e3",
+                "UPDATE cards SET number = ?, cvv = ?",
+            ),
+        ];
+        for (query, masked) in cases {
+            assert_eq!(mask_literals(query, 300), masked, "{query}");
+        }
         assert_eq!(
             mask_literals(&"x".repeat(400), 300),
             format!("{}…", "x".repeat(300))

@@ -216,6 +216,16 @@ impl Ops for Postgres {
                         coalesce(c.reloptions, '{}')::text[] AS options, \
                         current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on' AS autovacuum, \
                         q.name AS sequence, \
+                        coalesce((SELECT option_value::bool FROM pg_options_to_table(c.reloptions) \
+                                  WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum, \
+                        (coalesce((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions) \
+                                   WHERE option_name = 'autovacuum_vacuum_threshold'), \
+                                  current_setting('autovacuum_vacuum_threshold')::float8) \
+                         + coalesce((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions) \
+                                     WHERE option_name = 'autovacuum_vacuum_scale_factor'), \
+                                    current_setting('autovacuum_vacuum_scale_factor')::float8) \
+                           * greatest(c.reltuples, 0)) AS trigger, \
+                        pg_is_in_recovery() AS recovery, \
                         (SELECT seqcache FROM pg_sequence WHERE seqrelid = q.name::regclass) AS cache \
                  FROM pg_class c \
                  LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid \
@@ -234,6 +244,9 @@ impl Ops for Postgres {
                 autovacuum_on: row.try_get("autovacuum")?,
                 sequence: row.try_get("sequence")?,
                 sequence_cache: row.try_get("cache")?,
+                table_autovacuum: row.try_get("table_autovacuum")?,
+                vacuum_trigger_rows: row.try_get("trigger")?,
+                in_recovery: row.try_get("recovery")?,
                 ..Health::default()
             };
             // This outbox's advisory locks (keyed by the table's oid), by session.
@@ -251,7 +264,7 @@ impl Ops for Postgres {
             );
             let rows = sqlx::query(&format!(
                 "{locks_cte} \
-                 SELECT r.pid, coalesce(a.application_name, '') AS name, a.client_addr::text AS client, \
+                 SELECT r.pid, coalesce(a.application_name, '') AS name, host(a.client_addr) AS client, \
                         coalesce(extract(epoch FROM now() - a.backend_start), 0)::float8 AS connected, \
                         coalesce((SELECT array_agg(p ORDER BY p) FROM parts WHERE parts.pid = r.pid), '{{}}') AS partitions \
                  FROM relays r LEFT JOIN pg_stat_activity a ON a.pid = r.pid ORDER BY r.pid"
