@@ -216,8 +216,10 @@ ensure_chromium() {
   if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
     return 0
   fi
-  command -v apt-get >/dev/null 2>&1 \
-    || die "chromium and chromedriver are missing and apt-get is not here; install them (Debian: chromium, chromium-driver)"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "WARNING: chromium and chromedriver are missing and apt-get is not here: the dashboard's browser test will fail; install them (Debian: chromium, chromium-driver)"
+    return 0
+  fi
   local sudo=""
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   log "installing chromium and chromium-driver (the dashboard's browser test)"

@@ -193,7 +193,11 @@ pub enum Command {
             hide_env_values = true,
             value_name = "TOKEN"
         )]
-        token: Option<String>,
+        token: Option<Token>,
+        /// Another host name the dashboard answers to (behind a proxy: the name the
+        /// browser uses). Requests for any other `Host` are refused (DNS rebinding).
+        #[arg(long = "allowed-host", value_name = "HOST")]
+        allowed_hosts: Vec<String>,
     },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
@@ -226,6 +230,23 @@ pub enum SlotCommand {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+}
+
+/// The dashboard's token: never in `Debug` output.
+#[derive(Clone)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for Token {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(Token(s.to_owned()))
+    }
 }
 
 /// Filters shared by `pending` and `dead`.

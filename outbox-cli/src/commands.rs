@@ -222,8 +222,12 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 return Err(Failure::NeedsAction);
             }
         }
-        Command::Serve { listen, token } => {
-            crate::serve::serve(outbox.clone(), listen, token, out).await?;
+        Command::Serve {
+            listen,
+            token,
+            allowed_hosts,
+        } => {
+            crate::serve::serve(outbox.clone(), listen, token, allowed_hosts, out).await?;
         }
         Command::Status { json } => {
             let status = admin.status().await?;

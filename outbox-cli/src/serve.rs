@@ -2,9 +2,12 @@
 //!
 //! Reads (status, throughput, dead letters grouped by error, the messages a key has
 //! parked) are open to whoever reaches the address, which is 127.0.0.1 unless told
-//! otherwise; actions (release, discard, replay) need the token given at start, sent as
-//! `Authorization: Bearer <token>` and compared in constant time. Without a token the
-//! dashboard is read-only. The database URL, and so its password, is never shown.
+//! otherwise; requests naming another host (`Host:`) are refused, so a web page cannot
+//! reach the dashboard through DNS rebinding. Actions (release, discard, replay) need
+//! the token given at start, sent as `Authorization: Bearer <token>` and compared in
+//! constant time (as SHA-256 digests: not even its length leaks). Without a token the
+//! dashboard is read-only. The database URL, and so its password, is never shown; nor
+//! are payloads and headers (the listings leave them out).
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -13,8 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
@@ -25,6 +30,9 @@ use uuid::Uuid;
 
 use crate::commands::{Failure, Result};
 
+/// How long the dead letters grouped by error are reused (the grouping reads every
+/// dead letter).
+const ERRORS_TTL: Duration = Duration::from_secs(30);
 /// How often the throughput is sampled, and how many samples are kept (15 minutes).
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const SAMPLES: usize = 180;
@@ -33,8 +41,19 @@ const MAX_PAGE: u32 = 500;
 
 struct App<DB: Backend> {
     admin: Admin<DB>,
-    token: Option<String>,
+    /// SHA-256 of the token.
+    token: Option<[u8; 32]>,
+    /// `Host:` values the dashboard answers to.
+    hosts: Vec<String>,
     samples: Mutex<VecDeque<Sample>>,
+    /// The sampler's last status: what `/api/status` answers, however many tabs ask.
+    last_status: Mutex<Option<outbox_core::admin::Status>>,
+    errors: Mutex<Option<(std::time::Instant, Vec<outbox_core::admin::DeadGroup>)>>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).into()
 }
 
 /// Messages written and published per second over one sampling interval, from the
@@ -52,9 +71,11 @@ struct Sample {
 pub async fn serve<DB: Backend>(
     outbox: Outbox<DB>,
     listen: SocketAddr,
-    token: Option<String>,
+    token: Option<crate::cli::Token>,
+    allowed_hosts: Vec<String>,
     out: &mut impl Write,
 ) -> Result {
+    let token = token.map(|t| t.0);
     if token.as_deref().is_some_and(|t| t.len() < 16) {
         return Err(Failure::Message(
             "the token is shorter than 16 characters: use a long random one (e.g. `openssl rand -hex 32`)"
@@ -65,10 +86,27 @@ pub async fn serve<DB: Backend>(
         .await
         .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
     let address = listener.local_addr()?;
+    let port = address.port();
+    let mut hosts = vec![
+        address.to_string(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    hosts.extend(allowed_hosts.into_iter().map(|h| {
+        if h.contains(':') && !h.ends_with(']') {
+            h
+        } else {
+            format!("{h}:{port}")
+        }
+    }));
     let app = Arc::new(App {
         admin: Admin::new(outbox),
-        token,
+        token: token.as_deref().map(digest),
+        hosts,
         samples: Mutex::new(VecDeque::with_capacity(SAMPLES)),
+        last_status: Mutex::new(None),
+        errors: Mutex::new(None),
     });
     writeln!(
         out,
@@ -90,27 +128,90 @@ pub async fn serve<DB: Backend>(
         .route("/api/release", post(release::<DB>))
         .route("/api/discard", post(discard::<DB>))
         .route("/api/replay", post(replay::<DB>))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard::<DB>,
+        ))
         .with_state(app);
     let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(stop_signal())
         .await;
     sampler.abort();
     served.map_err(|e| Failure::Message(format!("the dashboard stopped: {e}")))
 }
 
+/// Ctrl-C or SIGTERM (systemd, containers).
+async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => {
+            if r.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        () = terminate => {}
+    }
+}
+
+/// Refuses requests for another host (DNS rebinding), and keeps the page out of frames.
+async fn guard<DB: Backend>(
+    State(app): State<Arc<App<DB>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !app.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+        return ApiError(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this dashboard answers to {}; start it with --allowed-host for another name",
+                app.hosts[1]
+            ),
+        )
+        .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
 async fn sample<DB: Backend>(app: Arc<App<DB>>) {
     let mut last: Option<(std::time::Instant, i64, i64)> = None;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Ok(status) = app.admin.status().await else {
             continue; // the next tick tries again; the page shows the error itself
         };
+        *app.last_status.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.clone());
         let now = std::time::Instant::now();
-        let seq = status.last_seq.unwrap_or(0);
+        let Some(seq) = status.last_seq else {
+            last = None; // an empty table: nothing to difference against
+            continue;
+        };
         let queued = status.pending + status.dead;
+        if last.is_some_and(|(_, last_seq, _)| seq < last_seq) {
+            last = None; // rows deleted from the top: start again
+            continue;
+        }
         if let Some((then, last_seq, last_queued)) = last {
             let secs = now.duration_since(then).as_secs_f64().max(0.001);
             let written = (seq - last_seq).max(0) as f64;
@@ -153,9 +254,25 @@ impl From<outbox_core::Error> for ApiError {
             Error::UnknownMessage { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } => StatusCode::CONFLICT,
             Error::InvalidArgument(_) | Error::InvalidMessage(_) => StatusCode::BAD_REQUEST,
-            _ => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("a JSON body was expected: {}", e.body_text()),
+        )
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError(StatusCode::BAD_REQUEST, e.body_text())
     }
 }
 
@@ -169,7 +286,15 @@ struct StatusView {
 }
 
 async fn status<DB: Backend>(State(app): State<Arc<App<DB>>>) -> ApiResult<StatusView> {
-    let status = app.admin.status().await?;
+    let cached = app
+        .last_status
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let status = match cached {
+        Some(status) => status,
+        None => app.admin.status().await?, // before the sampler's first reading
+    };
     let throughput = app
         .samples
         .lock()
@@ -191,9 +316,47 @@ struct Page {
     key: Option<String>,
 }
 
+/// A message as the listings show it: no payload, no headers.
+#[derive(Serialize)]
+struct Row {
+    seq: i64,
+    id: Uuid,
+    state: outbox_core::admin::MessageState,
+    event_type: String,
+    event_version: Option<i32>,
+    destination: String,
+    partition_key: Option<String>,
+    created_at: DateTime<Utc>,
+    attempts: i32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+    dead_at: Option<DateTime<Utc>>,
+    held_back: i64,
+}
+
+impl From<outbox_core::admin::MessageInfo> for Row {
+    fn from(m: outbox_core::admin::MessageInfo) -> Row {
+        Row {
+            seq: m.seq,
+            id: m.id,
+            state: m.state,
+            event_type: m.event_type,
+            event_version: m.event_version,
+            destination: m.destination,
+            partition_key: m.partition_key,
+            created_at: m.created_at,
+            attempts: m.attempts,
+            next_attempt_at: m.next_attempt_at,
+            last_error: m.last_error,
+            dead_at: m.dead_at,
+            held_back: m.held_back,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Listing {
-    messages: Vec<outbox_core::admin::MessageInfo>,
+    messages: Vec<Row>,
     /// `after_seq` for the next page; `None` on the last one.
     next_after_seq: Option<i64>,
 }
@@ -221,25 +384,25 @@ fn listing(messages: Vec<outbox_core::admin::MessageInfo>, limit: u32) -> Listin
         None
     };
     Listing {
-        messages,
+        messages: messages.into_iter().map(Row::from).collect(),
         next_after_seq,
     }
 }
 
 async fn dead<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
-    Query(page): Query<Page>,
+    page: std::result::Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<Listing> {
-    let filter = filter(page)?;
+    let filter = filter(page?.0)?;
     let messages = app.admin.dead(&filter).await?;
     Ok(axum::Json(listing(messages, filter.limit)))
 }
 
 async fn pending<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
-    Query(page): Query<Page>,
+    page: std::result::Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<Listing> {
-    let filter = filter(page)?;
+    let filter = filter(page?.0)?;
     let messages = app.admin.pending(&filter).await?;
     Ok(axum::Json(listing(messages, filter.limit)))
 }
@@ -247,7 +410,22 @@ async fn pending<DB: Backend>(
 async fn dead_errors<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
 ) -> ApiResult<Vec<outbox_core::admin::DeadGroup>> {
-    Ok(axum::Json(app.admin.dead_by_error(50).await?))
+    let cached = app.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some((at, groups)) = cached {
+        if at.elapsed() < ERRORS_TTL {
+            return Ok(axum::Json(groups));
+        }
+    }
+    let groups = app.admin.dead_by_error(50).await?;
+    *app.errors.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((std::time::Instant::now(), groups.clone()));
+    Ok(axum::Json(groups))
+}
+
+/// Forgets the cached status and error groups (after an action changed messages).
+fn forget_cached<DB: Backend>(app: &App<DB>) {
+    *app.errors.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *app.last_status.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// The token check for actions: `Authorization: Bearer <token>`, compared in constant
@@ -266,9 +444,13 @@ fn authorized<DB: Backend>(
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
         .unwrap_or("");
-    if bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+    if bool::from(digest(given).ct_eq(token)) {
         Ok(())
     } else {
         Err(ApiError(
@@ -285,7 +467,10 @@ struct Ids {
 
 #[derive(Serialize)]
 struct Done {
+    /// How many messages changed (with `preview`: would change).
     changed: u64,
+    /// Nothing changed: a replay's preview.
+    preview: bool,
 }
 
 fn some_ids(ids: &[Uuid]) -> std::result::Result<(), ApiError> {
@@ -298,24 +483,32 @@ fn some_ids(ids: &[Uuid]) -> std::result::Result<(), ApiError> {
 async fn release<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
-    axum::Json(body): axum::Json<Ids>,
+    body: std::result::Result<axum::Json<Ids>, JsonRejection>,
 ) -> ApiResult<Done> {
     authorized(&app, &headers)?;
+    let body = body?.0;
     some_ids(&body.ids)?;
+    let changed = app.admin.release(&body.ids).await?;
+    forget_cached(&app);
     Ok(axum::Json(Done {
-        changed: app.admin.release(&body.ids).await?,
+        changed,
+        preview: false,
     }))
 }
 
 async fn discard<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
-    axum::Json(body): axum::Json<Ids>,
+    body: std::result::Result<axum::Json<Ids>, JsonRejection>,
 ) -> ApiResult<Done> {
     authorized(&app, &headers)?;
+    let body = body?.0;
     some_ids(&body.ids)?;
+    let changed = app.admin.discard(&body.ids).await?;
+    forget_cached(&app);
     Ok(axum::Json(Done {
-        changed: app.admin.discard(&body.ids).await?,
+        changed,
+        preview: false,
     }))
 }
 
@@ -326,16 +519,30 @@ struct Replay {
     since: Option<DateTime<Utc>>,
     until: Option<DateTime<Utc>>,
     destination: Option<String>,
+    /// With `since`/`until`: count what the window holds, change nothing.
+    #[serde(default)]
+    preview: bool,
 }
 
 async fn replay<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
-    axum::Json(body): axum::Json<Replay>,
+    body: std::result::Result<axum::Json<Replay>, JsonRejection>,
 ) -> ApiResult<Done> {
     authorized(&app, &headers)?;
+    let body = body?.0;
     let changed = match (body.ids.is_empty(), body.since, body.until) {
-        (false, None, None) => app.admin.replay(&body.ids).await?,
+        (false, None, None) if !body.preview => app.admin.replay(&body.ids).await?,
+        (true, Some(since), Some(until)) if body.preview => {
+            let n = app
+                .admin
+                .preview_replay_sent_between(since, until, body.destination.as_deref())
+                .await?;
+            return Ok(axum::Json(Done {
+                changed: n,
+                preview: true,
+            }));
+        }
         (true, Some(since), Some(until)) => {
             app.admin
                 .replay_sent_between(since, until, body.destination.as_deref())
@@ -344,10 +551,14 @@ async fn replay<DB: Backend>(
         _ => {
             return Err(ApiError(
                 StatusCode::BAD_REQUEST,
-                "give either `ids`, or `since` and `until` (RFC 3339) with an optional `destination`"
+                "give either `ids`, or `since` and `until` (RFC 3339) with an optional `destination` (and `preview: true` to count first)"
                     .to_owned(),
             ));
         }
     };
-    Ok(axum::Json(Done { changed }))
+    forget_cached(&app);
+    Ok(axum::Json(Done {
+        changed,
+        preview: false,
+    }))
 }

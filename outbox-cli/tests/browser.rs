@@ -52,6 +52,26 @@ async fn chromedriver() -> Driver {
     driver
 }
 
+/// Waits until the element's text has every one of `parts`, finding it again each time:
+/// the page redraws its tables, and an element found before a redraw is stale after it.
+async fn text_shows(client: &fantoccini::Client, locator: Locator<'_>, parts: &[&str]) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = match client.find(locator).await {
+            Ok(element) => element.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if parts.iter().all(|p| text.contains(p)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{parts:?} never all shown in {locator:?}: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn write(outbox: &Outbox, event_type: &str) -> Uuid {
     let mut tx = outbox.begin().await.expect("begin");
     let id = tx
@@ -107,27 +127,20 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
         .await
         .expect("open the dashboard");
 
-    // The dead letter's row, with what it parks and its error.
-    let row = client
-        .wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css(&format!("tr[data-id='{poison}']")))
-        .await
-        .expect("the dead letter's row");
-    let text = row.text().await.expect("row text");
-    assert!(text.contains("1 message(s)"), "parks one: {text}");
-    assert!(text.contains("message too large"), "{text}");
-    let groups = client
-        .find(Locator::Id("errors"))
-        .await
-        .expect("errors")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        groups.contains("the broker refused it: message too large"),
-        "{groups}"
-    );
+    // The dead letter's row, with what it parks and its error; the error groups.
+    let row = format!("tr[data-id='{poison}']");
+    text_shows(
+        &client,
+        Locator::Css(&row),
+        &["1 message(s)", "message too large"],
+    )
+    .await;
+    text_shows(
+        &client,
+        Locator::Id("errors"),
+        &["the broker refused it: message too large"],
+    )
+    .await;
 
     if let Ok(path) = std::env::var("OUTBOX_DASHBOARD_SCREENSHOT") {
         // A few throughput samples first (one every 5 s), with messages flowing.
@@ -216,14 +229,7 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
         [poison, later],
         "the released message first, then its key"
     );
-    let notice = client
-        .find(Locator::Id("notice"))
-        .await
-        .expect("notice")
-        .text()
-        .await
-        .expect("text");
-    assert_eq!(notice, "release: 1 message(s)");
+    text_shows(&client, Locator::Id("notice"), &["release: 1 message(s)"]).await;
 
     client.close().await.expect("close the browser");
     drop(driver);

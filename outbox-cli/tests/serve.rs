@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TOKEN, dashboard, http};
+use common::{TOKEN, dashboard, http, raw};
 use outbox_core::sqlx;
 use outbox_tests::{TestDb, database_url};
 use serde_json::json;
@@ -139,6 +139,40 @@ async fn the_api_reads_pages_and_acts_only_with_the_token() {
     assert_eq!(discard.json()["changed"], 1);
     let replay = http(at, "POST", "/api/replay", Some(json!({})), Some(TOKEN)).await;
     assert_eq!(replay.code, 400, "{}", replay.body);
+    let window = json!({ "since": "2020-01-01T00:00:00Z", "until": "2999-01-01T00:00:00Z", "preview": true });
+    let preview = http(at, "POST", "/api/replay", Some(window), Some(TOKEN)).await;
+    assert_eq!(
+        preview.json(),
+        json!({ "changed": 0, "preview": true }),
+        "nothing sent yet"
+    );
+    let garbage = raw(
+        at,
+        at,
+        "POST",
+        "/api/release",
+        Some("not json".to_owned()),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(garbage.code, 400, "{}", garbage.body);
+    assert!(
+        garbage.json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("JSON")),
+        "{}",
+        garbage.body
+    );
+    // Another host name (a rebinding attack's) is refused, reads included.
+    let rebound = raw(at, "evil.example:80", "GET", "/api/status", None, None).await;
+    assert_eq!(rebound.code, 421, "{}", rebound.body);
+    let listed = http(at, "GET", "/api/dead?limit=1", None, None)
+        .await
+        .json();
+    assert!(
+        listed["messages"][0].get("payload").is_none(),
+        "no payloads: {listed}"
+    );
     let unknown = http(
         at,
         "POST",

@@ -72,13 +72,33 @@ pub async fn http(
     body: Option<serde_json::Value>,
     token: Option<&str>,
 ) -> Reply {
+    raw(
+        address,
+        address,
+        method,
+        path,
+        body.map(|b| b.to_string()),
+        token,
+    )
+    .await
+}
+
+/// [`http`] with any `Host` header and any body.
+pub async fn raw(
+    address: &str,
+    host: &str,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+    token: Option<&str>,
+) -> Reply {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .expect("connect to the dashboard");
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let body = body.unwrap_or_default();
     let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
     if !body.is_empty() {
