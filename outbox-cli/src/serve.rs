@@ -480,20 +480,40 @@ fn some_ids(ids: &[Uuid]) -> std::result::Result<(), ApiError> {
     Ok(())
 }
 
+/// What `release` and `discard` do to the ids they are given.
+#[derive(Clone, Copy)]
+enum IdsAction {
+    Release,
+    Discard,
+}
+
+/// Checks the token and the ids, runs `action` (one transaction), forgets the caches.
+async fn on_ids<DB: Backend>(
+    app: &App<DB>,
+    headers: &HeaderMap,
+    body: std::result::Result<axum::Json<Ids>, JsonRejection>,
+    action: IdsAction,
+) -> ApiResult<Done> {
+    authorized(app, headers)?;
+    let body = body?.0;
+    some_ids(&body.ids)?;
+    let changed = match action {
+        IdsAction::Release => app.admin.release(&body.ids).await?,
+        IdsAction::Discard => app.admin.discard(&body.ids).await?,
+    };
+    forget_cached(app);
+    Ok(axum::Json(Done {
+        changed,
+        preview: false,
+    }))
+}
+
 async fn release<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
     body: std::result::Result<axum::Json<Ids>, JsonRejection>,
 ) -> ApiResult<Done> {
-    authorized(&app, &headers)?;
-    let body = body?.0;
-    some_ids(&body.ids)?;
-    let changed = app.admin.release(&body.ids).await?;
-    forget_cached(&app);
-    Ok(axum::Json(Done {
-        changed,
-        preview: false,
-    }))
+    on_ids(&app, &headers, body, IdsAction::Release).await
 }
 
 async fn discard<DB: Backend>(
@@ -501,15 +521,7 @@ async fn discard<DB: Backend>(
     headers: HeaderMap,
     body: std::result::Result<axum::Json<Ids>, JsonRejection>,
 ) -> ApiResult<Done> {
-    authorized(&app, &headers)?;
-    let body = body?.0;
-    some_ids(&body.ids)?;
-    let changed = app.admin.discard(&body.ids).await?;
-    forget_cached(&app);
-    Ok(axum::Json(Done {
-        changed,
-        preview: false,
-    }))
+    on_ids(&app, &headers, body, IdsAction::Discard).await
 }
 
 #[derive(Deserialize)]
