@@ -194,8 +194,9 @@ pub enum Command {
             value_name = "TOKEN"
         )]
         token: Option<Token>,
-        /// Another host name the dashboard answers to (behind a proxy: the name the
-        /// browser uses). Requests for any other `Host` are refused (DNS rebinding).
+        /// Another host name the dashboard answers to, on any port (behind a proxy: the
+        /// name the browser uses). Besides these it answers IP addresses and
+        /// `localhost`; requests for any other `Host` are refused (DNS rebinding).
         #[arg(long = "allowed-host", value_name = "HOST")]
         allowed_hosts: Vec<String>,
     },

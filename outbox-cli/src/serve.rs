@@ -43,7 +43,7 @@ struct App<DB: Backend> {
     admin: Admin<DB>,
     /// SHA-256 of the token.
     token: Option<[u8; 32]>,
-    /// `Host:` values the dashboard answers to.
+    /// Host names the dashboard answers to (any port), besides IP addresses.
     hosts: Vec<String>,
     samples: Mutex<VecDeque<Sample>>,
     /// The sampler's last status: what `/api/status` answers, however many tabs ask.
@@ -86,20 +86,12 @@ pub async fn serve<DB: Backend>(
         .await
         .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
     let address = listener.local_addr()?;
-    let port = address.port();
-    let mut hosts = vec![
-        address.to_string(),
-        format!("localhost:{port}"),
-        format!("127.0.0.1:{port}"),
-        format!("[::1]:{port}"),
-    ];
-    hosts.extend(allowed_hosts.into_iter().map(|h| {
-        if h.contains(':') && !h.ends_with(']') {
-            h
-        } else {
-            format!("{h}:{port}")
-        }
-    }));
+    let mut hosts = vec!["localhost".to_owned()];
+    hosts.extend(
+        allowed_hosts
+            .iter()
+            .map(|h| host_name(h).to_ascii_lowercase()),
+    );
     let app = Arc::new(App {
         admin: Admin::new(outbox),
         token: token.as_deref().map(digest),
@@ -142,6 +134,7 @@ pub async fn serve<DB: Backend>(
 
 /// Ctrl-C or SIGTERM (systemd, containers).
 async fn stop_signal() {
+    #[cfg(unix)]
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -150,6 +143,8 @@ async fn stop_signal() {
             Err(_) => std::future::pending::<()>().await,
         }
     };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
     tokio::select! {
         r = tokio::signal::ctrl_c() => {
             if r.is_err() {
@@ -160,24 +155,43 @@ async fn stop_signal() {
     }
 }
 
+/// The name of a `Host` value: without its port, and without the brackets of an IPv6
+/// address (`[::1]:8080` -> `::1`).
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    if host.matches(':').count() > 1 {
+        return host; // a bare IPv6 address
+    }
+    host.split(':').next().unwrap_or(host)
+}
+
 /// Refuses requests for another host (DNS rebinding), and keeps the page out of frames.
 async fn guard<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     request: Request,
     next: Next,
 ) -> Response {
+    // A page that rebinds its own domain name to this address still sends that name:
+    // answer IP addresses, `localhost` and the names allowed at start. No `Host` at
+    // all (HTTP/1.0, a script) is not a browser.
     let host = request
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    if !app.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+        .map(host_name);
+    let allowed = host.is_none_or(|name| {
+        name.parse::<std::net::IpAddr>().is_ok()
+            || app.hosts.iter().any(|h| h.eq_ignore_ascii_case(name))
+    });
+    if !allowed {
         return ApiError(
             StatusCode::MISDIRECTED_REQUEST,
-            format!(
-                "this dashboard answers to {}; start it with --allowed-host for another name",
-                app.hosts[1]
-            ),
+            "this dashboard answers to localhost and IP addresses; start it with \
+             --allowed-host NAME to answer to another name"
+                .to_owned(),
         )
         .into_response();
     }
@@ -199,7 +213,10 @@ async fn sample<DB: Backend>(app: Arc<App<DB>>) {
     loop {
         tick.tick().await;
         let Ok(status) = app.admin.status().await else {
-            continue; // the next tick tries again; the page shows the error itself
+            // Not the last good figures: `/api/status` reads the database itself, and
+            // the page shows its error.
+            *app.last_status.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            continue;
         };
         *app.last_status.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.clone());
         let now = std::time::Instant::now();

@@ -166,6 +166,16 @@ async fn the_api_reads_pages_and_acts_only_with_the_token() {
     // Another host name (a rebinding attack's) is refused, reads included.
     let rebound = raw(at, "evil.example:80", "GET", "/api/status", None, None).await;
     assert_eq!(rebound.code, 421, "{}", rebound.body);
+    for fine in [
+        "localhost",
+        "localhost:9999",
+        "127.0.0.1",
+        "[::1]:8080",
+        "10.0.0.7",
+    ] {
+        let reply = raw(at, fine, "GET", "/api/status", None, None).await;
+        assert_eq!(reply.code, 200, "Host: {fine}: {}", reply.body);
+    }
     let listed = http(at, "GET", "/api/dead?limit=1", None, None)
         .await
         .json();

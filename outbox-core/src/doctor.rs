@@ -351,10 +351,10 @@ fn pending(status: &Status, limits: &Limits, standby: bool, out: &mut Vec<Findin
                 .is_some_and(|w| w.age_seconds > limits.open_writer.as_secs_f64());
             let fix = if no_relay {
                 "see `no-relay`"
-            } else if status.dead > 0 {
-                "see `dead-letters`: pending messages wait behind dead letters of their keys"
             } else if writer_stuck {
                 "see `open-writer`: an open transaction holds the relay back"
+            } else if status.dead > 0 {
+                "see `dead-letters`: pending messages wait behind dead letters of their keys"
             } else {
                 "the relay is behind or the broker refuses messages: check the relay's logs, \
                  `outbox_relay_broker_unavailable` and `outbox pending --in-retry`"

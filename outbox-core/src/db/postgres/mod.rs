@@ -263,7 +263,7 @@ pub(crate) fn mask_literals(query: &str, max: usize) -> String {
                 i += 1;
             }
         } else if c.is_ascii_digit() && !after_word {
-            while i < n && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+            while i < n && (chars[i].is_ascii_alphanumeric() || matches!(chars[i], '.' | '_')) {
                 i += 1;
             }
             out.push('?');
@@ -564,6 +564,7 @@ mod tests {
                 "UPDATE cards SET number = 4111111111111111, cvv = 1.5e3",
                 "UPDATE cards SET number = ?, cvv = ?",
             ),
+            ("SELECT 4111_1111_1111_1111", "SELECT ?"),
         ];
         for (query, masked) in cases {
             assert_eq!(mask_literals(query, 300), masked, "{query}");
