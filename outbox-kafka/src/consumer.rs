@@ -85,6 +85,8 @@ pub struct KafkaTransport {
     settings: Settings,
     /// The dead-letter topic and the producer writing to it.
     dead_letters: Option<(String, FutureProducer)>,
+    /// The dead-letter producer's settings, whose secrets are redacted too.
+    dead_letter_settings: Settings,
     offsets: Mutex<Offsets>,
 }
 
@@ -184,11 +186,9 @@ impl KafkaTransportBuilder {
         if self.topics.is_empty() {
             return Err(Error::Incomplete("no topics"));
         }
+        let dead_letter_settings = dead_letter_settings(&self.settings, &self.dead_letter_settings);
         let dead_letters = match self.dead_letter_topic.take() {
-            Some(topic) => Some((
-                topic,
-                dead_letter_producer(&self.settings, &self.dead_letter_settings)?,
-            )),
+            Some(topic) => Some((topic, dead_letter_settings.create()?)),
             None => None,
         };
         self.settings.set_default("enable.auto.commit", "true");
@@ -204,13 +204,15 @@ impl KafkaTransportBuilder {
             consumer,
             settings: self.settings,
             dead_letters,
+            dead_letter_settings,
             offsets: Mutex::new(Offsets::default()),
         })
     }
 }
 
-/// A producer with the consumer's connection and security settings only.
-fn dead_letter_producer(consumer: &Settings, own: &[(String, String)]) -> Result<FutureProducer> {
+/// The dead-letter producer's settings: the consumer's connection and security settings
+/// only, then its own.
+fn dead_letter_settings(consumer: &Settings, own: &[(String, String)]) -> Settings {
     let mut settings = Settings::default();
     for key in consumer.keys() {
         let shared = [
@@ -235,7 +237,7 @@ fn dead_letter_producer(consumer: &Settings, own: &[(String, String)]) -> Result
     }
     settings.set_default("enable.idempotence", "true");
     settings.set_default("acks", "all");
-    settings.create()
+    settings
 }
 
 impl Transport for KafkaTransport {
@@ -363,7 +365,9 @@ impl Transport for KafkaTransport {
     }
 
     fn redact(&self, text: &str) -> String {
-        self.settings.redact(text)
+        // A dead-letter producer may authenticate with credentials of its own.
+        self.dead_letter_settings
+            .redact(&self.settings.redact(text))
     }
 
     async fn close(self) {
@@ -397,5 +401,27 @@ mod tests {
         assert_eq!(offsets.acknowledged("t", 1, 0), Some(0), "partitions apart");
         assert_eq!(offsets.acknowledged("t", 0, 9), Some(9));
         assert_eq!(offsets.acknowledged("u", 0, 1), None, "never received");
+    }
+
+    /// The dead-letter producer's own credentials are redacted like the consumer's
+    /// (before, only the consumer's settings were).
+    #[tokio::test]
+    async fn the_dead_letter_producers_secrets_are_redacted_too() {
+        use outbox_core::consumer::Transport;
+        let transport = super::KafkaTransport::builder("127.0.0.1:1", "redaction")
+            .set("sasl.password", "consumer-secret-1")
+            .topic("orders")
+            .dead_letter_topic("orders.dlq")
+            .dead_letter_set("sasl.password", "dlq-secret-2")
+            .build()
+            .expect("a client needs no broker to be created");
+        let text = "auth failed with consumer-secret-1 and dlq-secret-2";
+        assert_eq!(
+            transport.redact(text),
+            "auth failed with *** and ***",
+            "neither password survives"
+        );
+        let debug = format!("{transport:?}");
+        assert!(!debug.contains("secret"), "{debug}");
     }
 }
