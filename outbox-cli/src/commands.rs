@@ -14,7 +14,7 @@ use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
 use outbox_core::{Backend, Outbox, OutboxBuilder, TableName};
 
 use crate::cli::{Cli, Command, Filter, SlotCommand};
-use crate::time::human;
+use outbox_core::admin::human_duration as human;
 
 /// Why a command failed. Displayed on one line.
 #[derive(Debug)]

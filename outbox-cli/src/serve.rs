@@ -333,47 +333,19 @@ struct Page {
     key: Option<String>,
 }
 
-/// A message as the listings show it: no payload, no headers.
-#[derive(Serialize)]
-struct Row {
-    seq: i64,
-    id: Uuid,
-    state: outbox_core::admin::MessageState,
-    event_type: String,
-    event_version: Option<i32>,
-    destination: String,
-    partition_key: Option<String>,
-    created_at: DateTime<Utc>,
-    attempts: i32,
-    next_attempt_at: Option<DateTime<Utc>>,
-    last_error: Option<String>,
-    dead_at: Option<DateTime<Utc>>,
-    held_back: i64,
-}
-
-impl From<outbox_core::admin::MessageInfo> for Row {
-    fn from(m: outbox_core::admin::MessageInfo) -> Row {
-        Row {
-            seq: m.seq,
-            id: m.id,
-            state: m.state,
-            event_type: m.event_type,
-            event_version: m.event_version,
-            destination: m.destination,
-            partition_key: m.partition_key,
-            created_at: m.created_at,
-            attempts: m.attempts,
-            next_attempt_at: m.next_attempt_at,
-            last_error: m.last_error,
-            dead_at: m.dead_at,
-            held_back: m.held_back,
-        }
+/// A message as the listings show it: `MessageInfo` without its payload and headers.
+fn row(message: outbox_core::admin::MessageInfo) -> serde_json::Value {
+    let mut value = serde_json::to_value(message).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        fields.remove("payload");
+        fields.remove("headers");
     }
+    value
 }
 
 #[derive(Serialize)]
 struct Listing {
-    messages: Vec<Row>,
+    messages: Vec<serde_json::Value>,
     /// `after_seq` for the next page; `None` on the last one.
     next_after_seq: Option<i64>,
 }
@@ -401,7 +373,7 @@ fn listing(messages: Vec<outbox_core::admin::MessageInfo>, limit: u32) -> Listin
         None
     };
     Listing {
-        messages: messages.into_iter().map(Row::from).collect(),
+        messages: messages.into_iter().map(row).collect(),
         next_after_seq,
     }
 }

@@ -80,23 +80,6 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
     parse_time_at(text, Utc::now())
 }
 
-/// `3d 4h`, `12m 5s`, `1.2s`: a short human form of a duration in seconds.
-pub fn human(secs: f64) -> String {
-    if !secs.is_finite() || secs < 0.0 {
-        return "0s".to_owned();
-    }
-    if secs < 60.0 {
-        return format!("{secs:.1}s");
-    }
-    let s = secs as u64;
-    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
-    match (d, h) {
-        (0, 0) => format!("{m}m {s}s"),
-        (0, _) => format!("{h}h {m}m"),
-        _ => format!("{d}d {h}h"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,13 +139,5 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
-    }
-
-    #[test]
-    fn human_durations() {
-        assert_eq!(human(1.25), "1.2s");
-        assert_eq!(human(725.0), "12m 5s");
-        assert_eq!(human(3.0 * 3600.0 + 120.0), "3h 2m");
-        assert_eq!(human(3.0 * 86_400.0 + 4.0 * 3600.0), "3d 4h");
     }
 }

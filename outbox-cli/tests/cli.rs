@@ -1353,7 +1353,7 @@ async fn doctor_says_what_needs_action_and_exits_3_until_nothing_does() {
         "ACTION  dead-letters: 1 dead letter(s), holding back 1 later message(s) of their keys",
         &format!("{dead} Tested to orders, key order-9: holds back 1 message(s)"),
         "ACTION  no-relay: 1 message(s) pending and no relay is connected",
-        "ACTION  oldest-pending: the oldest pending message has waited 2.0h (limit 10s)",
+        "ACTION  oldest-pending: the oldest pending message has waited 2h 0m (limit 10.0s)",
         "fix: see `no-relay`",
         if autovacuum {
             "3 finding(s) need action"

@@ -39,7 +39,7 @@ use uuid::Uuid;
 use crate::model::Which;
 pub use crate::model::{
     DeadGroup, DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport,
-    SlotStatus, Status,
+    SlotStatus, Status, human_duration,
 };
 use crate::store::ops::Behind;
 use crate::store::{Backend, DefaultBackend};

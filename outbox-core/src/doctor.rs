@@ -42,8 +42,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::admin::Admin;
-use crate::model::ListFilter;
 pub use crate::model::{Health, RelayInstance, ReplicationSlot, Status};
+use crate::model::{ListFilter, human_duration};
 use crate::store::{Backend, DefaultBackend};
 use crate::{Outbox, Result};
 
@@ -364,8 +364,8 @@ fn pending(status: &Status, limits: &Limits, standby: bool, out: &mut Vec<Findin
                 severity: Severity::Action,
                 summary: format!(
                     "the oldest pending message has waited {} (limit {})",
-                    human_age(age),
-                    human_age(limits.oldest_pending.as_secs_f64())
+                    human_duration(age),
+                    human_duration(limits.oldest_pending.as_secs_f64())
                 ),
                 details: status
                     .destinations
@@ -378,7 +378,7 @@ fn pending(status: &Status, limits: &Limits, standby: bool, out: &mut Vec<Findin
                             d.pending,
                             d.in_retry,
                             d.oldest_pending_age_seconds
-                                .map_or("-".to_owned(), human_age)
+                                .map_or("-".to_owned(), human_duration)
                         )
                     })
                     .collect(),
@@ -408,7 +408,7 @@ fn pending(status: &Status, limits: &Limits, standby: bool, out: &mut Vec<Findin
                 summary: format!(
                     "{who} has held the outbox's writer lock for {}: the relay publishes \
                      nothing written after it began",
-                    human_age(writer.age_seconds)
+                    human_duration(writer.age_seconds)
                 ),
                 details: writer
                     .query
@@ -523,7 +523,7 @@ fn relays(health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
                     .as_deref()
                     .map(|c| format!(" from {c}"))
                     .unwrap_or_default(),
-                human_age(r.connected_seconds),
+                human_duration(r.connected_seconds),
                 ranges(&r.partitions)
             )
         })
@@ -708,19 +708,6 @@ fn ranges(values: &[i32]) -> String {
     }
 }
 
-fn human_age(seconds: f64) -> String {
-    let s = seconds.max(0.0);
-    if s < 120.0 {
-        format!("{s:.0}s")
-    } else if s < 7200.0 {
-        format!("{:.0}m", s / 60.0)
-    } else if s < 172_800.0 {
-        format!("{:.1}h", s / 3600.0)
-    } else {
-        format!("{:.1}d", s / 86400.0)
-    }
-}
-
 fn human_bytes(bytes: i64) -> String {
     let b = bytes.max(0) as f64;
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -747,8 +734,5 @@ mod tests {
         assert_eq!(ranges(&[]), "none");
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(3 * 1024 * 1024), "3.0 MiB");
-        assert_eq!(human_age(59.0), "59s");
-        assert_eq!(human_age(3600.0), "60m");
-        assert_eq!(human_age(4.0 * 86400.0), "4.0d");
     }
 }

@@ -183,7 +183,10 @@ async fn an_old_pending_message_says_what_holds_it() {
         .expect("age it");
     let report = examine(&outbox, Limits::default()).await;
     let old = action(&report, "oldest-pending");
-    assert!(old.summary.contains("has waited 2.0h (limit 5m)"), "{old}");
+    assert!(
+        old.summary.contains("has waited 2h 0m (limit 5m 0s)"),
+        "{old}"
+    );
     assert_eq!(old.fix, "see `no-relay`");
     assert!(
         old.details[0].starts_with("doctor.events: 1 pending"),
