@@ -136,8 +136,13 @@ async fn a_new_relay_resumes_where_the_broker_acknowledged() {
         "the new relay publishes what was written meanwhile",
         WAIT,
         || async {
-            let seen: HashSet<Uuid> = second.published().iter().map(|r| r.id).collect();
-            second.published().len() >= 120 && seen.len() >= 120
+            // Every event, counted once: a repeat is no progress (and fails below).
+            let seen: HashSet<Uuid> = before
+                .iter()
+                .chain(second.published().iter())
+                .map(|r| r.id)
+                .collect();
+            seen.len() >= 320
         },
     )
     .await;
@@ -168,6 +173,66 @@ async fn a_new_relay_resumes_where_the_broker_acknowledged() {
         dedup.dedup();
         assert_eq!(dedup, (0..80).collect::<Vec<u64>>(), "key {key} in order");
     }
+    cleanup(db, &slot).await;
+}
+
+/// A clean shutdown leaves the slot at what the broker acknowledged, also while the
+/// server streams other work to the relay as it lets go. The relay's last confirmation
+/// used to be written to the socket and the connection closed at once: a walsender busy
+/// sending (here, other logical messages of the database) met the client's reset before
+/// it read the confirmation, and the next relay published again what had been
+/// acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_confirms_while_the_server_streams_other_work() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (db, outbox, slot) = wal_outbox().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let noise = {
+        let (pool, stop) = (db.pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                sqlx::query(
+                    "SELECT count(pg_logical_emit_message(true, 'outbox-test-noise', \
+                     repeat('x', 100))) FROM generate_series(1, 20000)",
+                )
+                .execute(&pool)
+                .await
+                .expect("noise");
+                // Paced so that the relay keeps up with it.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let mut published: HashSet<Uuid> = HashSet::new();
+    for round in 0..16 {
+        let mut written = HashSet::new();
+        for n in 0..10 {
+            let mut tx = outbox.begin().await.expect("begin");
+            written.insert(tx.emit_message(message("k", round * 10 + n)).expect("emit"));
+            tx.commit().await.expect("commit");
+        }
+        let publisher = InMemoryPublisher::new();
+        let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+        wait_until("this round's events are published", WAIT, || async {
+            let seen: HashSet<Uuid> = publisher.published().iter().map(|r| r.id).collect();
+            written.is_subset(&seen)
+        })
+        .await;
+        relay.shutdown().await;
+        let ids: Vec<Uuid> = publisher.published().iter().map(|r| r.id).collect();
+        let again = ids.iter().filter(|id| published.contains(id)).count();
+        assert_eq!(
+            again, 0,
+            "round {round}: the relay before this one stopped cleanly after its events were \
+             acknowledged, yet {again} of them were published again"
+        );
+        published.extend(ids);
+    }
+    stop.store(true, Ordering::Relaxed);
+    noise.await.expect("noise task");
+    assert_eq!(published.len(), 160);
     cleanup(db, &slot).await;
 }
 

@@ -599,6 +599,9 @@ struct Entry {
     to_table: bool,
 }
 
+/// How long a relay that stops waits for the server to show its last confirmation.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// The WAL relay session (WAL mode, `docs/wal.md`).
 pub struct WalSession<'a> {
     cx: Context<'a, Postgres>,
@@ -1319,19 +1322,62 @@ impl Session for WalSession<'_> {
         Ok(dead)
     }
 
-    /// Sends the last confirmation before it lets the slot go (the client stops without
-    /// one), so the next relay does not publish again what the broker acknowledged.
+    /// Lets the slot go once the server has taken in the last confirmation, so the next
+    /// relay does not publish again what the broker acknowledged.
+    ///
+    /// Written is not read: the client ends the stream by closing its socket, with the
+    /// server's data still unread, which resets the connection. A walsender busy sending
+    /// (other transactions of the database) meets that reset before it reads the last
+    /// status update, and the slot stays at the one before. So this waits until
+    /// `pg_replication_slots` shows the position (it reads the slot's memory, updated as
+    /// soon as the walsender reads the update).
     async fn close(mut self) {
-        if let Some(mut client) = self.client.take() {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            while client.feedback_pending_since().is_some()
-                && client.is_running()
-                && Instant::now() < deadline
-            {
+        let deadline = Instant::now() + CLOSE_WAIT;
+        // A message goes out as soon as it is read, and the relay may stop before it
+        // reads the commit after it: with every message read acknowledged, the rest of
+        // the open transaction is read, so that its commit is confirmed.
+        while self.in_tx && self.first_open().is_none() {
+            let Some(client) = self.client.as_mut() else {
+                break;
+            };
+            let Ok(Ok(Some(event))) = tokio::time::timeout_at(deadline, client.recv()).await else {
+                break;
+            };
+            if self.take(event).is_err() {
+                break;
+            }
+        }
+        let Some(mut client) = self.client.take() else {
+            return;
+        };
+        let mut shown = self.confirmed.0 == 0;
+        while !shown && client.is_running() && Instant::now() < deadline {
+            self.cx.count_queries(1);
+            shown = sqlx::query_scalar::<_, bool>(
+                "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+            )
+            .bind(&self.wal.slot)
+            .bind(self.confirmed.to_string())
+            .fetch_optional(self.cx.pool)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false);
+            if !shown {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            let _ = client.shutdown().await;
         }
+        if !shown {
+            tracing::warn!(
+                slot = %self.wal.slot,
+                confirmed = %self.confirmed,
+                "outbox WAL relay: the server did not show the last confirmed position before \
+                 the relay let the slot go; the next relay publishes again what came after \
+                 the position it shows (duplicates, which consumers drop by message id)"
+            );
+        }
+        let _ = client.shutdown().await;
     }
 }
 
