@@ -615,6 +615,8 @@ pub struct WalSession<'a> {
     commits: VecDeque<(i64, Lsn)>,
     /// Inside a transaction (between `Begin` and `Commit`).
     in_tx: bool,
+    /// The open transaction holds outbox messages (not only other logical messages).
+    tx_ours: bool,
     confirmed: Lsn,
     /// The end of the WAL as the server last reported it.
     wal_end: Lsn,
@@ -673,6 +675,7 @@ impl<'a> WalSession<'a> {
             next_seq: 1,
             commits: VecDeque::new(),
             in_tx: false,
+            tx_ours: false,
             confirmed: Lsn(0),
             wal_end: Lsn(0),
             parked: HashSet::new(),
@@ -711,8 +714,6 @@ impl<'a> WalSession<'a> {
         ))
         .with_status_interval(Duration::from_millis(100))
         .with_buffer_size(8192)
-        // Makes `feedback_pending_since` report: `close` waits for the last confirmation.
-        .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {}))
     }
 
     /// Takes the slot if it is free: `Ok(false)` while another relay holds it.
@@ -738,7 +739,7 @@ impl<'a> WalSession<'a> {
     /// Takes in one event.
     fn take(&mut self, event: ReplicationEvent) -> SessionResult<()> {
         match event {
-            ReplicationEvent::Begin { .. } => self.in_tx = true,
+            ReplicationEvent::Begin { .. } => (self.in_tx, self.tx_ours) = (true, false),
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.in_tx = false;
                 self.wal_end = self.wal_end.max(end_lsn);
@@ -757,6 +758,7 @@ impl<'a> WalSession<'a> {
                     ))
                 })?;
                 self.next_seq += 1;
+                self.tx_ours = true;
                 let to_table = record
                     .partition_key
                     .as_ref()
@@ -1332,11 +1334,14 @@ impl Session for WalSession<'_> {
     /// `pg_replication_slots` shows the position (it reads the slot's memory, updated as
     /// soon as the walsender reads the update).
     async fn close(mut self) {
-        let deadline = Instant::now() + CLOSE_WAIT;
+        // Within the relay's own bound on `close` (`connect_timeout`), so that the client
+        // is always shut down.
+        let wait = CLOSE_WAIT.min(self.cx.config.connect_timeout.mul_f64(0.8));
+        let deadline = Instant::now() + wait;
         // A message goes out as soon as it is read, and the relay may stop before it
         // reads the commit after it: with every message read acknowledged, the rest of
-        // the open transaction is read, so that its commit is confirmed.
-        while self.in_tx && self.first_open().is_none() {
+        // an open transaction of outbox messages is read, so that its commit is confirmed.
+        while self.in_tx && self.tx_ours && self.first_open().is_none() {
             let Some(client) = self.client.as_mut() else {
                 break;
             };
@@ -1351,19 +1356,24 @@ impl Session for WalSession<'_> {
             return;
         };
         let mut shown = self.confirmed.0 == 0;
+        let mut failed = None;
         while !shown && client.is_running() && Instant::now() < deadline {
             self.cx.count_queries(1);
-            shown = sqlx::query_scalar::<_, bool>(
+            let query = sqlx::query_scalar::<_, bool>(
                 "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots \
                  WHERE slot_name = $1",
             )
             .bind(&self.wal.slot)
             .bind(self.confirmed.to_string())
-            .fetch_optional(self.cx.pool)
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or(false);
+            .fetch_optional(self.cx.pool);
+            match tokio::time::timeout_at(deadline, query).await {
+                Ok(Ok(row)) => shown = row.unwrap_or(false),
+                Ok(Err(e)) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+                Err(_) => break,
+            }
             if !shown {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -1372,9 +1382,12 @@ impl Session for WalSession<'_> {
             tracing::warn!(
                 slot = %self.wal.slot,
                 confirmed = %self.confirmed,
-                "outbox WAL relay: the server did not show the last confirmed position before \
-                 the relay let the slot go; the next relay publishes again what came after \
-                 the position it shows (duplicates, which consumers drop by message id)"
+                ?wait,
+                error = failed.as_deref(),
+                "outbox WAL relay: could not see the server take in the last confirmed \
+                 position before the relay let the slot go; the next relay may publish again \
+                 what came after the position the slot shows (duplicates, which consumers \
+                 drop by message id)"
             );
         }
         let _ = client.shutdown().await;
