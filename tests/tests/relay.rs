@@ -1034,13 +1034,16 @@ async fn an_open_writer_is_waited_for_quietly_and_named() {
     })
     .await;
     // Measured over a window while the writer stays open (a slow machine only makes it
-    // quieter): samples back off to the 1 s poll interval.
+    // quieter): samples back off to the 1 s poll interval, and each costs a sample and a
+    // claim (the relay keeps its idle lock through a timed wake-up), with a probe per
+    // poll interval: 9-12 in 3 s. It was 27 when every re-sample gave the idle lock up
+    // and took it back with one more claim, and that failed the bound of 30 once in CI.
     let before = relay.stats().queries;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let waiting = relay.stats().queries - before;
     eprintln!("measured: {waiting} relay statements in 3 s while a writer was open");
     assert!(
-        waiting <= 30,
+        waiting <= 18,
         "the relay re-samples with a backoff while a writer is open: {waiting} statements in 3 s"
     );
     assert_eq!(

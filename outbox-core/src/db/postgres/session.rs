@@ -271,6 +271,9 @@ pub struct PgSession<'a> {
     held_reported: bool,
     idle: Idle,
     idle_retry: Duration,
+    /// The last wait ended on its timer (a re-sample, a retry, the safety poll), not on
+    /// a notification: a relay that held the idle lock through it keeps it for its claim.
+    timer_woke: bool,
     /// The last claim found fewer rows than a batch: the relay has caught up.
     caught_up: bool,
 }
@@ -441,6 +444,7 @@ impl<'a> PgSession<'a> {
             held_reported: false,
             idle: Idle::Busy,
             idle_retry: FIRST_IDLE_RETRY,
+            timer_woke: false,
             caught_up: false,
         })
     }
@@ -621,16 +625,13 @@ impl<'a> PgSession<'a> {
             Idle::Busy => {}
             // The claim after declaring idle: keep the lock; `wait` may wait now.
             Idle::Declared => self.idle = Idle::Waiting,
+            // Woken by its timer: it keeps the lock (commits keep notifying, so none is
+            // missed) and gives it up below only if it finds rows to publish. Released
+            // and taken again, the lock would cost a statement each and one more claim
+            // per re-sample while an open writer holds the horizon back.
+            Idle::Waiting if self.timer_woke => {}
             // Woken: commits stop notifying; this relay looks again before it waits.
-            Idle::Waiting => {
-                self.count_queries(1);
-                sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
-                    .bind(self.table_key)
-                    .bind(locks::IDLE)
-                    .execute(&mut self.conn)
-                    .await?;
-                self.idle = Idle::Busy;
-            }
+            Idle::Waiting => self.leave_idle().await?,
         }
         let sample = self.sample().await?;
         let mut horizon = self.horizon.observe(sample);
@@ -662,7 +663,22 @@ impl<'a> PgSession<'a> {
             .fetch(&mut self.conn);
         let rows = decode_each(rows, record).await?;
         self.caught_up = rows.len() < config.batch_size;
+        if !rows.is_empty() && matches!(self.idle, Idle::Waiting) {
+            self.leave_idle().await?;
+        }
         Ok(rows)
+    }
+
+    /// Gives the idle lock up: commits stop notifying.
+    async fn leave_idle(&mut self) -> SessionResult<()> {
+        self.count_queries(1);
+        sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+            .bind(self.table_key)
+            .bind(locks::IDLE)
+            .execute(&mut self.conn)
+            .await?;
+        self.idle = Idle::Busy;
+        Ok(())
     }
 }
 
@@ -753,11 +769,12 @@ impl Session for PgSession<'_> {
             n = self.listener.try_recv() => {
                 // `None`: the listening connection was lost and is being re-established;
                 // notifications may have been missed, so run a cycle anyway.
+                self.timer_woke = false;
                 n?;
                 while self.listener.next_buffered().is_some() {}
             }
-            _ = tokio::time::sleep_until(until) => {}
-            _ = stopped(shutdown) => {}
+            _ = tokio::time::sleep_until(until) => self.timer_woke = true,
+            _ = stopped(shutdown) => self.timer_woke = false,
         }
         Ok(())
     }
