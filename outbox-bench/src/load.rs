@@ -202,6 +202,7 @@ pub async fn sustained(args: &Args, report: &mut Report) -> Result<(), BoxError>
                 run.p99_ms,
                 "ms (pass <= 100)",
             );
+            crate::publisher::report_calls(report, ("sustained", &name("")), &run.calls);
             report.add(
                 "sustained",
                 &name("read by the consumer"),
@@ -258,6 +259,7 @@ struct SustainedRun {
     p99_ms: f64,
     committed: usize,
     consumed: usize,
+    calls: crate::publisher::PublishCalls,
 }
 
 async fn sustained_run(
@@ -276,11 +278,9 @@ async fn sustained_run(
     let mut arrivals = kafka::Arrivals::start(brokers, &topic).await?;
     let publisher = kafka::publisher(brokers, &topic).await?;
     let (ack_tx, mut acks) = kafka::Arrivals::channel();
-    let relay = Relay::builder(
-        outbox.clone(),
-        crate::publisher::Acked::new(publisher, ack_tx),
-    )
-    .spawn();
+    let publisher = crate::publisher::Acked::new(publisher, ack_tx);
+    let calls = publisher.calls();
+    let relay = Relay::builder(outbox.clone(), publisher).spawn();
     // Warm-up: one event through the whole path before the clock starts.
     let mut tx = outbox.begin().await?;
     tx.emit_message(OutboxMessage::new("Load", topic.as_str(), "{}"))?;
@@ -293,6 +293,7 @@ async fn sustained_run(
         return Err("the warm-up event did not reach the consumer within 60 s".into());
     }
     arrivals.seen.clear();
+    calls.lock().map_err(|_| "publish calls poisoned")?.clear();
 
     let batch = args.sustained_batch.max(1);
     let seconds = args.sustained_seconds;
@@ -401,5 +402,6 @@ async fn sustained_run(
             .iter()
             .filter(|(id, _)| arrivals.seen.contains_key(id))
             .count(),
+        calls,
     })
 }

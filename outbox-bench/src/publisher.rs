@@ -63,3 +63,27 @@ impl<P: Publisher> Publisher for Acked<P> {
         results
     }
 }
+
+/// The broker's share, into `report` under `(group, prefix)`: how long each publish call
+/// took (p50, p99) and how many messages it carried.
+pub fn report_calls(
+    report: &mut crate::report::Report,
+    (group, prefix): (&str, &str),
+    calls: &PublishCalls,
+) {
+    let Ok(calls) = calls.lock() else {
+        return;
+    };
+    let mut ms: Vec<f64> = calls.iter().map(|c| c.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let messages: usize = calls.iter().map(|c| c.1).sum();
+    let name = |q: &str| format!("{prefix}publish call (relay -> broker acks), {q}");
+    report.add(group, &name("p50"), crate::setup::quantile(&ms, 0.5), "ms");
+    report.add(group, &name("p99"), crate::setup::quantile(&ms, 0.99), "ms");
+    report.add(
+        group,
+        &format!("{prefix}messages per publish call, mean"),
+        messages as f64 / calls.len().max(1) as f64,
+        "messages",
+    );
+}

@@ -668,20 +668,8 @@ pub(crate) async fn measure_latency(
         "tx/s",
     );
     let at = (group, prefix);
-    if let Some(Ok(calls)) = calls.as_ref().map(|c| c.lock()) {
-        // The broker's share: how long each publish call took, and how full it was.
-        let mut ms: Vec<f64> = calls.iter().map(|c| c.0).collect();
-        ms.sort_by(f64::total_cmp);
-        let messages: usize = calls.iter().map(|c| c.1).sum();
-        let name = |q: &str| format!("{prefix}publish call (relay -> broker acks), {q}");
-        report.add(group, &name("p50"), quantile(&ms, 0.5), "ms");
-        report.add(group, &name("p99"), quantile(&ms, 0.99), "ms");
-        report.add(
-            group,
-            &format!("{prefix}messages per publish call, mean"),
-            messages as f64 / calls.len().max(1) as f64,
-            "messages",
-        );
+    if let Some(calls) = &calls {
+        crate::publisher::report_calls(report, at, calls);
     }
     let p99 = if let Some(mut acks) = acks {
         // Every consumed message was acknowledged before: all acks are in the channel.

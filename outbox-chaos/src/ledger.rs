@@ -108,6 +108,51 @@ pub fn check(input: &Input) -> Ledger {
     ledger
 }
 
+/// One message of the broker's log, read back after a run.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// The event it carries, if its payload is one of the rig's.
+    pub event: Option<Event>,
+}
+
+/// For each lost event, one line saying whether the broker's log holds it (then the
+/// consumer missed it) or not (then the broker acknowledged what it did not keep, or it
+/// was never sent), with where its neighbours of the same key are.
+pub fn locate(log: &[Logged], lost: &[Event]) -> Vec<String> {
+    let at = |key: &str, n: i32| -> Vec<String> {
+        log.iter()
+            .filter(|m| m.event.as_ref().is_some_and(|e| e.0 == key && e.1 == n))
+            .map(|m| format!("{}@{}", m.partition, m.offset))
+            .collect()
+    };
+    lost.iter()
+        .map(|(key, n)| {
+            let (here, before, after) = (at(key, *n), at(key, n - 1), at(key, n + 1));
+            let verdict = if here.is_empty() {
+                "is NOT in the broker's log: the broker acknowledged what it did not keep, \
+                 or it was never sent"
+                    .to_owned()
+            } else {
+                format!(
+                    "IS in the broker's log at {} (partition@offset): the consumer missed it",
+                    here.join(", ")
+                )
+            };
+            format!(
+                "{key}#{n} {verdict}; {key}#{} is at [{}], {key}#{} at [{}]",
+                n - 1,
+                before.join(", "),
+                n + 1,
+                after.join(", ")
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +198,36 @@ mod tests {
         let ledger = check(&input);
         assert_eq!(ledger.order_violations, vec!["a: 1 after 2".to_owned()]);
         assert!(!ledger.holds());
+    }
+
+    #[test]
+    fn a_lost_event_is_found_in_the_log_or_said_to_be_missing() {
+        let logged = |partition, offset, key: &str, n| Logged {
+            partition,
+            offset,
+            event: Some(ev(key, n)),
+        };
+        let log = vec![
+            logged(2, 7, "a", 1),
+            logged(2, 8, "a", 2),
+            Logged {
+                partition: 0,
+                offset: 0,
+                event: None,
+            },
+            logged(2, 9, "a", 4),
+        ];
+        assert_eq!(
+            locate(&log, &[ev("a", 2), ev("a", 3)]),
+            vec![
+                "a#2 IS in the broker's log at 2@8 (partition@offset): the consumer missed it; \
+                 a#1 is at [2@7], a#3 at []"
+                    .to_owned(),
+                "a#3 is NOT in the broker's log: the broker acknowledged what it did not keep, \
+                 or it was never sent; a#2 is at [2@8], a#4 at [2@9]"
+                    .to_owned(),
+            ]
+        );
     }
 
     #[test]

@@ -192,6 +192,9 @@ pub async fn main(args: &[String]) -> Result<(), String> {
                 r.unexpected_dead,
                 r.overtook_poison
             );
+            for line in &r.lost_where {
+                eprintln!("chaos: {}: {line}", r.fault);
+            }
         }
         Err(format!(
             "{} of {} runs broke a guarantee",
@@ -294,6 +297,9 @@ struct Report {
     latency: (Duration, Duration),
     recovered: Option<Duration>,
     took: Duration,
+    /// For a run that lost events: where each lost event is in the broker's log, read
+    /// back to its end (Kafka), which tells a broker's loss from a consumer's.
+    lost_where: Vec<String>,
 }
 
 impl Report {
@@ -687,6 +693,13 @@ async fn run_one(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    // Read the broker's log back while the broker still runs.
+    let lost_where = match &env.kafka {
+        Some(broker) if !ledger.lost.is_empty() => {
+            locate_in_topic(broker.address(), &run.destination, &ledger.lost, &logs).await
+        }
+        _ => Vec::new(),
+    };
     done.store(true, Ordering::SeqCst);
     let _ = supervising.await;
     let _ = operating.await;
@@ -743,6 +756,7 @@ async fn run_one(
         ),
         recovered,
         took: started.elapsed(),
+        lost_where,
     };
     // Clean up what holds: a failed run keeps its schema and logs to look at.
     if report.holds() {
@@ -759,6 +773,67 @@ async fn run_one(
         );
     }
     Ok(report)
+}
+
+/// Where each lost event is in `topic`, read to its end: present (the relay's
+/// acknowledgement was true and the consumer missed it) or absent (the broker did not keep
+/// what it acknowledged, or nothing was sent). Writes the whole log, one line per message,
+/// to `topic.txt` in `logs`, which a failed run keeps.
+async fn locate_in_topic(
+    brokers: String,
+    topic: &str,
+    lost: &[Event],
+    logs: &std::path::Path,
+) -> Vec<String> {
+    let t = topic.to_owned();
+    let read = tokio::task::spawn_blocking(move || {
+        outbox_tests::kafka::read_to_end(
+            &brokers,
+            &t,
+            Duration::from_secs(3),
+            Duration::from_secs(120),
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let read = match read {
+        Ok(read) => read,
+        Err(e) => return vec![format!("could not read {topic} back: {e}")],
+    };
+    let event_of = |payload: &str| -> Option<Event> {
+        let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+        Some((
+            v["key"].as_str()?.to_owned(),
+            i32::try_from(v["n"].as_i64()?).ok()?,
+        ))
+    };
+    let dump: String = read
+        .iter()
+        .map(|m| {
+            let (key, n) = event_of(&m.payload).unwrap_or_default();
+            format!("{} {} {key} {n} {}\n", m.partition, m.offset, m.id)
+        })
+        .collect();
+    let file = logs.join("topic.txt");
+    let dumped = match std::fs::write(&file, dump) {
+        Ok(()) => format!("; the log is in {}", file.display()),
+        Err(e) => format!("; could not write {}: {e}", file.display()),
+    };
+    let log: Vec<ledger::Logged> = read
+        .iter()
+        .map(|m| ledger::Logged {
+            partition: m.partition,
+            offset: m.offset,
+            event: event_of(&m.payload),
+        })
+        .collect();
+    let mut lines = vec![format!(
+        "read {topic} back to its end: {} messages{dumped}",
+        read.len()
+    )];
+    lines.extend(ledger::locate(&log, lost));
+    lines
 }
 
 async fn create_stream(url: &str, stream: &str, subject: &str) -> Result<(), String> {

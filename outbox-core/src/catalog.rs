@@ -327,13 +327,16 @@ pub fn validate() -> Result<()> {
 }
 
 fn check(entries: &[&'static EventInfo]) -> Result<()> {
-    // One entry per registration (a type linked twice registers once here).
+    // One entry per declaration. The same Rust path declared in two places is two
+    // versions of one crate linked into the binary: they are one type to consumers if
+    // their schemas agree, so only the schema check below compares them.
     let mut unique: Vec<&'static EventInfo> = Vec::new();
     for e in entries {
-        if !unique
-            .iter()
-            .any(|c| c.rust_type == e.rust_type && c.variant == e.variant)
-        {
+        if !unique.iter().any(|c| {
+            c.rust_type == e.rust_type
+                && c.variant == e.variant
+                && (c.file, c.line) == (e.file, e.line)
+        }) {
             unique.push(e);
         }
     }
@@ -353,7 +356,11 @@ fn check(entries: &[&'static EventInfo]) -> Result<()> {
             .push(e);
     }
     for ((destination, event_type), claimants) in &by_route {
-        if claimants.len() > 1 {
+        let mut types: Vec<(&str, Option<&str>)> =
+            claimants.iter().map(|c| (c.rust_type, c.variant)).collect();
+        types.sort_unstable();
+        types.dedup();
+        if types.len() > 1 {
             conflicts.push(format!(
                 "event type `{event_type}` on destination `{destination}` is claimed by {}",
                 list(claimants)
@@ -472,5 +479,32 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    /// Two versions of one events crate linked into a binary declare the same Rust path
+    /// in two places: one type to consumers while the schemas agree, a conflict when
+    /// they do not.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn one_type_declared_twice_is_compared_by_its_schemas() {
+        fn one(_: &mut SchemaGen) -> Option<serde_json::Value> {
+            Some(serde_json::json!({ "type": "object", "required": ["id"] }))
+        }
+        fn other(_: &mut SchemaGen) -> Option<serde_json::Value> {
+            Some(serde_json::json!({ "type": "object" }))
+        }
+        let a = entry("events::Shipped", "a.events", 10, one);
+        let same = entry("events::Shipped", "a.events", 12, one);
+        check(&[a, same, a]).expect("the same schema twice is one type");
+        let changed = entry("events::Shipped", "a.events", 12, other);
+        let err = check(&[a, changed]).expect_err("two schemas").to_string();
+        assert!(
+            err.contains(
+                "event type `Shipped` version 1 has different payload schemas in \
+                 `events::Shipped` (src/app.rs:10) and `events::Shipped` (src/app.rs:12);"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("claimed by"), "one type, not two: {err}");
     }
 }

@@ -228,6 +228,8 @@ fn free_port() -> u16 {
 pub struct Read {
     /// The partition it is in.
     pub partition: i32,
+    /// Its offset in that partition.
+    pub offset: i64,
     /// Its message key.
     pub key: Option<String>,
     /// Its `outbox-message-id` header.
@@ -238,11 +240,99 @@ pub struct Read {
     pub headers: std::collections::BTreeMap<String, String>,
 }
 
+impl Read {
+    fn of(message: &outbox_kafka::rdkafka::message::BorrowedMessage<'_>) -> Read {
+        use outbox_kafka::rdkafka::Message as _;
+        use outbox_kafka::rdkafka::message::Headers as _;
+        let headers: std::collections::BTreeMap<String, String> = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Read {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            id: headers
+                .get(outbox_kafka::headers::MESSAGE_ID)
+                .cloned()
+                .unwrap_or_default(),
+            payload: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+            headers,
+        }
+    }
+}
+
+/// Every message of `topic`, every partition from its first offset, read until none
+/// came for `quiet` (the writers have stopped: this is for after a run), in log order
+/// per partition, without a consumer group. For telling afterwards whether a message
+/// reached the broker at all.
+///
+/// The end is found by silence, not by the high watermark: tansu reports a partition's
+/// high watermark as the base offset of its last record batch plus one, so a batch of
+/// 30 records at offsets 0..29 shows as ending at 1.
+pub fn read_to_end(
+    brokers: &str,
+    topic: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> Result<Vec<Read>, String> {
+    use outbox_kafka::rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| format!("create a reader: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let mut assignment = TopicPartitionList::new();
+    for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        assignment
+            .add_partition_offset(topic, p.id(), Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    if assignment.count() == 0 {
+        return Err(format!("{topic} has no partitions"));
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| format!("assign {topic}: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let mut last = Instant::now();
+    let mut read = Vec::new();
+    while last.elapsed() < quiet {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{topic} was still sending after {timeout:?} ({} messages read)",
+                read.len()
+            ));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        read.push(Read::of(
+            &message.map_err(|e| format!("read {topic}: {e}"))?,
+        ));
+        last = Instant::now();
+    }
+    Ok(read)
+}
+
 /// Every message of `topic`, partition by partition in log order, read until `distinct`
 /// distinct message ids were seen (or the test fails after `timeout`).
 pub fn read_topic(brokers: &str, topic: &str, distinct: usize, timeout: Duration) -> Vec<Read> {
-    use outbox_kafka::rdkafka::Message as _;
-    use outbox_kafka::rdkafka::message::Headers as _;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
@@ -264,37 +354,10 @@ pub fn read_topic(brokers: &str, topic: &str, distinct: usize, timeout: Duration
             continue;
         };
         let message = message.unwrap_or_else(|e| panic!("read {topic}: {e}"));
-        let id = message
-            .headers()
-            .and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == outbox_kafka::headers::MESSAGE_ID)
-                    .and_then(|h| h.value)
-            })
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .expect("a message id header");
-        ids.insert(id.clone());
-        read.push(Read {
-            partition: message.partition(),
-            key: message
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned()),
-            id,
-            payload: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
-            headers: message
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            (
-                                h.key.to_owned(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        });
+        let message = Read::of(&message);
+        assert!(!message.id.is_empty(), "a message id header: {message:?}");
+        ids.insert(message.id.clone());
+        read.push(message);
     }
     read
 }

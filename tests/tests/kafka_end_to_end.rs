@@ -279,3 +279,37 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The chaos rig's read-back after a lost event: every partition to its end, with
+/// offsets, empty partitions included, and no consumer group to wait for. Two batches:
+/// tansu's high watermark would end the first after its first record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_is_read_back_to_its_end_with_offsets() {
+    use outbox_core::publisher::Publisher as _;
+    let brokers = kafka::brokers();
+    let topic = kafka::unique("read-back");
+    kafka::create_topic(&brokers, &topic, 3).await;
+    let publisher = kafka::job_publisher(&brokers, &topic).await;
+    let jobs: Vec<_> = (0..30).map(|n| kafka::job(&topic, n)).collect();
+    for batch in jobs.chunks(15) {
+        for result in publisher.publish(batch).await {
+            result.expect("published");
+        }
+    }
+    let (b, t) = (brokers.clone(), topic.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        kafka::read_to_end(&b, &t, Duration::from_secs(2), Duration::from_secs(30))
+    })
+    .await
+    .expect("the reader")
+    .expect("read to the end");
+    // One key: one partition, in publish order, offsets from 0; the others are empty.
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.to_string()).collect();
+    assert_eq!(read.iter().map(|m| m.id.clone()).collect::<Vec<_>>(), ids);
+    assert!(read.iter().all(|m| m.partition == read[0].partition));
+    assert_eq!(
+        read.iter().map(|m| m.offset).collect::<Vec<_>>(),
+        (0..30).collect::<Vec<i64>>()
+    );
+    kafka::delete_topic(&brokers, &topic).await;
+}

@@ -789,6 +789,23 @@ mod tests {
         )])));
     }
 
+    /// A version bump allows a new schema, not a new key: consumers' per-key order
+    /// would change under them.
+    #[test]
+    fn a_changed_key_breaks_even_with_a_version_bump() {
+        let r = check(
+            &base(),
+            &doc(&[(
+                "OrderConfirmed",
+                Some(2),
+                Some("quantity"),
+                order(json!({})),
+            )]),
+        );
+        assert!(r.is_breaking(), "{r}");
+        assert!(r.to_string().contains("key"), "{r}");
+    }
+
     #[test]
     fn a_removed_event_type_and_a_removed_destination_break() {
         let old = json!({

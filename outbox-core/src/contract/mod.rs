@@ -596,13 +596,17 @@ pub fn assert_compatible_with(baseline: impl AsRef<Path>, info: &Info) {
 }
 
 fn overwrite_from_env() -> std::result::Result<bool, String> {
-    match std::env::var(OVERWRITE_ENV) {
-        Ok(v) if v == "overwrite" => Ok(true),
-        Ok(v) if v.is_empty() => Ok(false),
-        Ok(other) => Err(format!(
+    overwrite_from(std::env::var(OVERWRITE_ENV).ok().as_deref())
+}
+
+/// What `OUTBOX_CONTRACT` asks for: `overwrite`, nothing (unset or empty), or a mistake.
+fn overwrite_from(value: Option<&str>) -> std::result::Result<bool, String> {
+    match value {
+        Some("overwrite") => Ok(true),
+        None | Some("") => Ok(false),
+        Some(other) => Err(format!(
             "{OVERWRITE_ENV}={other:?} is not understood: set it to `overwrite` to rewrite the baseline, or unset it"
         )),
-        Err(_) => Ok(false),
     }
 }
 
@@ -938,6 +942,19 @@ mod tests {
         assert_eq!(filtered.as_value()["channels"], json!({}));
         assert_eq!(Info::from_document(filtered.as_value()), Some(only));
         assert!(headers["traceparent"].is_object());
+    }
+
+    #[test]
+    fn outbox_contract_is_overwrite_or_nothing() {
+        assert_eq!(overwrite_from(Some("overwrite")), Ok(true));
+        assert_eq!(overwrite_from(None), Ok(false));
+        assert_eq!(overwrite_from(Some("")), Ok(false));
+        let err = overwrite_from(Some("yes")).expect_err("a mistake");
+        assert!(
+            err.contains("OUTBOX_CONTRACT=\"yes\" is not understood")
+                && err.contains("`overwrite`"),
+            "{err}"
+        );
     }
 
     #[test]
