@@ -48,6 +48,10 @@ impl<P> Acked<P> {
 }
 
 impl<P: Publisher> Publisher for Acked<P> {
+    fn max_batches_in_flight(&self) -> usize {
+        self.inner.max_batches_in_flight()
+    }
+
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         let started = Instant::now();
         let results = self.inner.publish(batch).await;

@@ -204,6 +204,10 @@ impl<P: Publisher> Publisher for Recorded<P> {
     fn max_publish_time(&self) -> Option<Duration> {
         self.inner.max_publish_time()
     }
+
+    fn max_batches_in_flight(&self) -> usize {
+        self.inner.max_batches_in_flight()
+    }
 }
 
 /// Applies one event: the business effect of the consumer, in the inbox's transaction.

@@ -866,6 +866,12 @@ impl Publisher for KafkaPublisher {
         Some(self.inner.enqueue_timeout + self.inner.delivery_wait + PUBLISH_SLACK)
     }
 
+    /// Calls may overlap: each keeps its own outcomes; the producer, the deliveries it
+    /// holds and its replacement are shared under locks, and keep each partition's order.
+    fn max_batches_in_flight(&self) -> usize {
+        4
+    }
+
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         let started = Instant::now();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];

@@ -506,6 +506,11 @@ impl Publisher for NatsPublisher {
         Some(self.batch_budget + self.ack_timeout)
     }
 
+    /// Calls may overlap: each publishes its own key chains and awaits its own acks.
+    fn max_batches_in_flight(&self) -> usize {
+        4
+    }
+
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         // One chain per key, in batch order; messages without a key are chains of one.
         let deadline = Instant::now() + self.batch_budget;

@@ -1229,3 +1229,91 @@ async fn messages_parked_behind_a_discarded_dead_letter_are_not_overtaken() {
     assert_eq!(orders.len(), ROUNDS);
     db.cleanup().await;
 }
+
+/// The key and number of a [`message`].
+fn key_n(record: &OutboxRecord) -> (String, i64) {
+    let v: serde_json::Value = serde_json::from_str(&record.payload).expect("JSON");
+    (
+        v["key"].as_str().expect("key").to_owned(),
+        v["n"].as_i64().expect("n"),
+    )
+}
+
+/// Commits `message` in a transaction of its own.
+async fn commit_one(outbox: &Outbox, message: OutboxMessage) {
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message).expect("emit");
+    tx.commit().await.expect("commit");
+}
+
+/// A relay that has caught up hands a row of another key to the publisher while a batch
+/// is still out (the publisher takes 4 at once): the row waits for a claim, not for the
+/// broker's acknowledgement of the batch before it. Failed on the relay that waited for
+/// each batch before it claimed the next (1 call open at most).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_up_relay_sends_other_keys_while_a_batch_is_out() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    // The broker has each batch at once and acknowledges it a second later.
+    publisher.set_delay(Duration::from_secs(1));
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    commit_one(&outbox, message("a", 0)).await;
+    wait_until("the first batch is with the publisher", WAIT, || async {
+        publisher.batches() == 1
+    })
+    .await;
+    commit_one(&outbox, message("b", 0)).await;
+    assert!(publisher.wait_for(2, WAIT).await, "both published");
+    assert_eq!(
+        publisher.most_batches_in_flight(),
+        2,
+        "b went out while a's batch was still open"
+    );
+    relay.shutdown().await;
+    assert_eq!(sent_count(&db).await, 2);
+    db.cleanup().await;
+}
+
+/// Beside batches of other keys, a key keeps one batch out at a time and a failure still
+/// holds back its later rows: `a#1`, committed while `a#0` is out, waits for `a#0`'s
+/// batch; `a#0` fails once, so `a#1` goes only after `a#0` went again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_beside_other_batches_still_holds_back_its_key() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.set_delay(Duration::from_millis(500));
+    publisher.fail_when(
+        |m| key_n(m) == ("a".to_owned(), 0),
+        Some(1),
+        PublishError::retryable("not now"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .backoff(Duration::from_millis(200), Duration::from_secs(1))
+        .spawn();
+    commit_one(&outbox, message("a", 0)).await;
+    wait_until("a#0 is with the publisher", WAIT, || async {
+        publisher.batches() == 1
+    })
+    .await;
+    commit_one(&outbox, message("b", 0)).await;
+    commit_one(&outbox, message("a", 1)).await;
+    commit_one(&outbox, message("c", 0)).await;
+    assert!(publisher.wait_for(4, WAIT).await, "all four published");
+    relay.shutdown().await;
+    let order: Vec<(String, i64)> = publisher.published().iter().map(key_n).collect();
+    let at = |key: &str, n: i64| {
+        order
+            .iter()
+            .position(|e| *e == (key.to_owned(), n))
+            .unwrap_or_else(|| panic!("{key}#{n} published: {order:?}"))
+    };
+    assert!(at("a", 0) < at("a", 1), "a in order: {order:?}");
+    assert!(
+        publisher.most_batches_in_flight() >= 2,
+        "b or c went out beside a's batch"
+    );
+    assert_eq!(sent_count(&db).await, 4);
+    db.cleanup().await;
+}

@@ -24,6 +24,9 @@ struct State {
     delay: Duration,
     subscribers: Vec<mpsc::UnboundedSender<OutboxRecord>>,
     batches: usize,
+    /// `publish` calls open now, and the most open at once so far.
+    open_calls: usize,
+    most_open_calls: usize,
 }
 
 #[derive(Default)]
@@ -113,6 +116,11 @@ impl InMemoryPublisher {
         self.lock().batches
     }
 
+    /// The most `publish` calls that were open at the same time so far.
+    pub fn most_batches_in_flight(&self) -> usize {
+        self.lock().most_open_calls
+    }
+
     /// Forgets what was published.
     pub fn clear(&self) {
         self.lock().published.clear();
@@ -144,11 +152,28 @@ impl Publisher for InMemoryPublisher {
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
         let results = self.receive(batch);
         self.shared.changed.notify_waiters();
-        let delay = self.lock().delay;
+        let delay = {
+            let mut state = self.lock();
+            state.open_calls += 1;
+            state.most_open_calls = state.most_open_calls.max(state.open_calls);
+            state.delay
+        };
+        // Closed when the call ends, or is dropped (a relay's publish timeout).
+        struct Open<'a>(&'a InMemoryPublisher);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.lock().open_calls -= 1;
+            }
+        }
+        let _open = Open(self);
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
         results
+    }
+
+    fn max_batches_in_flight(&self) -> usize {
+        4
     }
 }
 

@@ -208,6 +208,17 @@ pub trait Publisher: Send + Sync + 'static {
     fn max_publish_time(&self) -> Option<std::time::Duration> {
         None
     }
+
+    /// How many [`publish`](Self::publish) calls the relay may have open at once when it
+    /// has caught up with the writers: it then hands over each new small batch at once
+    /// instead of waiting for the one before, which shortens commit → acknowledgement.
+    /// Batches open at the same time never share a partition key, so each key still has
+    /// one call at a time and the ordering contract holds call by call. A publisher
+    /// whose calls share state that is not safe to use from overlapping calls keeps the
+    /// default, 1 (one call at a time). The relay uses at most 4.
+    fn max_batches_in_flight(&self) -> usize {
+        1
+    }
 }
 
 #[cfg(test)]

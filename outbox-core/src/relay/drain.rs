@@ -6,6 +6,8 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+use futures_util::FutureExt;
+
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -51,6 +53,10 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     let mut blocked_loaded = false;
     let mut claimed = current.len();
     let mut unrecorded: Option<Outcome> = None;
+    let side_by_side = relay
+        .publisher
+        .max_batches_in_flight()
+        .clamp(1, MAX_BATCHES_IN_FLIGHT);
     while !current.is_empty() || unrecorded.is_some() {
         // A full batch means a backlog: claiming ahead keeps the broker busy. Otherwise
         // the next batch is claimed late, below, to be as fresh as it can be.
@@ -58,6 +64,20 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
         let full = current.len() >= relay.config.batch_size;
         let (prefetch, late) = (more && full, more && !full);
         let after = current.last().map(|r| r.seq);
+        if late && side_by_side > 1 {
+            // Caught up, and the publisher takes batches side by side.
+            let caught_up = CaughtUp {
+                current,
+                unrecorded,
+                after,
+                blocked,
+                blocked_loaded,
+                prefetch_until,
+                most: side_by_side,
+            };
+            drained.claimed = claimed;
+            return live(relay, store, shutdown, caught_up, drained).await;
+        }
         let span = tracing::info_span!(
             "outbox.relay.batch",
             size = current.len(),
@@ -123,6 +143,155 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     }
     drained.claimed = claimed;
     Ok(drained)
+}
+
+/// The most batches [`live`] keeps with the publisher at once.
+const MAX_BATCHES_IN_FLIGHT: usize = 4;
+
+/// After an empty claim while batches are out, [`live`] looks again this soon, doubling
+/// up to [`LIVE_POLL_MAX`] while nothing comes (each look is a claim statement).
+const LIVE_POLL_MIN: std::time::Duration = std::time::Duration::from_millis(2);
+const LIVE_POLL_MAX: std::time::Duration = std::time::Duration::from_millis(32);
+
+/// Where the pipelined drain was when it caught up: the batch to send, the outcome not
+/// yet recorded, the claim cursor, the keys held back for the rest of the drain.
+struct CaughtUp {
+    current: Vec<OutboxRecord>,
+    unrecorded: Option<Outcome>,
+    after: Option<i64>,
+    blocked: HashSet<String>,
+    blocked_loaded: bool,
+    prefetch_until: Instant,
+    most: usize,
+}
+
+/// One batch with the publisher, and its results.
+type Sent = (Vec<OutboxRecord>, Vec<Result<(), PublishError>>);
+
+/// The drain once it has caught up, for a publisher that takes batches side by side
+/// ([`Publisher::max_batches_in_flight`] > 1): each claim goes to the publisher at once,
+/// beside up to `most - 1` batches still out, so a row committed while a batch is with
+/// the broker waits for a claim, not for that batch.
+///
+/// - **One batch per key at a time.** A claim is cut before its first row whose key is
+///   in a batch still out; the cursor stays before that row, so the next claim reads it
+///   again, once its key's batch is back and recorded.
+/// - **Outcomes in send order.** Batches come back in the order they were sent
+///   (`FuturesOrdered`), each recorded before the next claim. A failed key is held back
+///   for the rest of the drain, as in the pipelined drain (`blocked`); the next drain
+///   claims it from its lowest `seq` again.
+/// - **Back to the pipelined drain** when a claim comes back full (a backlog), at
+///   shutdown and after `rebalance_interval`: no more claims, the batches out are
+///   awaited and recorded, and the drain returns.
+///
+/// After a claim that finds nothing while batches are out, the next look comes after
+/// [`LIVE_POLL_MIN`], doubling up to [`LIVE_POLL_MAX`], or as soon as a batch is back.
+async fn live<P: Publisher, DB: Backend, S: Session>(
+    relay: &Relay<P, DB>,
+    store: &mut S,
+    shutdown: &watch::Receiver<bool>,
+    caught_up: CaughtUp,
+    mut drained: Drained,
+) -> SessionResult<Drained> {
+    use futures_util::StreamExt;
+    use futures_util::stream::FuturesOrdered;
+    let CaughtUp {
+        current,
+        unrecorded,
+        mut after,
+        mut blocked,
+        mut blocked_loaded,
+        prefetch_until,
+        most,
+    } = caught_up;
+    let send = |batch: Vec<OutboxRecord>| async move {
+        let results = publish(relay, &batch).await;
+        (batch, results)
+    };
+    let mut out = FuturesOrdered::new();
+    // Keys of the batches out (each in one batch only).
+    let mut busy: HashSet<String> = HashSet::new();
+    busy.extend(current.iter().filter_map(|r| r.partition_key.clone()));
+    out.push_back(send(current));
+    // Polled once so the publisher has the batch while the outcome before is recorded.
+    let mut back: std::collections::VecDeque<Sent> =
+        out.next().now_or_never().flatten().into_iter().collect();
+    if let Some(outcome) = unrecorded {
+        let dead = store.record(&outcome).await?;
+        drained.retry_in = min_retry(drained.retry_in, recorded(relay, &outcome, dead));
+    }
+    let mut backlog = false;
+    let mut poll = LIVE_POLL_MIN;
+    loop {
+        // Outcomes first, in send order: a failed key is blocked before the next claim.
+        while let Some((batch, results)) = back.pop_front() {
+            for record in &batch {
+                if let Some(key) = &record.partition_key {
+                    busy.remove(key);
+                }
+            }
+            let mut outcome = outcome(&batch, results);
+            outcome.unavailable_delay = outage_backoff(relay, &outcome);
+            blocked.extend(outcome.failed_keys.iter().cloned());
+            let dead = store.record(&outcome).await?;
+            drained.retry_in = min_retry(drained.retry_in, recorded(relay, &outcome, dead));
+        }
+        let claiming = !backlog && !*shutdown.borrow() && Instant::now() < prefetch_until;
+        let room = claiming && out.len() < most;
+        let mut wait = poll;
+        if room {
+            let (mut rows, retrying) = claim_next(store, after, blocked_loaded).await?;
+            if let Some(keys) = retrying {
+                blocked.extend(keys);
+                blocked_loaded = true;
+            }
+            // A full claim is a backlog: the pipelined drain takes over once this is out.
+            backlog = rows.len() >= relay.config.batch_size;
+            if let Some(cut) = rows
+                .iter()
+                .position(|r| r.partition_key.as_ref().is_some_and(|k| busy.contains(k)))
+            {
+                rows.truncate(cut);
+            }
+            if let Some(last) = rows.last() {
+                after = Some(last.seq);
+            }
+            drained.claimed += rows.len();
+            if *shutdown.borrow() {
+                rows.clear(); // claimed but not sent: left for the next relay
+            }
+            // Not sent now: they wait in the table for the next drain.
+            rows.retain(|r| {
+                r.partition_key
+                    .as_ref()
+                    .is_none_or(|k| !blocked.contains(k))
+            });
+            if rows.is_empty() {
+                poll = (poll * 2).min(LIVE_POLL_MAX);
+            } else {
+                (wait, poll) = (LIVE_POLL_MIN, LIVE_POLL_MIN);
+                busy.extend(rows.iter().filter_map(|r| r.partition_key.clone()));
+                out.push_back(send(rows));
+                back.extend(out.next().now_or_never().flatten());
+                if !back.is_empty() {
+                    continue;
+                }
+            }
+        }
+        if out.is_empty() {
+            return Ok(drained);
+        }
+        // A batch back or, while there is room for another, the next look.
+        let next = if claiming && out.len() < most {
+            tokio::select! {
+                sent = out.next() => sent,
+                () = tokio::time::sleep(wait) => None,
+            }
+        } else {
+            out.next().await
+        };
+        back.extend(next);
+    }
 }
 
 /// The batch after `after`, and the keys in retry unless they are loaded already.
@@ -267,7 +436,6 @@ async fn guarded<P: Publisher>(
     publisher: &P,
     batch: &[OutboxRecord],
 ) -> Result<Vec<Result<(), PublishError>>, String> {
-    use futures_util::FutureExt;
     // `publish` is called inside the guarded future: a publisher whose `publish` is a
     // plain `fn` returning a future may panic before the future exists.
     std::panic::AssertUnwindSafe(async move { publisher.publish(batch).await })
