@@ -787,19 +787,37 @@ async fn locate_in_topic(
 ) -> Vec<String> {
     let t = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
+        let marks = outbox_tests::kafka::watermarks(&brokers, &t, Duration::from_secs(10));
         outbox_tests::kafka::read_to_end(
             &brokers,
             &t,
             Duration::from_secs(3),
             Duration::from_secs(120),
         )
+        .map(|read| (read, marks))
     })
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r);
-    let read = match read {
+    let (read, marks) = match read {
         Ok(read) => read,
         Err(e) => return vec![format!("could not read {topic} back: {e}")],
+    };
+    // What a consumer starting from "earliest" is told, beside what is there.
+    let marks = match marks {
+        Ok(marks) => marks
+            .iter()
+            .map(|(p, low, high)| {
+                let first = read
+                    .iter()
+                    .filter(|m| m.partition == *p)
+                    .map(|m| m.offset)
+                    .min();
+                format!("{p}: log start {low}, high watermark {high}, first offset read {first:?}")
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(e) => format!("could not ask: {e}"),
     };
     let event_of = |payload: &str| -> Option<Event> {
         let v: serde_json::Value = serde_json::from_str(payload).ok()?;
@@ -828,10 +846,13 @@ async fn locate_in_topic(
             event: event_of(&m.payload),
         })
         .collect();
-    let mut lines = vec![format!(
-        "read {topic} back to its end: {} messages{dumped}",
-        read.len()
-    )];
+    let mut lines = vec![
+        format!(
+            "read {topic} back to its end from offset 0: {} messages{dumped}",
+            read.len()
+        ),
+        format!("the broker's offsets per partition: {marks}"),
+    ];
     lines.extend(ledger::locate(&log, lost));
     lines
 }

@@ -278,9 +278,35 @@ impl Read {
 /// per partition, without a consumer group. For telling afterwards whether a message
 /// reached the broker at all.
 ///
+/// Each partition is read from offset 0, whatever the broker says its log starts at.
 /// The end is found by silence, not by the high watermark: tansu reports a partition's
 /// high watermark as the base offset of its last record batch plus one, so a batch of
 /// 30 records at offsets 0..29 shows as ending at 1.
+/// Each partition's log start and high watermark as the broker reports them (ListOffsets).
+pub fn watermarks(
+    brokers: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<(i32, i64, i64)>, String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .create()
+        .map_err(|e| format!("create a reader: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let mut marks = Vec::new();
+    for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p.id(), timeout)
+            .map_err(|e| format!("watermarks of {topic}/{}: {e}", p.id()))?;
+        marks.push((p.id(), low, high));
+    }
+    marks.sort_unstable();
+    Ok(marks)
+}
+
 pub fn read_to_end(
     brokers: &str,
     topic: &str,
@@ -297,10 +323,12 @@ pub fn read_to_end(
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    // From offset 0, not from the broker's "earliest": a broker that reports a wrong
+    // start of its log must not hide the records before it.
     let mut assignment = TopicPartitionList::new();
     for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
         assignment
-            .add_partition_offset(topic, p.id(), Offset::Beginning)
+            .add_partition_offset(topic, p.id(), Offset::Offset(0))
             .map_err(|e| e.to_string())?;
     }
     if assignment.count() == 0 {
