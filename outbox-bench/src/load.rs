@@ -280,7 +280,8 @@ async fn sustained_run(
     let (ack_tx, mut acks) = kafka::Arrivals::channel();
     let publisher = crate::publisher::Acked::new(publisher, ack_tx);
     let calls = publisher.calls();
-    let relay = Relay::builder(outbox.clone(), publisher).spawn();
+    let relay =
+        crate::scenarios::in_flight(args, Relay::builder(outbox.clone(), publisher)).spawn();
     // Warm-up: one event through the whole path before the clock starts.
     let mut tx = outbox.begin().await?;
     tx.emit_message(OutboxMessage::new("Load", topic.as_str(), "{}"))?;

@@ -611,7 +611,7 @@ pub(crate) async fn measure_latency(
             calls = Some(publisher.calls());
             (
                 arrivals,
-                Relay::builder(outbox.clone(), publisher).spawn(),
+                in_flight(args, Relay::builder(outbox.clone(), publisher)).spawn(),
                 "consumer",
             )
         }
@@ -620,7 +620,7 @@ pub(crate) async fn measure_latency(
             let arrivals = kafka::Arrivals::from_memory(&publisher);
             (
                 arrivals,
-                Relay::builder(outbox.clone(), publisher).spawn(),
+                in_flight(args, Relay::builder(outbox.clone(), publisher)).spawn(),
                 "in-memory publisher",
             )
         }
@@ -786,4 +786,15 @@ fn latencies(
         "ms",
     );
     quantile(&ms, 0.99)
+}
+
+/// `--batches-in-flight`, if given, on `builder`.
+pub(crate) fn in_flight<P: outbox_core::publisher::Publisher>(
+    args: &Args,
+    builder: outbox_core::relay::RelayBuilder<P>,
+) -> outbox_core::relay::RelayBuilder<P> {
+    match args.batches_in_flight {
+        Some(n) => builder.batches_in_flight(n),
+        None => builder,
+    }
 }

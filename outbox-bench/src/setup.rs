@@ -26,6 +26,8 @@ pub struct Args {
     pub latency_rate: u64,
     /// The relays' `batch_size` in the drain scenarios (`None`: the relay's default).
     pub batch_size: Option<usize>,
+    /// The relays' `batches_in_flight` in `latency` and `sustained` (`None`: the default).
+    pub batches_in_flight: Option<usize>,
     /// Seconds per writer count and variant in the `notify` scenario.
     pub notify_seconds: f64,
     /// Fail the run (exit code 3) when a figure misses its target.
@@ -42,7 +44,7 @@ impl Args {
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--batch-size N (the relay's default)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -59,6 +61,7 @@ impl Args {
             latency_seconds: 30,
             latency_rate: 1000,
             batch_size: None,
+            batches_in_flight: None,
             notify_seconds: 6.0,
             check: false,
             sustained_rates: vec![2_500, 5_000, 7_500, 10_000, 12_500, 15_000, 20_000],
@@ -145,6 +148,10 @@ impl Args {
                             .map_err(|e| e.to_string())?
                             .max(1),
                     )
+                }
+                "--batches-in-flight" => {
+                    args.batches_in_flight =
+                        Some(usize::try_from(number()?).map_err(|e| e.to_string())?)
                 }
                 other => return Err(format!("unknown option {other:?}")),
             }

@@ -1246,10 +1246,11 @@ async fn commit_one(outbox: &Outbox, message: OutboxMessage) {
     tx.commit().await.expect("commit");
 }
 
-/// A relay that has caught up hands a row of another key to the publisher while a batch
-/// is still out (the publisher takes 4 at once): the row waits for a claim, not for the
-/// broker's acknowledgement of the batch before it. Failed on the relay that waited for
-/// each batch before it claimed the next (1 call open at most).
+/// A relay that has caught up, set to keep up to 4 batches out (the publisher takes 4),
+/// hands a row of another key to the publisher while a batch is still out: the row
+/// waits for a claim, not for the broker's acknowledgement of the batch before it.
+/// Failed on the relay that waited for each batch before it claimed the next (1 call
+/// open at most), which is still the default (the next test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caught_up_relay_sends_other_keys_while_a_batch_is_out() {
     let db = TestDb::new().await;
@@ -1257,7 +1258,9 @@ async fn a_caught_up_relay_sends_other_keys_while_a_batch_is_out() {
     let publisher = InMemoryPublisher::new();
     // The broker has each batch at once and acknowledges it a second later.
     publisher.set_delay(Duration::from_secs(1));
-    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .batches_in_flight(4)
+        .spawn();
     commit_one(&outbox, message("a", 0)).await;
     wait_until("the first batch is with the publisher", WAIT, || async {
         publisher.batches() == 1
@@ -1272,6 +1275,27 @@ async fn a_caught_up_relay_sends_other_keys_while_a_batch_is_out() {
     );
     relay.shutdown().await;
     assert_eq!(sent_count(&db).await, 2);
+    db.cleanup().await;
+}
+
+/// By default a caught-up relay keeps one batch out: the next claim waits for its
+/// acknowledgements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_caught_up_relay_keeps_one_batch_out() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.set_delay(Duration::from_millis(300));
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    commit_one(&outbox, message("a", 0)).await;
+    wait_until("the first batch is with the publisher", WAIT, || async {
+        publisher.batches() == 1
+    })
+    .await;
+    commit_one(&outbox, message("b", 0)).await;
+    assert!(publisher.wait_for(2, WAIT).await, "both published");
+    assert_eq!(publisher.most_batches_in_flight(), 1);
+    relay.shutdown().await;
     db.cleanup().await;
 }
 
@@ -1291,6 +1315,7 @@ async fn a_failure_beside_other_batches_still_holds_back_its_key() {
     );
     let relay = Relay::builder(outbox.clone(), publisher.clone())
         .backoff(Duration::from_millis(200), Duration::from_secs(1))
+        .batches_in_flight(4)
         .spawn();
     commit_one(&outbox, message("a", 0)).await;
     wait_until("a#0 is with the publisher", WAIT, || async {

@@ -56,6 +56,7 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     let side_by_side = relay
         .publisher
         .max_batches_in_flight()
+        .min(relay.config.batches_in_flight)
         .clamp(1, MAX_BATCHES_IN_FLIGHT);
     while !current.is_empty() || unrecorded.is_some() {
         // A full batch means a backlog: claiming ahead keeps the broker busy. Otherwise

@@ -141,6 +141,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.max_batch_bytes = n.max(1);
         self
     }
+    /// Once caught up, how many batches may be with the publisher at once (1 to 4; the
+    /// publisher's own limit applies too). See [`RelayConfig::batches_in_flight`].
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.config.batches_in_flight = n.clamp(1, 4);
+        self
+    }
     /// Safety poll interval.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.config.poll_interval = d;
