@@ -29,14 +29,16 @@ impl Write for Postgres {
     }
 
     /// `SELECT 1` (or the wake-up, when events were flushed earlier) fails in an aborted
-    /// transaction (25P02).
+    /// transaction (25P02). Prepared once per connection: as a simple query it was parsed
+    /// and planned at every commit without events (14 µs of planning for 3 of execution).
     fn check_open<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
         wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            conn.execute(nothing_to_write(tables, wrote).as_str())
+            sqlx::query(&nothing_to_write(tables, wrote))
+                .execute(&mut *conn)
                 .await
                 .context("checking the transaction", &tables.outbox)?;
             Ok(())
