@@ -280,6 +280,7 @@ impl Transport for KafkaTransport {
             }
             let (topic, partition, offset) =
                 (message.topic(), message.partition(), message.offset());
+            tracing::trace!(topic, partition, offset, "outbox-kafka: received");
             self.offsets().received(topic, partition, offset);
             return Ok(Delivery::new(
                 message.payload().unwrap_or_default().to_vec(),
