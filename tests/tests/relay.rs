@@ -1246,6 +1246,32 @@ async fn commit_one(outbox: &Outbox, message: OutboxMessage) {
     tx.commit().await.expect("commit");
 }
 
+/// Commits `a#0`, and `b#0` once `a#0`'s batch is with the publisher (which acknowledges
+/// each batch a second after it has it), through a relay built by `configure`; returns
+/// the most publish calls that were open at once.
+async fn most_batches_out(
+    configure: impl FnOnce(
+        outbox_core::relay::RelayBuilder<InMemoryPublisher>,
+    ) -> outbox_core::relay::RelayBuilder<InMemoryPublisher>,
+) -> usize {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.set_delay(Duration::from_secs(1));
+    let relay = configure(Relay::builder(outbox.clone(), publisher.clone())).spawn();
+    commit_one(&outbox, message("a", 0)).await;
+    wait_until("the first batch is with the publisher", WAIT, || async {
+        publisher.batches() == 1
+    })
+    .await;
+    commit_one(&outbox, message("b", 0)).await;
+    assert!(publisher.wait_for(2, WAIT).await, "both published");
+    relay.shutdown().await;
+    assert_eq!(sent_count(&db).await, 2);
+    db.cleanup().await;
+    publisher.most_batches_in_flight()
+}
+
 /// A relay that has caught up, set to keep up to 4 batches out (the publisher takes 4),
 /// hands a row of another key to the publisher while a batch is still out: the row
 /// waits for a claim, not for the broker's acknowledgement of the batch before it.
@@ -1253,50 +1279,18 @@ async fn commit_one(outbox: &Outbox, message: OutboxMessage) {
 /// open at most), which is still the default (the next test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caught_up_relay_sends_other_keys_while_a_batch_is_out() {
-    let db = TestDb::new().await;
-    let outbox = db.outbox().await;
-    let publisher = InMemoryPublisher::new();
-    // The broker has each batch at once and acknowledges it a second later.
-    publisher.set_delay(Duration::from_secs(1));
-    let relay = Relay::builder(outbox.clone(), publisher.clone())
-        .batches_in_flight(4)
-        .spawn();
-    commit_one(&outbox, message("a", 0)).await;
-    wait_until("the first batch is with the publisher", WAIT, || async {
-        publisher.batches() == 1
-    })
-    .await;
-    commit_one(&outbox, message("b", 0)).await;
-    assert!(publisher.wait_for(2, WAIT).await, "both published");
     assert_eq!(
-        publisher.most_batches_in_flight(),
+        most_batches_out(|b| b.batches_in_flight(4)).await,
         2,
         "b went out while a's batch was still open"
     );
-    relay.shutdown().await;
-    assert_eq!(sent_count(&db).await, 2);
-    db.cleanup().await;
 }
 
 /// By default a caught-up relay keeps one batch out: the next claim waits for its
 /// acknowledgements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_a_caught_up_relay_keeps_one_batch_out() {
-    let db = TestDb::new().await;
-    let outbox = db.outbox().await;
-    let publisher = InMemoryPublisher::new();
-    publisher.set_delay(Duration::from_millis(300));
-    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
-    commit_one(&outbox, message("a", 0)).await;
-    wait_until("the first batch is with the publisher", WAIT, || async {
-        publisher.batches() == 1
-    })
-    .await;
-    commit_one(&outbox, message("b", 0)).await;
-    assert!(publisher.wait_for(2, WAIT).await, "both published");
-    assert_eq!(publisher.most_batches_in_flight(), 1);
-    relay.shutdown().await;
-    db.cleanup().await;
+    assert_eq!(most_batches_out(|b| b).await, 1);
 }
 
 /// Beside batches of other keys, a key keeps one batch out at a time and a failure still
