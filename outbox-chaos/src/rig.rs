@@ -403,7 +403,7 @@ fn spawn(args: &[String], log: &PathBuf) -> Option<Child> {
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| {
-                "outbox_core=info,outbox_kafka=info,outbox_nats=info".to_owned()
+                "outbox_core=info,outbox_kafka=info,outbox_nats=info,rdkafka=info".to_owned()
             }),
         )
         .stdin(Stdio::null())

@@ -43,7 +43,9 @@ struct Partition {
 }
 
 impl Offsets {
-    fn received(&mut self, topic: &str, partition: i32, offset: i64) {
+    /// Records `offset` as received; returns the offsets skipped between the highest one
+    /// received before and this one, if any.
+    fn received(&mut self, topic: &str, partition: i32, offset: i64) -> Option<(i64, i64)> {
         let p = self
             .partitions
             .entry((topic.to_owned(), partition))
@@ -52,9 +54,11 @@ impl Offsets {
                 high: offset,
                 in_hand: BTreeSet::new(),
             });
+        let skipped = (offset > p.high + 1).then(|| (p.high + 1, offset - 1));
         p.first = p.first.min(offset);
         p.high = p.high.max(offset);
         p.in_hand.insert(offset);
+        skipped
     }
 
     /// Acknowledges `offset`; returns the offset of the last message that may now be
@@ -281,7 +285,20 @@ impl Transport for KafkaTransport {
             let (topic, partition, offset) =
                 (message.topic(), message.partition(), message.offset());
             tracing::trace!(topic, partition, offset, "outbox-kafka: received");
-            self.offsets().received(topic, partition, offset);
+            if let Some((from, to)) = self.offsets().received(topic, partition, offset) {
+                // The relay's producer writes no transaction markers, so its offsets
+                // leave no gaps: the stored offset will pass these unread.
+                tracing::warn!(
+                    topic,
+                    partition,
+                    from,
+                    to,
+                    "outbox-kafka: offsets {from}..={to} were never received; expected after a \
+                     rebalance that gave the partition to another member for a while, or on a \
+                     compacted or transactional topic; otherwise the broker or the client \
+                     skipped those messages"
+                );
+            }
             return Ok(Delivery::new(
                 message.payload().unwrap_or_default().to_vec(),
                 message
@@ -386,6 +403,16 @@ impl Transport for KafkaTransport {
 #[cfg(test)]
 mod tests {
     use super::Offsets;
+
+    #[test]
+    fn a_gap_in_the_offsets_received_is_reported() {
+        let mut offsets = Offsets::default();
+        assert_eq!(offsets.received("t", 0, 5), None, "the first one");
+        assert_eq!(offsets.received("t", 0, 6), None);
+        assert_eq!(offsets.received("t", 0, 9), Some((7, 8)));
+        assert_eq!(offsets.received("t", 0, 7), None, "back: a redelivery");
+        assert_eq!(offsets.received("t", 1, 0), None, "another partition");
+    }
 
     #[test]
     fn an_offset_is_stored_only_when_every_earlier_one_is_done() {
