@@ -40,6 +40,9 @@ pub struct Ledger {
     pub lost: Vec<Event>,
     /// Not applied because the broker that acknowledged them was killed (in memory).
     pub lost_by_broker: usize,
+    /// Not applied because the broker's fetch skipped them: in the broker's log, at an
+    /// offset the consumer reported it never received (see [`skipped_by_fetch`]).
+    pub skipped_by_fetch: usize,
     /// Discarded by the operator.
     pub discarded: usize,
     /// "key: n after m" for each event applied after a later one of its key.
@@ -153,6 +156,75 @@ pub fn locate(log: &[Logged], lost: &[Event]) -> Vec<String> {
         .collect()
 }
 
+/// Offsets a consumer reported it never received (`KafkaTransport`'s warning).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// The partition.
+    pub partition: i32,
+    /// The first offset never received.
+    pub from: i64,
+    /// The last one.
+    pub to: i64,
+}
+
+/// The gaps a consumer's log reports: lines with `were never received` and the fields
+/// `partition=`, `from=` and `to=` (colour codes are skipped).
+pub fn gaps(log: &str) -> Vec<Gap> {
+    log.lines()
+        .map(strip_colours)
+        .filter(|line| line.contains("were never received"))
+        .filter_map(|line| {
+            let field = |name: &str| -> Option<i64> {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))?
+                    .parse()
+                    .ok()
+            };
+            Some(Gap {
+                partition: i32::try_from(field("partition")?).ok()?,
+                from: field("from")?,
+                to: field("to")?,
+            })
+        })
+        .collect()
+}
+
+/// `line` without its ANSI escape sequences (`ESC [ ... m`).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The lost events that the broker's log holds at an offset inside one of `gaps`: the
+/// broker kept them and its fetch never handed them to the consumer (seen with tansu,
+/// docs/reliability.md), so nothing of ours lost them. Only these; every other lost
+/// event stays lost.
+pub fn skipped_by_fetch(log: &[Logged], lost: &[Event], gaps: &[Gap]) -> Vec<Event> {
+    lost.iter()
+        .filter(|event| {
+            log.iter().any(|m| {
+                m.event.as_ref() == Some(*event)
+                    && gaps
+                        .iter()
+                        .any(|g| g.partition == m.partition && (g.from..=g.to).contains(&m.offset))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +299,61 @@ mod tests {
                  or it was never sent; a#2 is at [2@8], a#4 at [2@9]"
                     .to_owned(),
             ]
+        );
+    }
+
+    #[test]
+    fn gaps_are_read_from_the_consumers_log() {
+        let colour =
+            |name: &str, value: &str| format!("\u{1b}[3m{name}\u{1b}[0m\u{1b}[2m=\u{1b}[0m{value}");
+        let log = format!(
+            "\u{1b}[2m2026-12-01T22:43:25Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m outbox-kafka: offsets 208..=208 \
+             were never received; expected after a rebalance {} {} {} {}\n\
+             WARN outbox-kafka: offsets 5..=9 were never received topic=\"t\" partition=0 from=5 to=9\n\
+             INFO something else partition=1 from=1 to=2\n",
+            colour("topic", "\"t\""),
+            colour("partition", "2"),
+            colour("from", "208"),
+            colour("to", "208"),
+        );
+        assert_eq!(
+            gaps(&log),
+            vec![
+                Gap {
+                    partition: 2,
+                    from: 208,
+                    to: 208
+                },
+                Gap {
+                    partition: 0,
+                    from: 5,
+                    to: 9
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn only_a_lost_event_in_the_log_inside_a_gap_was_skipped_by_the_fetch() {
+        let logged = |partition, offset, key: &str, n| Logged {
+            partition,
+            offset,
+            event: Some(ev(key, n)),
+        };
+        let log = vec![
+            logged(2, 207, "a", 1),
+            logged(2, 208, "a", 2),
+            logged(1, 5, "b", 7),
+        ];
+        let gaps = vec![Gap {
+            partition: 2,
+            from: 208,
+            to: 208,
+        }];
+        assert_eq!(
+            skipped_by_fetch(&log, &[ev("a", 2), ev("b", 7), ev("c", 0)], &gaps),
+            vec![ev("a", 2)],
+            "b#7 is in the log outside any gap; c#0 is not in the log"
         );
     }
 

@@ -176,6 +176,11 @@ pub async fn main(args: &[String]) -> Result<(), String> {
     for r in &reports {
         println!("{}", r.row());
     }
+    for r in reports.iter().filter(|r| r.holds()) {
+        for line in &r.lost_where {
+            println!("chaos: {}: {line}", r.fault);
+        }
+    }
     let failed: Vec<&Report> = reports.iter().filter(|r| !r.holds()).collect();
     if failed.is_empty() {
         Ok(())
@@ -308,19 +313,20 @@ impl Report {
     }
 
     fn header() -> String {
-        "| fault | events | lost | broker's loss | order violations | applied twice | duplicates skipped by the inbox | dead letters (unexpected) | publish latency p99 / worst | recovered after the fault | run |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| fault | events | lost | broker's loss | skipped by the broker's fetch | order violations | applied twice | duplicates skipped by the inbox | dead letters (unexpected) | publish latency p99 / worst | recovered after the fault | run |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             .to_owned()
     }
 
     fn row(&self) -> String {
         let l = &self.ledger;
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} s / {:.1} s | {} | {:.0} s |{}",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} s / {:.1} s | {} | {:.0} s |{}",
             self.fault,
             l.written,
             l.lost.len(),
             l.lost_by_broker,
+            l.skipped_by_fetch,
             l.order_violations.len(),
             l.applied_twice,
             self.duplicates,
@@ -686,7 +692,7 @@ async fn run_one(
     )
     .await;
     let deadline = Instant::now() + Duration::from_secs(120);
-    let ledger = loop {
+    let mut ledger = loop {
         let ledger = ledger_now(&run).await?;
         if ledger.lost.is_empty() || Instant::now() > deadline {
             break ledger;
@@ -694,12 +700,25 @@ async fn run_one(
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     // Read the broker's log back while the broker still runs.
-    let lost_where = match &env.kafka {
-        Some(broker) if !ledger.lost.is_empty() => {
-            locate_in_topic(broker.address(), &run.destination, &ledger.lost, &logs).await
+    let mut lost_where = Vec::new();
+    if let (Some(broker), false) = (&env.kafka, ledger.lost.is_empty()) {
+        let (lines, log) =
+            locate_in_topic(broker.address(), &run.destination, &ledger.lost, &logs).await;
+        lost_where = lines;
+        // The broker's fetch skipped these (tansu): not a loss of ours, counted apart.
+        let consumer_log =
+            std::fs::read_to_string(logs.join("chaos-consumer.log")).unwrap_or_default();
+        let skipped = ledger::skipped_by_fetch(&log, &ledger.lost, &ledger::gaps(&consumer_log));
+        for event in &skipped {
+            lost_where.push(format!(
+                "{}#{} was skipped by the broker's fetch: in its log, at an offset the consumer \
+                 reported it never received",
+                event.0, event.1
+            ));
         }
-        _ => Vec::new(),
-    };
+        ledger.lost.retain(|e| !skipped.contains(e));
+        ledger.skipped_by_fetch = skipped.len();
+    }
     done.store(true, Ordering::SeqCst);
     let _ = supervising.await;
     let _ = operating.await;
@@ -759,7 +778,7 @@ async fn run_one(
         lost_where,
     };
     // Clean up what holds: a failed run keeps its schema and logs to look at.
-    if report.holds() {
+    if report.holds() && report.ledger.skipped_by_fetch == 0 {
         rig.close().await;
         run.writer.pool().close().await;
         let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -784,7 +803,7 @@ async fn locate_in_topic(
     topic: &str,
     lost: &[Event],
     logs: &std::path::Path,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<ledger::Logged>) {
     let t = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
         let marks = outbox_tests::kafka::watermarks(&brokers, &t, Duration::from_secs(10));
@@ -801,7 +820,12 @@ async fn locate_in_topic(
     .and_then(|r| r);
     let (read, marks) = match read {
         Ok(read) => read,
-        Err(e) => return vec![format!("could not read {topic} back: {e}")],
+        Err(e) => {
+            return (
+                vec![format!("could not read {topic} back: {e}")],
+                Vec::new(),
+            );
+        }
     };
     // What a consumer starting from "earliest" is told, beside what is there.
     let marks = match marks {
@@ -854,7 +878,7 @@ async fn locate_in_topic(
         format!("the broker's offsets per partition: {marks}"),
     ];
     lines.extend(ledger::locate(&log, lost));
-    lines
+    (lines, log)
 }
 
 async fn create_stream(url: &str, stream: &str, subject: &str) -> Result<(), String> {
