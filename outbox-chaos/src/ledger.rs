@@ -156,37 +156,29 @@ pub fn locate(log: &[Logged], lost: &[Event]) -> Vec<String> {
         .collect()
 }
 
-/// Offsets a consumer reported it never received (`KafkaTransport`'s warning).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gap {
-    /// The partition.
-    pub partition: i32,
-    /// The first offset never received.
-    pub from: i64,
-    /// The last one.
-    pub to: i64,
-}
-
-/// The gaps a consumer's log reports: lines with `were never received` and the fields
-/// `partition=`, `from=` and `to=` (colour codes are skipped).
-pub fn gaps(log: &str) -> Vec<Gap> {
-    log.lines()
-        .map(strip_colours)
-        .filter(|line| line.contains("were never received"))
-        .filter_map(|line| {
-            let field = |name: &str| -> Option<i64> {
-                line.split_whitespace()
-                    .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))?
-                    .parse()
-                    .ok()
-            };
-            Some(Gap {
-                partition: i32::try_from(field("partition")?).ok()?,
-                from: field("from")?,
-                to: field("to")?,
-            })
-        })
-        .collect()
+/// The offsets a consumer received, per partition: the `outbox-kafka: received` lines
+/// of its log (`KafkaTransport` at `trace`), fields `partition=` and `offset=` (colour
+/// codes are skipped).
+pub fn received(log: &str) -> HashMap<i32, HashSet<i64>> {
+    let mut received: HashMap<i32, HashSet<i64>> = HashMap::new();
+    for line in log.lines().map(strip_colours) {
+        if !line.contains("outbox-kafka: received") {
+            continue;
+        }
+        let field = |name: &str| -> Option<i64> {
+            line.split_whitespace()
+                .filter_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+                .next_back()?
+                .parse()
+                .ok()
+        };
+        if let (Some(partition), Some(offset)) = (field("partition"), field("offset")) {
+            if let Ok(partition) = i32::try_from(partition) {
+                received.entry(partition).or_default().insert(offset);
+            }
+        }
+    }
+    received
 }
 
 /// `line` without its ANSI escape sequences (`ESC [ ... m`).
@@ -207,19 +199,28 @@ fn strip_colours(line: &str) -> String {
     out
 }
 
-/// The lost events that the broker's log holds at an offset inside one of `gaps`: the
-/// broker kept them and its fetch never handed them to the consumer (seen with tansu,
-/// docs/reliability.md), so nothing of ours lost them. Only these; every other lost
-/// event stays lost.
-pub fn skipped_by_fetch(log: &[Logged], lost: &[Event], gaps: &[Gap]) -> Vec<Event> {
+/// The lost events that the broker's fetch skipped: the broker's log holds them, and at
+/// **every** offset where it holds a copy, the consumer received nothing while it
+/// received a later offset of that partition. The broker kept them and never handed
+/// them over (seen with tansu, docs/reliability.md), so nothing of ours lost them. Only
+/// these; every other lost event stays lost.
+pub fn skipped_by_fetch(
+    log: &[Logged],
+    lost: &[Event],
+    received: &HashMap<i32, HashSet<i64>>,
+) -> Vec<Event> {
     lost.iter()
         .filter(|event| {
-            log.iter().any(|m| {
-                m.event.as_ref() == Some(*event)
-                    && gaps
-                        .iter()
-                        .any(|g| g.partition == m.partition && (g.from..=g.to).contains(&m.offset))
-            })
+            let mut copies = log
+                .iter()
+                .filter(|m| m.event.as_ref() == Some(*event))
+                .peekable();
+            copies.peek().is_some()
+                && copies.all(|m| {
+                    received.get(&m.partition).is_some_and(|offsets| {
+                        !offsets.contains(&m.offset) && offsets.iter().any(|&o| o > m.offset)
+                    })
+                })
         })
         .cloned()
         .collect()
@@ -303,38 +304,24 @@ mod tests {
     }
 
     #[test]
-    fn gaps_are_read_from_the_consumers_log() {
+    fn received_offsets_are_read_from_the_consumers_log() {
         let colour =
             |name: &str, value: &str| format!("\u{1b}[3m{name}\u{1b}[0m\u{1b}[2m=\u{1b}[0m{value}");
         let log = format!(
-            "\u{1b}[2m2026-12-01T22:43:25Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m outbox-kafka: offsets 208..=208 \
-             were never received; expected after a rebalance {} {} {} {}\n\
-             WARN outbox-kafka: offsets 5..=9 were never received topic=\"t\" partition=0 from=5 to=9\n\
-             INFO something else partition=1 from=1 to=2\n",
+            "\u{1b}[2m2026-12-01T22:43:25Z\u{1b}[0m \u{1b}[35mTRACE\u{1b}[0m outbox-kafka: received {} {} {}\n\
+             TRACE outbox-kafka: received topic=\"t\" partition=0 offset=9\n\
+             WARN outbox-kafka: offsets 5..=8 were never received partition=0 from=5 to=8\n",
             colour("topic", "\"t\""),
             colour("partition", "2"),
-            colour("from", "208"),
-            colour("to", "208"),
+            colour("offset", "208"),
         );
-        assert_eq!(
-            gaps(&log),
-            vec![
-                Gap {
-                    partition: 2,
-                    from: 208,
-                    to: 208
-                },
-                Gap {
-                    partition: 0,
-                    from: 5,
-                    to: 9
-                },
-            ]
-        );
+        let received = received(&log);
+        assert_eq!(received[&2], HashSet::from([208]));
+        assert_eq!(received[&0], HashSet::from([9]));
     }
 
     #[test]
-    fn only_a_lost_event_in_the_log_inside_a_gap_was_skipped_by_the_fetch() {
+    fn only_an_event_passed_over_at_every_copy_was_skipped_by_the_fetch() {
         let logged = |partition, offset, key: &str, n| Logged {
             partition,
             offset,
@@ -343,17 +330,27 @@ mod tests {
         let log = vec![
             logged(2, 207, "a", 1),
             logged(2, 208, "a", 2),
+            logged(2, 209, "a", 3),
             logged(1, 5, "b", 7),
+            // d#1 twice: once passed over, once received (and lost by the consumer).
+            logged(2, 210, "d", 1),
+            logged(2, 211, "d", 1),
+            logged(3, 4, "e", 0),
         ];
-        let gaps = vec![Gap {
-            partition: 2,
-            from: 208,
-            to: 208,
-        }];
+        let received = HashMap::from([
+            (2, HashSet::from([207, 209, 211, 212])),
+            (1, HashSet::from([4])),
+            (3, HashSet::from([1, 2])),
+        ]);
         assert_eq!(
-            skipped_by_fetch(&log, &[ev("a", 2), ev("b", 7), ev("c", 0)], &gaps),
+            skipped_by_fetch(
+                &log,
+                &[ev("a", 2), ev("b", 7), ev("c", 0), ev("d", 1), ev("e", 0)],
+                &received
+            ),
             vec![ev("a", 2)],
-            "b#7 is in the log outside any gap; c#0 is not in the log"
+            "b#7: nothing later received; c#0: not in the log; d#1: one copy received; \
+             e#0: nothing later received"
         );
     }
 

@@ -266,7 +266,8 @@ pub struct RelayConfig {
     pub batch_size: usize,
     /// The most payload and header bytes one batch holds (a larger message goes alone).
     /// With `batch_size`, it bounds the relay's memory: two batches are in memory at once
-    /// (one with the publisher, the next one claimed). Default 16 MiB.
+    /// (one with the publisher, the next one claimed), or `batches_in_flight` of them once
+    /// caught up. Default 16 MiB.
     pub max_batch_bytes: usize,
     /// Once caught up with the writers, how many batches the relay may keep with the
     /// publisher at once (no key in two of them), at most 4 and at most what the

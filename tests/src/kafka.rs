@@ -273,15 +273,6 @@ impl Read {
     }
 }
 
-/// Every message of `topic`, every partition from its first offset, read until none
-/// came for `quiet` (the writers have stopped: this is for after a run), in log order
-/// per partition, without a consumer group. For telling afterwards whether a message
-/// reached the broker at all.
-///
-/// Each partition is read from offset 0, whatever the broker says its log starts at.
-/// The end is found by silence, not by the high watermark: tansu reports a partition's
-/// high watermark as the base offset of its last record batch plus one, so a batch of
-/// 30 records at offsets 0..29 shows as ending at 1.
 /// Each partition's log start and high watermark as the broker reports them (ListOffsets).
 pub fn watermarks(
     brokers: &str,
@@ -307,6 +298,15 @@ pub fn watermarks(
     Ok(marks)
 }
 
+/// Every message of `topic`, every partition from its first offset, read until none
+/// came for `quiet` (the writers have stopped: this is for after a run), in log order
+/// per partition, without a consumer group. For telling afterwards whether a message
+/// reached the broker at all.
+///
+/// Each partition is read from offset 0, whatever the broker says its log starts at.
+/// The end is found by silence, not by the high watermark: tansu reports a partition's
+/// high watermark as the base offset of its last record batch plus one, so a batch of
+/// 30 records at offsets 0..29 shows as ending at 1.
 pub fn read_to_end(
     brokers: &str,
     topic: &str,
@@ -318,6 +318,8 @@ pub fn read_to_end(
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
+        // A log that really starts above 0: from its start, not its end.
+        .set("auto.offset.reset", "earliest")
         .create()
         .map_err(|e| format!("create a reader: {e}"))?;
     let metadata = consumer
@@ -350,9 +352,11 @@ pub fn read_to_end(
         let Some(message) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
-        read.push(Read::of(
-            &message.map_err(|e| format!("read {topic}: {e}"))?,
-        ));
+        // An error event (a broker connection dropped and retried) is not the end.
+        let Ok(message) = message else {
+            continue;
+        };
+        read.push(Read::of(&message));
         last = Instant::now();
     }
     Ok(read)

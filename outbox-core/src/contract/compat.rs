@@ -803,7 +803,11 @@ mod tests {
             )]),
         );
         assert!(r.is_breaking(), "{r}");
-        assert!(r.to_string().contains("key"), "{r}");
+        assert!(
+            r.to_string()
+                .contains("the key changed from `order_id` to `quantity`"),
+            "{r}"
+        );
     }
 
     #[test]

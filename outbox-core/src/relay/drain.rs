@@ -218,7 +218,7 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
     let mut back: std::collections::VecDeque<Sent> =
         out.next().now_or_never().flatten().into_iter().collect();
     if let Some(outcome) = unrecorded {
-        let dead = store.record(&outcome).await?;
+        let dead = beside(store.record(&outcome), &mut out, &mut back).await?;
         drained.retry_in = min_retry(drained.retry_in, recorded(relay, &outcome, dead));
     }
     let mut backlog = false;
@@ -234,20 +234,28 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
             let mut outcome = outcome(&batch, results);
             outcome.unavailable_delay = outage_backoff(relay, &outcome);
             blocked.extend(outcome.failed_keys.iter().cloned());
-            let dead = store.record(&outcome).await?;
+            let dead = beside(store.record(&outcome), &mut out, &mut back).await?;
             drained.retry_in = min_retry(drained.retry_in, recorded(relay, &outcome, dead));
         }
         let claiming = !backlog && !*shutdown.borrow() && Instant::now() < prefetch_until;
         let room = claiming && out.len() < most;
         let mut wait = poll;
         if room {
-            let (mut rows, retrying) = claim_next(store, after, blocked_loaded).await?;
+            let (mut rows, retrying) = beside(
+                claim_next(store, after, blocked_loaded),
+                &mut out,
+                &mut back,
+            )
+            .await?;
             if let Some(keys) = retrying {
                 blocked.extend(keys);
                 blocked_loaded = true;
             }
-            // A full claim is a backlog: the pipelined drain takes over once this is out.
-            backlog = rows.len() >= relay.config.batch_size;
+            // A full claim (rows or bytes) is a backlog: the pipelined drain takes over
+            // once this is out.
+            let bytes: usize = rows.iter().map(|r| r.payload.len()).sum();
+            backlog =
+                rows.len() >= relay.config.batch_size || bytes >= relay.config.max_batch_bytes;
             if let Some(cut) = rows
                 .iter()
                 .position(|r| r.partition_key.as_ref().is_some_and(|k| busy.contains(k)))
@@ -293,6 +301,36 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
         };
         back.extend(next);
     }
+}
+
+/// Awaits the database step `step` while the batches `out` go on: publish calls make
+/// progress only while polled (a NATS chain sends its next message then, and
+/// `publish_timeout` runs from the first poll), so they are polled beside it, and those
+/// that finish wait in `back` in send order. On an error, every batch out is awaited
+/// first, as the pipelined drain does, so no publish call is dropped half-way.
+async fn beside<T, F, Fut>(
+    step: F,
+    out: &mut futures_util::stream::FuturesOrdered<Fut>,
+    back: &mut std::collections::VecDeque<Sent>,
+) -> SessionResult<T>
+where
+    F: std::future::Future<Output = SessionResult<T>>,
+    Fut: std::future::Future<Output = Sent>,
+{
+    use futures_util::StreamExt;
+    tokio::pin!(step);
+    let result = loop {
+        tokio::select! {
+            result = &mut step => break result,
+            Some(sent) = out.next(), if !out.is_empty() => back.push_back(sent),
+        }
+    };
+    if result.is_err() {
+        while let Some(sent) = out.next().await {
+            back.push_back(sent);
+        }
+    }
+    result
 }
 
 /// The batch after `after`, and the keys in retry unless they are loaded already.
