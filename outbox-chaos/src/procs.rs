@@ -113,6 +113,13 @@ pub async fn relay(args: &[String]) -> Result<(), String> {
             .reconnect_delay(Duration::from_millis(200))
             .rebalance_interval(Duration::from_millis(500))
             .backoff(Duration::from_millis(100), Duration::from_secs(2))
+            // `OUTBOX_CHAOS_BATCHES_IN_FLIGHT=4`: the side-by-side drain under the faults.
+            .batches_in_flight(
+                std::env::var("OUTBOX_CHAOS_BATCHES_IN_FLIGHT")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1),
+            )
     }
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     match broker_kind.as_str() {

@@ -287,6 +287,9 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
                 }
             }
         }
+        if !back.is_empty() {
+            continue; // came back while the database step ran: recorded first
+        }
         if out.is_empty() {
             return Ok(drained);
         }
