@@ -271,7 +271,7 @@ pub struct RelayConfig {
     pub max_batch_bytes: usize,
     /// Once caught up with the writers, how many batches the relay may keep with the
     /// publisher at once (no key in two of them), at most 4 and at most what the
-    /// publisher takes ([`Publisher::max_batches_in_flight`](crate::publisher::Publisher::max_batches_in_flight)).
+    /// publisher takes (`Publisher::max_batches_in_flight`).
     /// 1 waits for each batch's acknowledgements before the next claim. Default 1: on
     /// some machines more lowered the median commit → acknowledgement by 40%, on others
     /// the broker answered each call more slowly and it rose (docs/benchmarks.md).

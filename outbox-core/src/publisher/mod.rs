@@ -216,7 +216,7 @@ pub trait Publisher: Send + Sync + 'static {
     /// one call at a time and the ordering contract holds call by call. A publisher
     /// whose calls share state that is not safe to use from overlapping calls keeps the
     /// default, 1 (one call at a time). The relay uses at most 4, and only as many as
-    /// its [`batches_in_flight`](crate::relay::RelayBuilder::batches_in_flight) allows
+    /// its `RelayBuilder::batches_in_flight` allows
     /// (default 1).
     fn max_batches_in_flight(&self) -> usize {
         1
