@@ -234,6 +234,14 @@ mod tests {
         (key.to_owned(), n)
     }
 
+    fn logged(partition: i32, offset: i64, key: &str, n: i32) -> Logged {
+        Logged {
+            partition,
+            offset,
+            event: Some(ev(key, n)),
+        }
+    }
+
     #[test]
     fn a_clean_run_holds() {
         let input = Input {
@@ -275,11 +283,6 @@ mod tests {
 
     #[test]
     fn a_lost_event_is_found_in_the_log_or_said_to_be_missing() {
-        let logged = |partition, offset, key: &str, n| Logged {
-            partition,
-            offset,
-            event: Some(ev(key, n)),
-        };
         let log = vec![
             logged(2, 7, "a", 1),
             logged(2, 8, "a", 2),
@@ -322,11 +325,6 @@ mod tests {
 
     #[test]
     fn only_an_event_passed_over_at_every_copy_was_skipped_by_the_fetch() {
-        let logged = |partition, offset, key: &str, n| Logged {
-            partition,
-            offset,
-            event: Some(ev(key, n)),
-        };
         let log = vec![
             logged(2, 207, "a", 1),
             logged(2, 208, "a", 2),

@@ -273,26 +273,44 @@ impl Read {
     }
 }
 
+/// A consumer outside any group (offsets never committed; from the log's start when
+/// an assigned offset is out of range), and `topic`'s partitions.
+fn reader(
+    brokers: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(BaseConsumer, Vec<i32>), String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| format!("create a reader: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let partitions = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    Ok((consumer, partitions))
+}
+
 /// Each partition's log start and high watermark as the broker reports them (ListOffsets).
 pub fn watermarks(
     brokers: &str,
     topic: &str,
     timeout: Duration,
 ) -> Result<Vec<(i32, i64, i64)>, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique("reader"))
-        .create()
-        .map_err(|e| format!("create a reader: {e}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let (consumer, partitions) = reader(brokers, topic, timeout)?;
     let mut marks = Vec::new();
-    for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+    for p in partitions {
         let (low, high) = consumer
-            .fetch_watermarks(topic, p.id(), timeout)
-            .map_err(|e| format!("watermarks of {topic}/{}: {e}", p.id()))?;
-        marks.push((p.id(), low, high));
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| format!("watermarks of {topic}/{p}: {e}"))?;
+        marks.push((p, low, high));
     }
     marks.sort_unstable();
     Ok(marks)
@@ -314,23 +332,13 @@ pub fn read_to_end(
     timeout: Duration,
 ) -> Result<Vec<Read>, String> {
     use outbox_kafka::rdkafka::{Offset, TopicPartitionList};
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        // A log that really starts above 0: from its start, not its end.
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| format!("create a reader: {e}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let (consumer, partitions) = reader(brokers, topic, timeout)?;
     // From offset 0, not from the broker's "earliest": a broker that reports a wrong
     // start of its log must not hide the records before it.
     let mut assignment = TopicPartitionList::new();
-    for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+    for p in partitions {
         assignment
-            .add_partition_offset(topic, p.id(), Offset::Offset(0))
+            .add_partition_offset(topic, p, Offset::Offset(0))
             .map_err(|e| e.to_string())?;
     }
     if assignment.count() == 0 {
