@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 
@@ -41,7 +42,12 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
     store: &mut S,
     shutdown: &watch::Receiver<bool>,
 ) -> SessionResult<Drained> {
-    let prefetch_until = Instant::now() + relay.config.rebalance_interval;
+    // A tenant of a shared relay hands its connection on after its turn.
+    let prefetch_until = Instant::now()
+        + relay
+            .config
+            .rebalance_interval
+            .min(relay.turn.unwrap_or(Duration::MAX));
     let mut current = store.claim(None).await?;
     let mut drained = Drained::default();
     if current.is_empty() {
@@ -388,7 +394,7 @@ fn recorded<P: Publisher, DB: Backend>(
     if !outcome.sent.is_empty() {
         let n = outcome.sent.len() as u64;
         RelayStats::add(&stats.published, n);
-        metrics::counter!("outbox_published_total").increment(n);
+        relay.counter("outbox_published_total").increment(n);
     }
     if outcome.failed_seq.is_empty() {
         return None;
@@ -396,8 +402,8 @@ fn recorded<P: Publisher, DB: Backend>(
     let failed = outcome.failed_seq.len() as u64;
     RelayStats::add(&stats.failed, failed);
     RelayStats::add(&stats.dead, dead);
-    metrics::counter!("outbox_failed_total").increment(failed);
-    metrics::counter!("outbox_dead_lettered_total").increment(dead);
+    relay.counter("outbox_failed_total").increment(failed);
+    relay.counter("outbox_dead_lettered_total").increment(dead);
     if dead > 0 {
         tracing::error!(
             count = dead,
@@ -457,9 +463,11 @@ async fn publish<P: Publisher, DB: Backend>(
         }
         Err(_) => vec![Err(timed_out(config.publish_timeout)); batch.len()],
     };
-    metrics::histogram!("outbox_publish_latency_seconds").record(started.elapsed().as_secs_f64());
+    relay
+        .histogram("outbox_publish_latency_seconds")
+        .record(started.elapsed().as_secs_f64());
     let now = chrono::Utc::now();
-    let in_outbox = metrics::histogram!("outbox_time_in_outbox_seconds");
+    let in_outbox = relay.histogram("outbox_time_in_outbox_seconds");
     for (record, result) in batch.iter().zip(&results) {
         if result.is_ok() {
             let waited = (now - record.created_at)
@@ -576,12 +584,14 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
     if unavailable == 0 {
         if !outcome.sent.is_empty() && relay.outage_rounds.swap(0, Ordering::Relaxed) > 0 {
             tracing::info!("outbox relay: the broker is publishing again");
-            metrics::gauge!("outbox_relay_broker_unavailable").set(0.0);
+            relay.gauge("outbox_relay_broker_unavailable", 0.0);
         }
         return std::time::Duration::ZERO;
     }
     RelayStats::add(&relay.stats.unavailable, unavailable);
-    metrics::counter!("outbox_publish_unavailable_total").increment(unavailable);
+    relay
+        .counter("outbox_publish_unavailable_total")
+        .increment(unavailable);
     let rounds = relay.outage_rounds.fetch_add(1, Ordering::Relaxed);
     if rounds == 0 {
         tracing::warn!(
@@ -589,7 +599,7 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
             "outbox relay: the broker is unavailable; retrying with backoff for as long as it \
              lasts (these failures do not count towards max_attempts)"
         );
-        metrics::gauge!("outbox_relay_broker_unavailable").set(1.0);
+        relay.gauge("outbox_relay_broker_unavailable", 1.0);
     }
     outage_delay(&relay.config, rounds)
 }

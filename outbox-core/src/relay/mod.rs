@@ -47,6 +47,9 @@
 
 mod drain;
 mod run;
+mod tenants;
+
+pub use tenants::{Tenants, TenantsBuilder, TenantsHandle};
 
 use std::fmt;
 use std::sync::Arc;
@@ -242,6 +245,9 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
             config: self.config,
             stats: Arc::new(RelayStats::default()),
             outage_rounds: AtomicU32::new(0),
+            labels: Vec::new(),
+            gauges: true,
+            turn: None,
         }
     }
 
@@ -264,6 +270,26 @@ pub struct Relay<P, DB: Backend = DefaultBackend> {
     stats: Arc<RelayStats>,
     /// Batches in a row with failures of an unavailable broker (the outage backoff).
     outage_rounds: AtomicU32,
+    /// The labels of its metrics: `tenant` in a relay of many outboxes ([`Tenants`]).
+    labels: Vec<metrics::Label>,
+    /// Whether its gauges are reported (not for tenants past the labelled ones).
+    gauges: bool,
+    /// A tenant's turn: its drain stops prefetching after this long.
+    turn: Option<Duration>,
+}
+
+impl<P, DB: Backend> Relay<P, DB> {
+    fn counter(&self, name: &'static str) -> metrics::Counter {
+        metrics::counter!(name, self.labels.iter())
+    }
+    fn histogram(&self, name: &'static str) -> metrics::Histogram {
+        metrics::histogram!(name, self.labels.iter())
+    }
+    fn gauge(&self, name: &'static str, value: f64) {
+        if self.gauges {
+            metrics::gauge!(name, self.labels.iter()).set(value);
+        }
+    }
 }
 
 impl<P, DB: Backend> fmt::Debug for Relay<P, DB> {

@@ -15,6 +15,34 @@ use crate::store::Backend;
 use crate::store::session::{Context, Session, SessionError, SessionResult};
 use crate::task::stopped;
 
+/// A tenant's turn on a shared connection ([`super::Tenants`]).
+pub(super) struct Turn<'t> {
+    /// When it began.
+    pub(super) started: Instant,
+    /// How long it lasts while other tenants wait.
+    pub(super) quantum: Duration,
+    /// Whether another tenant waits for a connection.
+    pub(super) contended: &'t (dyn Fn() -> bool + Send + Sync),
+}
+
+impl Turn<'_> {
+    /// Whether the turn is over: its time is up and another tenant waits.
+    fn over(&self) -> bool {
+        self.started.elapsed() >= self.quantum && (self.contended)()
+    }
+}
+
+/// Why [`Relay::work`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Exit {
+    /// Shutdown was asked.
+    Shutdown,
+    /// The tenant has nothing to do until the instant given (or a commit).
+    Park(Instant),
+    /// The tenant's turn is over while it still has work.
+    Yield,
+}
+
 impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// Runs until `shutdown` turns `true` (forever if its sender is dropped). A batch in flight
     /// is finished (published and marked) first; nothing is marked that was not acked.
@@ -50,7 +78,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
-                    metrics::counter!("outbox_relay_reconnects_total").increment(1);
+                    self.counter("outbox_relay_reconnects_total").increment(1);
                     RelayStats::add(&self.stats.reconnects, 1);
                 }
             }
@@ -64,12 +92,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
 
     /// One session: until shutdown (`Ok`) or an error.
     async fn session(&self, shutdown: &mut watch::Receiver<bool>) -> SessionResult<()> {
-        let cx = Context {
-            pool: self.outbox.pool(),
-            tables: self.outbox.tables(),
-            config: &self.config,
-            queries: &self.stats.queries,
-        };
+        let cx = self.context();
         let timeout = self.config.connect_timeout;
         let mut session = tokio::select! {
             opened = tokio::time::timeout(timeout, DB::open(cx)) => match opened {
@@ -78,33 +101,49 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             },
             () = stopped(shutdown) => return Ok(()),
         };
-        let result = self.work(&mut session, shutdown).await;
+        let result = self.work(&mut session, shutdown, None).await;
         if result.is_ok() {
             // Hand the work over at once instead of when the connection times out.
             let _ = tokio::time::timeout(timeout, session.close()).await;
         }
-        result
+        result.map(|_| ())
     }
 
-    async fn work<S: Session>(
+    /// What a session of this relay works with.
+    pub(super) fn context(&self) -> Context<'_, DB> {
+        Context {
+            pool: self.outbox.pool(),
+            tables: self.outbox.tables(),
+            config: &self.config,
+            queries: &self.stats.queries,
+            labels: self.gauges.then_some(self.labels.as_slice()),
+        }
+    }
+
+    /// Drives `session` until shutdown or an error; in a tenant's `turn`, also until the
+    /// tenant has nothing to do (it parks) or has had its turn while others wait.
+    pub(super) async fn work<S: Session>(
         &self,
         session: &mut S,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> SessionResult<()> {
+        turn: Option<&Turn<'_>>,
+    ) -> SessionResult<Exit> {
         let mut next_probe = Instant::now();
         let mut retry_at: Option<Instant> = None;
         let mut standby = false;
         loop {
             if *shutdown.borrow() {
-                return Ok(());
+                return Ok(Exit::Shutdown);
             }
             let now = Instant::now();
             let mut nothing_due = false;
             if now >= next_probe {
                 if let Some(probe) = session.probe().await? {
-                    metrics::gauge!("outbox_pending").set(probe.pending as f64);
-                    metrics::gauge!("outbox_oldest_pending_age_seconds")
-                        .set(probe.oldest_age_seconds);
+                    self.gauge("outbox_pending", probe.pending as f64);
+                    self.gauge(
+                        "outbox_oldest_pending_age_seconds",
+                        probe.oldest_age_seconds,
+                    );
                     next_probe = now + session.probe_interval();
                     retry_at = probe.next_due_in.map(|d| now + d);
                     nothing_due = probe.due == Some(0);
@@ -132,10 +171,25 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                     retry_at = Some(retry_at.map_or(due, |r| r.min(due)));
                 }
                 if drained.claimed > 0 {
+                    if turn.is_some_and(Turn::over) {
+                        return Ok(Exit::Yield);
+                    }
                     continue; // there may be more
                 }
             }
             let until = retry_at.map_or(next_probe, |r| r.min(next_probe));
+            if let Some(turn) = turn {
+                if session.idle() {
+                    // Nothing to do: the tenant gives its connection back until a commit,
+                    // its next retry or its next probe.
+                    return Ok(Exit::Park(until));
+                }
+                if turn.over() {
+                    // Waiting for writers to finish while other tenants wait for a
+                    // connection: it queues again behind them.
+                    return Ok(Exit::Yield);
+                }
+            }
             session.wait(shutdown, until).await?;
             if retry_at.is_some_and(|t| t <= Instant::now()) {
                 retry_at = None;

@@ -54,6 +54,10 @@ pub struct Context<'a, DB: sqlx::Database> {
     pub config: &'a RelayConfig,
     /// Statements sent, for the relay's stats.
     pub queries: &'a AtomicU64,
+    /// The labels of the relay's metrics (`tenant`, for a relay of many outboxes; empty
+    /// otherwise). `None`: this relay's gauges are not reported (a tenant past the
+    /// labelled ones, whose gauges would overwrite each other's under `other`).
+    pub labels: Option<&'a [metrics::Label]>,
 }
 
 impl<DB: sqlx::Database> Clone for Context<'_, DB> {
@@ -68,6 +72,70 @@ impl<DB: sqlx::Database> Context<'_, DB> {
     pub fn count_queries(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
     }
+
+    /// Sets the gauge `name` to `value`, with the relay's labels (not at all for a tenant
+    /// past the labelled ones).
+    pub fn gauge(&self, name: &'static str, value: f64) {
+        if let Some(labels) = self.labels {
+            metrics::gauge!(name, labels.iter()).set(value);
+        }
+    }
+}
+
+/// A database whose relays can serve many outboxes (tenants) from one process
+/// (`relay::Tenants`): the tenants of one database share a hub, which holds a bounded set
+/// of connections, handed out in turn (first come, first served), and one control
+/// connection that listens for every tenant's commits. A tenant holds a connection only
+/// while it works; one with nothing to do is *parked* and costs no connection.
+pub trait Shared: Source {
+    /// What the tenants of one database share.
+    type Hub: Send + Sync + 'static;
+
+    /// Connects the hub of the database `pool` points at: up to `connections` session
+    /// connections, and the control connection.
+    fn hub(
+        pool: &sqlx::Pool<Self>,
+        config: &RelayConfig,
+        connections: u32,
+    ) -> impl Future<Output = SessionResult<Self::Hub>> + Send;
+
+    /// Registers the outbox `tables` with the hub; returns its wake-up, notified when a
+    /// commit of this outbox may have rows for a parked tenant (and for every tenant after
+    /// the control connection was lost and is back).
+    fn join(
+        hub: &Self::Hub,
+        tables: &Tables,
+    ) -> impl Future<Output = SessionResult<std::sync::Arc<tokio::sync::Notify>>> + Send;
+
+    /// Waits for a connection of the hub (in turn with the other tenants), then opens a
+    /// session of the outbox `cx.tables` on it.
+    fn open_shared<'a>(
+        hub: &'a Self::Hub,
+        cx: Context<'a, Self>,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+    ) -> impl Future<Output = SessionResult<Self::Session<'a>>> + Send + 'a;
+
+    /// The name of the database `pool` points at (a tenant's label with several).
+    fn database_name(pool: &sqlx::Pool<Self>) -> String;
+
+    /// Runs a discovery query: the outbox tables' names, one per row, in its first
+    /// column.
+    fn discover<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        query: &'a str,
+    ) -> impl Future<Output = SessionResult<Vec<String>>> + Send + 'a;
+
+    /// Whether a tenant waits for a connection: a working tenant then yields at the end
+    /// of its turn.
+    fn contended(hub: &Self::Hub) -> bool;
+
+    /// Ends a session whose tenant has nothing to do: its commits go on waking it through
+    /// the hub (none is missed between the session's last claim and this), and its
+    /// connection goes back to the hub.
+    fn park<'a>(
+        hub: &'a Self::Hub,
+        session: Self::Session<'a>,
+    ) -> impl Future<Output = SessionResult<()>> + Send + 'a;
 }
 
 /// A database that relays can read from.
@@ -170,6 +238,13 @@ pub trait Session: Send {
 
     /// Ends the session cleanly, handing its work over at once.
     fn close(self) -> impl Future<Output = ()> + Send;
+
+    /// Whether this session has declared itself idle and claimed since, finding nothing,
+    /// so that its next [`wait`](Self::wait) would wait for a commit only (nothing it
+    /// knows of will need a look sooner). A tenant of a shared relay parks then instead.
+    fn idle(&self) -> bool {
+        false
+    }
 }
 
 /// What happened to one batch, ready to be written back.

@@ -5,6 +5,7 @@
 mod horizon;
 mod ops;
 mod session;
+mod tenants;
 mod wal;
 
 use futures_util::future::BoxFuture;

@@ -200,7 +200,7 @@ enum Idle {
 
 /// A connection of the relay's, with its settings: keepalives, marks without waiting for
 /// the WAL flush, custom plans, and the idle-session timeout.
-async fn connect_configured(
+pub(super) async fn connect_configured(
     options: &sqlx::postgres::PgConnectOptions,
     config: &RelayConfig,
 ) -> SessionResult<PgConnection> {
@@ -254,7 +254,11 @@ pub struct PgSession<'a> {
     marks: Option<(PgConnection, Instant)>,
     /// Opening `marks` failed: not tried again before then.
     marks_retry_at: Option<Instant>,
-    listener: PgListener,
+    /// What wakes it for new rows.
+    wake: Wake,
+    /// The hub's connection it works on, in a relay of many outboxes: handed back at
+    /// `close`.
+    lease: Option<super::tenants::Lease<'a>>,
     sql: Sql,
     table_key: i32,
     slot: i32,
@@ -276,6 +280,13 @@ pub struct PgSession<'a> {
     timer_woke: bool,
     /// The last claim found fewer rows than a batch: the relay has caught up.
     caught_up: bool,
+}
+
+/// What wakes a session for new rows: a `LISTEN` connection of its own, or, in a relay of
+/// many outboxes, the hub's control connection.
+enum Wake {
+    Own(PgListener),
+    Hub(std::sync::Arc<tokio::sync::Notify>),
 }
 
 impl std::fmt::Debug for PgSession<'_> {
@@ -358,15 +369,33 @@ impl<T: Session, W: Session> Session for Either<T, W> {
     async fn close(self) {
         both!(self, s => s.close().await)
     }
+    fn idle(&self) -> bool {
+        both!(self, s => s.idle())
+    }
 }
 
 impl<'a> PgSession<'a> {
     async fn connect(cx: Context<'a, Postgres>) -> SessionResult<PgSession<'a>> {
-        let tables = cx.tables;
         let options = (*cx.pool.connect_options())
             .clone()
             .application_name(&cx.config.application_name);
-        let mut conn = connect_configured(&options, cx.config).await?;
+        let conn = connect_configured(&options, cx.config).await?;
+        Self::setup(cx, conn, options, None).await
+    }
+
+    /// Registers a session on `conn`: checks the table, its partition count and takes a
+    /// relay slot. `shared`: the hub's wake-up and lease, in a relay of many outboxes
+    /// (otherwise the session listens on a connection of its own).
+    pub(super) async fn setup(
+        cx: Context<'a, Postgres>,
+        mut conn: PgConnection,
+        options: sqlx::postgres::PgConnectOptions,
+        shared: Option<(
+            std::sync::Arc<tokio::sync::Notify>,
+            super::tenants::Lease<'a>,
+        )>,
+    ) -> SessionResult<PgSession<'a>> {
+        let tables = cx.tables;
         let (seq_name, cache): (Option<String>, Option<i64>) = sqlx::query_as(
             "SELECT s.name, (SELECT seqcache FROM pg_sequence WHERE seqrelid = s.name::regclass) \
              FROM (SELECT pg_get_serial_sequence($1, 'seq') AS name) s",
@@ -413,24 +442,35 @@ impl<'a> PgSession<'a> {
             ))
         })?;
 
-        // The listener reconnects by itself through this one-connection pool.
-        let listen_pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect_lazy_with(options.clone());
-        let mut listener = PgListener::connect_with(&listen_pool).await?;
-        listener.ignore_pool_close_event(true);
-        listener.listen(&channel).await?;
+        let (wake, lease) = match shared {
+            Some((wake, lease)) => (Wake::Hub(wake), Some(lease)),
+            None => {
+                // The listener reconnects by itself through this one-connection pool.
+                let listen_pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect_lazy_with(options.clone());
+                let mut listener = PgListener::connect_with(&listen_pool).await?;
+                listener.ignore_pool_close_event(true);
+                listener.listen(&channel).await?;
+                (Wake::Own(listener), None)
+            }
+        };
 
         let sql = Sql::new(&tables.outbox.quoted(), &seq_name, table_key, cx.config);
         cx.count_queries(7);
-        tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
+        if lease.is_none() {
+            tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
+        } else {
+            tracing::debug!(slot, outbox = %tables.outbox, "outbox relay: a tenant's turn began");
+        }
         Ok(PgSession {
             cx,
             conn,
             options,
             marks: None,
             marks_retry_at: None,
-            listener,
+            wake,
+            lease,
             sql,
             table_key,
             slot,
@@ -453,6 +493,11 @@ impl<'a> PgSession<'a> {
         self.cx.count_queries(n);
     }
 
+    /// The key of the outbox's advisory locks (its table's oid).
+    pub(super) fn table_key(&self) -> i32 {
+        self.table_key
+    }
+
     /// The marks connection, opened again once it has been idle for half the server's
     /// idle-session timeout (which would end it under a later mark).
     ///
@@ -460,6 +505,10 @@ impl<'a> PgSession<'a> {
     /// pool in front of the server): the marks then go through `conn`, one after the
     /// claim, as before, and opening it is tried again a session timeout later.
     async fn marks_connection(&mut self) -> Option<PgConnection> {
+        if self.lease.is_some() {
+            // A tenant of a relay of many outboxes works on one connection of the hub.
+            return None;
+        }
         let config = self.cx.config;
         let fresh_for = config.effective_session_timeout() / 2;
         match self.marks.take() {
@@ -500,7 +549,7 @@ impl<'a> PgSession<'a> {
     /// The horizon is no longer held back: the gauge and the backoff start afresh.
     fn horizon_free(&mut self) {
         if self.held_since.take().is_some() {
-            metrics::gauge!("outbox_relay_horizon_held_seconds").set(0.0);
+            self.cx.gauge("outbox_relay_horizon_held_seconds", 0.0);
             if self.held_reported {
                 tracing::info!("outbox relay: the writer that held the horizon back has ended");
             }
@@ -514,7 +563,8 @@ impl<'a> PgSession<'a> {
     async fn report_held(&mut self) -> SessionResult<()> {
         let since = *self.held_since.get_or_insert_with(Instant::now);
         let held = since.elapsed();
-        metrics::gauge!("outbox_relay_horizon_held_seconds").set(held.as_secs_f64());
+        self.cx
+            .gauge("outbox_relay_horizon_held_seconds", held.as_secs_f64());
         if held >= HELD_WARNING && !self.held_reported {
             self.held_reported = true;
             self.count_queries(1);
@@ -588,7 +638,8 @@ impl<'a> PgSession<'a> {
             }
             self.owned.extend(got);
         }
-        metrics::gauge!("outbox_relay_partitions").set(self.owned.len() as f64);
+        self.cx
+            .gauge("outbox_relay_partitions", self.owned.len() as f64);
         Ok(())
     }
 
@@ -765,13 +816,24 @@ impl Session for PgSession<'_> {
             self.horizon_free();
             until
         };
+        let listener = match &mut self.wake {
+            Wake::Own(listener) => listener,
+            Wake::Hub(notify) => {
+                tokio::select! {
+                    () = notify.notified() => self.timer_woke = false,
+                    _ = tokio::time::sleep_until(until) => self.timer_woke = true,
+                    _ = stopped(shutdown) => self.timer_woke = false,
+                }
+                return Ok(());
+            }
+        };
         tokio::select! {
-            n = self.listener.try_recv() => {
+            n = listener.try_recv() => {
                 // `None`: the listening connection was lost and is being re-established;
                 // notifications may have been missed, so run a cycle anyway.
                 self.timer_woke = false;
                 n?;
-                while self.listener.next_buffered().is_some() {}
+                while listener.next_buffered().is_some() {}
             }
             _ = tokio::time::sleep_until(until) => self.timer_woke = true,
             _ = stopped(shutdown) => self.timer_woke = false,
@@ -853,7 +915,19 @@ impl Session for PgSession<'_> {
         Ok(dead.iter().filter(|d| **d).count() as u64)
     }
 
+    /// Not while writers it saw in flight hold the horizon back: such a writer's commit
+    /// may not notify (it probed the idle lock before the session took it), so the
+    /// session must look again by itself (`wait` re-samples).
+    fn idle(&self) -> bool {
+        self.idle == Idle::Waiting && !self.horizon.waiting()
+    }
+
     async fn close(self) {
+        if let Some(lease) = self.lease {
+            // Its locks go; the connection goes back to the hub for the next tenant.
+            lease.give_back(self.conn).await;
+            return;
+        }
         // Hands the partitions over at once instead of when the connection times out.
         let _ = self.conn.close().await;
         if let Some((marks, _)) = self.marks {

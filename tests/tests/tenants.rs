@@ -1,0 +1,406 @@
+//! A relay of many outboxes (`relay::Tenants`) against the real PostgreSQL and NATS
+//! JetStream: 50 outboxes, one schema each, one of them flooded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer};
+use futures_util::StreamExt;
+use outbox_core::relay::{RelayConfig, Tenants};
+use outbox_core::{Outbox, OutboxMessage};
+use outbox_nats::NatsPublisher;
+use outbox_tests::nats::{fresh_stream, nats_url};
+use outbox_tests::{TestDb, wait_until};
+use sqlx::PgPool;
+
+/// The documented bound (docs/relay.md, "Many outboxes, one relay") for 50 tenants on one
+/// connection with the default turn of 100 ms: a woken tenant waits behind at most the
+/// flooded tenant's turn and one short turn of each other tenant.
+const BOUND: Duration = Duration::from_secs(3);
+
+/// `n` schemas `<base>_tNN`, each with a migrated outbox; returns their outboxes.
+async fn tenants(db: &TestDb, n: usize) -> Vec<Outbox> {
+    let mut outboxes = Vec::new();
+    for i in 0..n {
+        let schema = format!("{}_t{i:02}", db.schema);
+        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&db.pool)
+            .await
+            .expect("create a tenant's schema");
+        let outbox = Outbox::builder(db.pool.clone())
+            .table(format!("{schema}.outbox"))
+            .build()
+            .expect("a tenant's outbox");
+        outbox.migrate().await.expect("migrate a tenant's outbox");
+        outboxes.push(outbox);
+    }
+    outboxes
+}
+
+async fn drop_tenants(pool: &PgPool, db: &TestDb, n: usize) {
+    for i in 0..n {
+        sqlx::query(&format!("DROP SCHEMA \"{}_t{i:02}\" CASCADE", db.schema))
+            .execute(pool)
+            .await
+            .expect("drop a tenant's schema");
+    }
+}
+
+/// The discovery query for the tenants of `db`.
+fn discovery(db: &TestDb) -> String {
+    format!(
+        "SELECT table_schema || '.outbox' FROM information_schema.tables \
+         WHERE table_name = 'outbox' AND table_schema LIKE '{}\\_t%' ORDER BY 1",
+        db.schema
+    )
+}
+
+/// Messages received from the stream: when each id arrived, and each subject's payloads
+/// in stream order.
+#[derive(Default)]
+struct Received {
+    at: HashMap<String, Instant>,
+    by_subject: HashMap<String, Vec<String>>,
+}
+
+/// Reads every message of the stream `name` as it arrives.
+fn receive(js: jetstream::Context, name: String) -> Arc<Mutex<Received>> {
+    let received = Arc::new(Mutex::new(Received::default()));
+    let into = Arc::clone(&received);
+    tokio::spawn(async move {
+        let stream = js.get_stream(&name).await.expect("the test stream");
+        let reader = stream
+            .create_consumer(consumer::pull::OrderedConfig::default())
+            .await
+            .expect("an ordered consumer");
+        let mut messages = reader.messages().await.expect("messages");
+        while let Some(Ok(m)) = messages.next().await {
+            let id = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(outbox_nats::headers::MESSAGE_ID))
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let mut r = into.lock().expect("received");
+            r.at.entry(id).or_insert_with(Instant::now);
+            r.by_subject
+                .entry(m.subject.to_string())
+                .or_default()
+                .push(String::from_utf8_lossy(&m.payload).into_owned());
+        }
+    });
+    received
+}
+
+/// Rows for a backlog, written straight into the table: `n` events over 10 keys.
+async fn flood(pool: &PgPool, outbox: &Outbox, subject: &str, n: i64) {
+    sqlx::query(&format!(
+        "INSERT INTO {} (id, event_type, destination, partition_key, payload, headers) \
+         SELECT gen_random_uuid(), 'Flooded', $1, 'k' || (i % 10), \
+                jsonb_build_object('key', 'k' || (i % 10), 'n', i), '{{}}'::jsonb \
+         FROM generate_series(1, $2) AS i",
+        outbox.tables().outbox.quoted()
+    ))
+    .bind(subject)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("flood a tenant");
+}
+
+/// Commits one event to `outbox`; returns its id and when the commit returned.
+async fn emit(outbox: &Outbox, subject: &str, n: usize) -> (String, Instant) {
+    let mut tx = outbox.begin().await.expect("begin");
+    let id = tx
+        .emit_message(
+            OutboxMessage::new("Ticked", subject, format!(r#"{{"n":{n}}}"#)).with_key("tick"),
+        )
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    (id.to_string(), Instant::now())
+}
+
+/// The most connections `app` held at once, sampled until `stop`.
+fn count_connections(pool: PgPool, app: String) -> (tokio::task::JoinHandle<i64>, Arc<Notify>) {
+    let stop = Arc::new(Notify::new());
+    let stopped = Arc::clone(&stop);
+    let task = tokio::spawn(async move {
+        let mut most = 0;
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            )
+            .bind(&app)
+            .fetch_one(&pool)
+            .await
+            .expect("count the relay's connections");
+            most = most.max(n);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                () = stopped.notified() => return most,
+            }
+        }
+    });
+    (task, stop)
+}
+
+use tokio::sync::Notify;
+
+fn config(app: &str, poll_interval: Duration) -> RelayConfig {
+    let mut config = RelayConfig::default();
+    config.application_name = app.to_owned();
+    config.poll_interval = poll_interval;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
+    const TENANTS: usize = 50;
+    const FLOOD: i64 = 30_000;
+    let (js, name, prefix) = fresh_stream().await;
+    let db = TestDb::new().await;
+    let outboxes = tenants(&db, TENANTS).await;
+    let flooded = format!("{prefix}.flood");
+    flood(&db.pool, &outboxes[0], &flooded, FLOOD).await;
+    let received = receive(js, name);
+
+    let app = format!("tenants-{}", &db.schema[12..]);
+    let (most, stop) = count_connections(db.pool.clone(), app.clone());
+    let publisher = NatsPublisher::builder(nats_url())
+        .build()
+        .await
+        .expect("connect to NATS");
+    let relay = Tenants::builder(publisher)
+        .connections(1)
+        .config(config(&app, Duration::from_secs(5)))
+        .discover(db.pool.clone(), discovery(&db))
+        .spawn()
+        .expect("spawn the relay");
+
+    // The flood is under way before the others write.
+    wait_until(
+        "the flooded tenant publishes",
+        Duration::from_secs(30),
+        || {
+            let received = Arc::clone(&received);
+            let flooded = flooded.clone();
+            async move {
+                received
+                    .lock()
+                    .expect("received")
+                    .by_subject
+                    .get(&flooded)
+                    .is_some_and(|v| v.len() > 1_000)
+            }
+        },
+    )
+    .await;
+    // Every other tenant commits an event every 100 ms for 3 s, all at once.
+    let writers = outboxes[1..].iter().enumerate().map(|(i, outbox)| {
+        let subject = format!("{prefix}.t{:02}", i + 1);
+        async move {
+            let mut sent = Vec::new();
+            for n in 0..30 {
+                sent.push(emit(outbox, &subject, n).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (subject, sent)
+        }
+    });
+    let sent: Vec<(String, Vec<(String, Instant)>)> = futures_util::future::join_all(writers).await;
+    let ids: Vec<String> = sent
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|(id, _)| id.clone()))
+        .collect();
+    wait_until(
+        "every other tenant's events reach the broker",
+        Duration::from_secs(60),
+        || {
+            let received = Arc::clone(&received);
+            let ids = ids.clone();
+            async move {
+                let r = received.lock().expect("received");
+                ids.iter().all(|id| r.at.contains_key(id))
+            }
+        },
+    )
+    .await;
+    let flood_left_when_others_done = FLOOD
+        - received
+            .lock()
+            .expect("received")
+            .by_subject
+            .get(&flooded)
+            .map_or(0, Vec::len) as i64;
+
+    // Commit -> broker, per tenant.
+    let mut worst: BTreeMap<String, Duration> = BTreeMap::new();
+    {
+        let r = received.lock().expect("received");
+        for (subject, events) in &sent {
+            for (id, committed) in events {
+                let took = r.at[id].saturating_duration_since(*committed);
+                let w = worst.entry(subject.clone()).or_default();
+                *w = (*w).max(took);
+            }
+        }
+    }
+    let (slowest, longest) = worst
+        .iter()
+        .max_by_key(|(_, d)| **d)
+        .map(|(s, d)| (s.clone(), *d))
+        .expect("tenants");
+    eprintln!(
+        "slowest tenant {slowest}: {longest:?}; the flood had {flood_left_when_others_done} \
+         events left when the others were done"
+    );
+    assert!(
+        flood_left_when_others_done > 0,
+        "the flood was published before the other tenants wrote; the test shows nothing about \
+         fairness: make FLOOD larger"
+    );
+    assert!(
+        longest <= BOUND,
+        "tenant {slowest} waited {longest:?} from commit to broker behind the flooded \
+         tenant (bound {BOUND:?}); every tenant: {worst:?}"
+    );
+
+    // The flood arrives whole, each key in order.
+    wait_until(
+        "the flood reaches the broker",
+        Duration::from_secs(120),
+        || {
+            let received = Arc::clone(&received);
+            let flooded = flooded.clone();
+            async move {
+                received
+                    .lock()
+                    .expect("received")
+                    .by_subject
+                    .get(&flooded)
+                    .is_some_and(|v| v.len() as i64 >= FLOOD)
+            }
+        },
+    )
+    .await;
+    {
+        let r = received.lock().expect("received");
+        let mut last: HashMap<String, i64> = HashMap::new();
+        for payload in &r.by_subject[&flooded] {
+            let v: serde_json::Value = serde_json::from_str(payload).expect("a flood payload");
+            let key = v["key"].as_str().expect("key").to_owned();
+            let n = v["n"].as_i64().expect("n");
+            let before = last.insert(key.clone(), n);
+            assert!(
+                before.is_none_or(|b| b < n),
+                "key {key}: {n} arrived after {before:?}"
+            );
+        }
+        assert_eq!(last.len(), 10, "every key of the flood arrived");
+    }
+
+    relay.shutdown().await;
+    stop.notify_one();
+    let most = most.await.expect("the connection count");
+    assert!(
+        most <= 2,
+        "the relay held {most} connections at once; with connections(1) it holds at most 2 \
+         (one session connection and the control connection)"
+    );
+    drop_tenants(&db.pool, &db, TENANTS).await;
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_tenants_are_woken_again_after_their_connections_are_terminated() {
+    const TENANTS: usize = 5;
+    let (js, name, prefix) = fresh_stream().await;
+    let db = TestDb::new().await;
+    let outboxes = tenants(&db, TENANTS).await;
+    let received = receive(js, name);
+    let app = format!("tenants-{}", &db.schema[12..]);
+    let publisher = NatsPublisher::builder(nats_url())
+        .build()
+        .await
+        .expect("connect to NATS");
+    // The names given, not discovered; the safety poll far away, so that only a wake-up
+    // through the control connection delivers in time.
+    let names: Vec<String> = outboxes
+        .iter()
+        .map(|o| o.tables().outbox.to_string())
+        .collect();
+    let relay = Tenants::builder(publisher)
+        .connections(2)
+        .config(config(&app, Duration::from_secs(600)))
+        .outboxes(db.pool.clone(), names)
+        .spawn()
+        .expect("spawn the relay");
+
+    let arrives = |id: String| {
+        let received = Arc::clone(&received);
+        async move {
+            wait_until("the event reaches the broker", BOUND, || {
+                let received = Arc::clone(&received);
+                let id = id.clone();
+                async move { received.lock().expect("received").at.contains_key(&id) }
+            })
+            .await;
+        }
+    };
+    for (i, outbox) in outboxes.iter().enumerate() {
+        let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
+        arrives(id).await;
+    }
+    // Every connection of the relay's goes: the control connection (with the parked
+    // tenants' idle locks) and the session connections.
+    wait_until("every tenant parked", Duration::from_secs(10), || {
+        let pool = db.pool.clone();
+        let app = app.clone();
+        async move {
+            // Parked: the control connection holds an idle lock per tenant.
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.objid = 4000000",
+            )
+            .bind(&app)
+            .fetch_one(&pool)
+            .await
+            .expect("count idle locks");
+            held >= TENANTS as i64
+        }
+    })
+    .await;
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1) t",
+    )
+    .bind(&app)
+    .fetch_one(&db.pool)
+    .await
+    .expect("terminate the relay's connections");
+    assert!(terminated >= 1, "the relay had connections to terminate");
+    // Each parked tenant is woken by its next commit again.
+    for (i, outbox) in outboxes.iter().enumerate() {
+        let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 1).await;
+        arrives(id).await;
+    }
+    relay.shutdown().await;
+    drop_tenants(&db.pool, &db, TENANTS).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_relay_of_many_outboxes_refuses_a_bad_table_name_and_no_database() {
+    let publisher = outbox_core::publisher::InMemoryPublisher::new();
+    let none = Tenants::builder::<_, sqlx::Postgres>(publisher.clone()).spawn();
+    let err = none.expect_err("no database").to_string();
+    assert!(err.contains("TenantsBuilder::outboxes"), "{err}");
+    let db = TestDb::new().await;
+    let bad = Tenants::builder(publisher)
+        .outboxes(db.pool.clone(), ["good.outbox", "bad name;"])
+        .spawn();
+    let err = bad.expect_err("a bad table name").to_string();
+    assert!(err.contains("bad name;"), "{err}");
+    db.cleanup().await;
+}
