@@ -153,7 +153,9 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
         self
     }
 
-    /// How often [`discover`](Self::discover) queries run again (default 60 s).
+    /// How often [`discover`](Self::discover) queries run again, and outboxes named in
+    /// [`outboxes`](Self::outboxes) that could not start (a table not migrated yet) are
+    /// tried again (default 60 s).
     pub fn rediscover_every(mut self, d: Duration) -> Self {
         self.rediscover = d.max(Duration::from_millis(10));
         self
@@ -295,6 +297,8 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
     };
     let mut running: HashMap<String, TaskHandle> = HashMap::new();
     loop {
+        // A named outbox that could not start (not migrated yet, say) is tried again.
+        let mut missing = false;
         let names = match &list {
             List::Names(names) => Ok(names.clone()),
             List::Query(query) => <DB as Shared>::discover(&pool, query).await,
@@ -322,7 +326,8 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
                             running.insert(name, task);
                         }
                         Err(e) => {
-                            tracing::error!(outbox = %name, error = %e, "outbox relay: cannot serve this outbox; trying again at the next look at the tenant list")
+                            missing = true;
+                            tracing::error!(outbox = %name, error = %e, "outbox relay: cannot serve this outbox; trying again at the next look at the tenant list");
                         }
                     }
                 }
@@ -332,8 +337,8 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
             }
         }
         let again = match list {
-            List::Names(_) => Duration::MAX,
-            List::Query(_) => common.rediscover,
+            List::Names(_) if !missing => Duration::MAX,
+            _ => common.rediscover,
         };
         tokio::select! {
             () = sleep_for(again) => {}
