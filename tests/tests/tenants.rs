@@ -404,3 +404,71 @@ async fn a_relay_of_many_outboxes_refuses_a_bad_table_name_and_no_database() {
     assert!(err.contains("bad name;"), "{err}");
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open_writer() {
+    const BACKLOG: i64 = 4_000;
+    let (js, name, prefix) = fresh_stream().await;
+    let db = TestDb::new().await;
+    let outboxes = tenants(&db, 2).await;
+    // Both flooded, one connection: they take turns, each turn a new session.
+    let (a, b) = (format!("{prefix}.a"), format!("{prefix}.b"));
+    flood(&db.pool, &outboxes[0], &a, BACKLOG).await;
+    flood(&db.pool, &outboxes[1], &b, BACKLOG).await;
+    let received = receive(js, name);
+    let publisher = NatsPublisher::builder(nats_url())
+        .build()
+        .await
+        .expect("connect to NATS");
+    let names: Vec<String> = outboxes
+        .iter()
+        .map(|o| o.tables().outbox.to_string())
+        .collect();
+    let mut config = config("tenants-writer", Duration::from_secs(5));
+    config.batch_size = 100;
+    let relay = Tenants::builder(publisher)
+        .connections(1)
+        .turn(Duration::from_millis(20))
+        .config(config)
+        .outboxes(db.pool.clone(), names)
+        .spawn()
+        .expect("spawn the relay");
+    let published = |subject: String| {
+        let received = Arc::clone(&received);
+        move || -> usize {
+            received
+                .lock()
+                .expect("received")
+                .by_subject
+                .get(&subject)
+                .map_or(0, Vec::len)
+        }
+    };
+    let (of_a, of_b) = (published(a.clone()), published(b.clone()));
+    wait_until("both tenants publish", Duration::from_secs(30), || {
+        let started = of_a() > 0 && of_b() > 0;
+        async move { started }
+    })
+    .await;
+    // A writer of tenant A's outbox stays open: nothing committed after it began may be
+    // published, but its backlog committed before may, in every later turn.
+    let mut open = outboxes[0].begin().await.expect("begin");
+    open.emit_message(OutboxMessage::new("Late", a.as_str(), "{}").with_key("late"))
+        .expect("emit");
+    open.flush()
+        .await
+        .expect("flush: the writer lock is held from here");
+    wait_until(
+        "tenant A's backlog is published while its writer is open",
+        Duration::from_secs(60),
+        || {
+            let done = of_a() as i64 >= BACKLOG;
+            async move { done }
+        },
+    )
+    .await;
+    open.rollback().await.expect("rollback");
+    relay.shutdown().await;
+    drop_tenants(&db.pool, &db, 2).await;
+    db.cleanup().await;
+}

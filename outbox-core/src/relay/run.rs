@@ -23,12 +23,22 @@ pub(super) struct Turn<'t> {
     pub(super) quantum: Duration,
     /// Whether another tenant waits for a connection.
     pub(super) contended: &'t (dyn Fn() -> bool + Send + Sync),
+    /// The tenant's next probe, carried from turn to turn.
+    pub(super) next_probe: Instant,
+    /// The tenant's next retry, carried from turn to turn.
+    pub(super) retry_at: Option<Instant>,
 }
 
 impl Turn<'_> {
     /// Whether the turn is over: its time is up and another tenant waits.
     fn over(&self) -> bool {
         self.started.elapsed() >= self.quantum && (self.contended)()
+    }
+
+    /// Keeps the schedule for the tenant's next turn.
+    fn carry(&mut self, next_probe: Instant, retry_at: Option<Instant>) {
+        self.next_probe = next_probe;
+        self.retry_at = retry_at;
     }
 }
 
@@ -126,10 +136,12 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         &self,
         session: &mut S,
         shutdown: &mut watch::Receiver<bool>,
-        turn: Option<&Turn<'_>>,
+        mut turn: Option<&mut Turn<'_>>,
     ) -> SessionResult<Exit> {
-        let mut next_probe = Instant::now();
-        let mut retry_at: Option<Instant> = None;
+        // A tenant's schedule carries over from its turns before.
+        let (mut next_probe, mut retry_at) = turn
+            .as_deref()
+            .map_or((Instant::now(), None), |t| (t.next_probe, t.retry_at));
         let mut standby = false;
         loop {
             if *shutdown.borrow() {
@@ -171,23 +183,31 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                     retry_at = Some(retry_at.map_or(due, |r| r.min(due)));
                 }
                 if drained.claimed > 0 {
-                    if turn.is_some_and(Turn::over) {
+                    if let Some(turn) = turn.as_deref_mut().filter(|t| t.over()) {
+                        turn.carry(next_probe, retry_at);
                         return Ok(Exit::Yield);
                     }
                     continue; // there may be more
                 }
             }
-            let until = retry_at.map_or(next_probe, |r| r.min(next_probe));
-            if let Some(turn) = turn {
+            let mut until = retry_at.map_or(next_probe, |r| r.min(next_probe));
+            if let Some(turn) = turn.as_deref_mut() {
                 if session.idle() {
                     // Nothing to do: the tenant gives its connection back until a commit,
                     // its next retry or its next probe.
+                    turn.carry(next_probe, retry_at);
                     return Ok(Exit::Park(until));
                 }
                 if turn.over() {
                     // Waiting for writers to finish while other tenants wait for a
                     // connection: it queues again behind them.
+                    turn.carry(next_probe, retry_at);
                     return Ok(Exit::Yield);
+                }
+                if (turn.contended)() {
+                    // Looks again when its turn is up (the session's wait also ends when
+                    // a tenant starts waiting for a connection).
+                    until = until.min(turn.started + turn.quantum);
                 }
             }
             session.wait(shutdown, until).await?;

@@ -301,7 +301,15 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
         let mut missing = false;
         let names = match &list {
             List::Names(names) => Ok(names.clone()),
-            List::Query(query) => <DB as Shared>::discover(&pool, query).await,
+            List::Query(query) => {
+                let timeout = common.config.connect_timeout;
+                tokio::select! {
+                    found = tokio::time::timeout(timeout, <DB as Shared>::discover(&pool, query)) => {
+                        found.unwrap_or(Err(SessionError::TimedOut(timeout)))
+                    }
+                    () = stopped(&mut shutdown) => break,
+                }
+            }
         };
         match names {
             Ok(names) => {
@@ -315,11 +323,20 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
                     if let Some(task) = running.remove(&name) {
                         tracing::info!(outbox = %name, "outbox relay: the tenant list no longer names this outbox; stopping it");
                         task.shutdown().await;
+                        if let Ok(outbox) = outbox_of(&pool, &name) {
+                            <DB as Shared>::leave(&hub, outbox.tables()).await;
+                        }
+                        if let Ok(mut stats) = common.stats.lock() {
+                            stats.remove(&tenant_name(prefix.as_deref(), &name));
+                        }
                     }
                 }
                 for name in names {
                     if running.contains_key(&name) {
                         continue;
+                    }
+                    if *shutdown.borrow() {
+                        break;
                     }
                     match start_tenant(&common, &pool, &hub, &name, prefix.as_deref()).await {
                         Ok(task) => {
@@ -356,6 +373,14 @@ async fn sleep_for(d: Duration) {
     }
 }
 
+/// A tenant's name: its outbox table, after its database's name with several.
+fn tenant_name(prefix: Option<&str>, table: &str) -> String {
+    match prefix {
+        Some(db) => format!("{db}/{table}"),
+        None => table.to_owned(),
+    }
+}
+
 /// Registers the outbox `name` with the hub and spawns its loop.
 async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     common: &Arc<Common<P>>,
@@ -368,10 +393,7 @@ async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     let wake = <DB as Shared>::join(hub, outbox.tables())
         .await
         .map_err(|e| e.to_string())?;
-    let tenant = match prefix {
-        Some(db) => format!("{db}/{name}"),
-        None => name.to_owned(),
-    };
+    let tenant = tenant_name(prefix, name);
     let labelled = common.named.fetch_add(1, Ordering::Relaxed) < common.labelled;
     let label = if labelled { tenant.as_str() } else { OTHER };
     let mut relay = Relay::builder(outbox, common.publisher.clone())
@@ -403,6 +425,8 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
     const FIRST_DELAY: Duration = Duration::from_millis(50);
     let mut delay = FIRST_DELAY;
     let mut ready_at = Instant::now();
+    // The tenant's schedule (next probe, next retry), kept across its turns.
+    let mut schedule = (Instant::now(), None);
     loop {
         tokio::select! {
             () = wake.notified() => {}
@@ -412,7 +436,14 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
         let contended = || <DB as Shared>::contended(&hub);
         let started = Instant::now();
         let result = relay
-            .turn(&hub, &wake, &mut shutdown, quantum, &contended)
+            .turn(
+                &hub,
+                &wake,
+                &mut shutdown,
+                quantum,
+                &contended,
+                &mut schedule,
+            )
             .await;
         tracing::debug!(outbox = %tenant, took = ?started.elapsed(), exit = ?result.as_ref().ok(), "outbox relay: a tenant's turn ended");
         match result {
@@ -454,6 +485,7 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
         shutdown: &mut watch::Receiver<bool>,
         quantum: Duration,
         contended: &(dyn Fn() -> bool + Send + Sync),
+        schedule: &mut (Instant, Option<Instant>),
     ) -> SessionResult<Exit> {
         let t0 = Instant::now();
         let mut session = tokio::select! {
@@ -461,17 +493,19 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
             () = stopped(shutdown) => return Ok(Exit::Shutdown),
         };
         tracing::trace!(waited = ?t0.elapsed(), "outbox relay: a tenant's session opened");
-        let turn = Turn {
+        let mut turn = Turn {
             started: Instant::now(),
             quantum,
             contended,
+            next_probe: schedule.0,
+            retry_at: schedule.1,
         };
         // As `run`: a batch in flight at shutdown gets its time, then the session is
         // dropped.
         let grace = self.config.publish_timeout + self.config.connect_timeout;
         let mut asked = shutdown.clone();
         let exit = tokio::select! {
-            exit = self.work(&mut session, shutdown, Some(&turn)) => exit?,
+            exit = self.work(&mut session, shutdown, Some(&mut turn)) => exit?,
             () = async {
                 stopped(&mut asked).await;
                 tokio::time::sleep(grace).await;
@@ -480,12 +514,18 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
                 return Ok(Exit::Shutdown);
             }
         };
+        *schedule = (turn.next_probe, turn.retry_at);
         let timeout = self.config.connect_timeout;
         match exit {
             Exit::Park(_) => {
                 match tokio::time::timeout(timeout, <DB as Shared>::park(hub, session)).await {
                     Ok(parked) => parked?,
-                    Err(_) => return Err(SessionError::TimedOut(timeout)),
+                    Err(_) => {
+                        return Err(SessionError::Refused(format!(
+                            "the tenant could not park within {timeout:?} (connect_timeout): \
+                             the relay's control connection did not answer"
+                        )));
+                    }
                 }
             }
             Exit::Yield | Exit::Shutdown => {

@@ -107,6 +107,10 @@ pub trait Shared: Source {
         tables: &Tables,
     ) -> impl Future<Output = SessionResult<std::sync::Arc<tokio::sync::Notify>>> + Send;
 
+    /// Unregisters the outbox `tables`, whose tenant has stopped: its commits no longer
+    /// wake anything.
+    fn leave<'a>(hub: &'a Self::Hub, tables: &'a Tables) -> impl Future<Output = ()> + Send + 'a;
+
     /// Waits for a connection of the hub (in turn with the other tenants), then opens a
     /// session of the outbox `cx.tables` on it.
     fn open_shared<'a>(

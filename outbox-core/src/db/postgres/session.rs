@@ -451,6 +451,10 @@ impl<'a> PgSession<'a> {
                     .connect_lazy_with(options.clone());
                 let mut listener = PgListener::connect_with(&listen_pool).await?;
                 listener.ignore_pool_close_event(true);
+                // A lost connection is reported at once (`Ok(None)`, a cycle runs), not
+                // after a reconnection inside `try_recv`, which a timer could cancel
+                // half-way and leave unreported.
+                listener.eager_reconnect(false);
                 listener.listen(&channel).await?;
                 (Wake::Own(listener), None)
             }
@@ -458,6 +462,11 @@ impl<'a> PgSession<'a> {
 
         let sql = Sql::new(&tables.outbox.quoted(), &seq_name, table_key, cx.config);
         cx.count_queries(7);
+        // A tenant's horizon carries over from its last turn.
+        let carried = lease
+            .as_ref()
+            .map(|l| l.carried(table_key))
+            .unwrap_or_default();
         if lease.is_none() {
             tracing::info!(slot, outbox = %tables.outbox, "outbox relay connected");
         } else {
@@ -476,12 +485,12 @@ impl<'a> PgSession<'a> {
             slot,
             owned: BTreeSet::new(),
             relays: 1,
-            horizon: Horizon::default(),
+            horizon: carried.horizon,
             relays_probed: false,
             next_rebalance: Instant::now(),
             resample: FIRST_RESAMPLE,
-            held_since: None,
-            held_reported: false,
+            held_since: carried.held_since,
+            held_reported: carried.held_reported,
             idle: Idle::Busy,
             idle_retry: FIRST_IDLE_RETRY,
             timer_woke: false,
@@ -816,11 +825,21 @@ impl Session for PgSession<'_> {
             self.horizon_free();
             until
         };
+        let lease = self.lease.as_ref();
         let listener = match &mut self.wake {
             Wake::Own(listener) => listener,
             Wake::Hub(notify) => {
+                // A tenant waiting for a connection ends the wait too: the relay loop
+                // then yields if this tenant's turn is up.
+                let asked = async move {
+                    match lease {
+                        Some(lease) => lease.asked().notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = notify.notified() => self.timer_woke = false,
+                    () = asked => self.timer_woke = true,
                     _ = tokio::time::sleep_until(until) => self.timer_woke = true,
                     _ = stopped(shutdown) => self.timer_woke = false,
                 }
@@ -925,7 +944,12 @@ impl Session for PgSession<'_> {
     async fn close(self) {
         if let Some(lease) = self.lease {
             // Its locks go; the connection goes back to the hub for the next tenant.
-            lease.give_back(self.conn).await;
+            let carry = super::tenants::Carried {
+                horizon: self.horizon,
+                held_since: self.held_since,
+                held_reported: self.held_reported,
+            };
+            lease.give_back(self.conn, self.table_key, carry).await;
             return;
         }
         // Hands the partitions over at once instead of when the connection times out.

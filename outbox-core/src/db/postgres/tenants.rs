@@ -40,7 +40,14 @@ pub struct PgHub {
     waiting: AtomicUsize,
     /// Connections handed back, with when.
     idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
+    /// Notified when a tenant starts waiting for a connection: a tenant that waits for
+    /// writers on a connection of the hub then looks at its turn.
+    asked: Notify,
+    /// What a tenant's session knows that outlives it, by outbox (its table's oid).
+    carried: std::sync::Mutex<HashMap<i32, Carried>>,
     control: mpsc::UnboundedSender<Command>,
+    /// How long the control task may take per command.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for PgHub {
@@ -52,6 +59,16 @@ impl std::fmt::Debug for PgHub {
     }
 }
 
+/// What a tenant's session hands to its next one: the publish horizon (its samples stay
+/// valid: the writer lock is the server's, not the session's) and how long writers have
+/// held it back.
+#[derive(Debug, Default)]
+pub(super) struct Carried {
+    pub(super) horizon: super::horizon::Horizon,
+    pub(super) held_since: Option<Instant>,
+    pub(super) held_reported: bool,
+}
+
 /// A tenant's hold on one of the hub's connections, for one turn.
 pub(super) struct Lease<'a> {
     hub: &'a PgHub,
@@ -59,9 +76,28 @@ pub(super) struct Lease<'a> {
 }
 
 impl Lease<'_> {
+    /// What the tenant's last session left for this one.
+    pub(super) fn carried(&self, key: i32) -> Carried {
+        self.hub
+            .carried
+            .lock()
+            .ok()
+            .and_then(|mut c| c.remove(&key))
+            .unwrap_or_default()
+    }
+
+    /// The hub's notice that a tenant waits for a connection.
+    pub(super) fn asked(&self) -> &Notify {
+        &self.hub.asked
+    }
+
     /// Gives the connection back: without its advisory locks, ready for another tenant.
-    /// A connection that fails this is closed (the server then drops its locks).
-    pub(super) async fn give_back(self, mut conn: PgConnection) {
+    /// A connection that fails this is closed (the server then drops its locks). `carry`
+    /// is kept for the tenant's next session.
+    pub(super) async fn give_back(self, mut conn: PgConnection, key: i32, carry: Carried) {
+        if let Ok(mut carried) = self.hub.carried.lock() {
+            carried.insert(key, carry);
+        }
         match conn.execute("SELECT pg_advisory_unlock_all()").await {
             Ok(_) => {
                 if let Ok(mut idle) = self.hub.idle.lock() {
@@ -77,11 +113,13 @@ impl Lease<'_> {
 
 /// What the control task is asked to do.
 enum Command {
-    /// Listen for the outbox's commits; reply with its wake-up.
+    /// Listen for the outbox's commits; reply with its key and wake-up.
     Join {
         table: String,
         reply: oneshot::Sender<SessionResult<Arc<Notify>>>,
     },
+    /// Stop listening for the outbox's commits (its tenant has stopped).
+    Leave { table: String },
     /// Take the outbox's idle lock (its commits notify); reply once it is held.
     Park {
         key: i32,
@@ -91,13 +129,49 @@ enum Command {
     Unpark { key: i32 },
 }
 
+impl Command {
+    /// Answers a command that cannot run now.
+    fn refuse(self, why: &str) {
+        let refused = || SessionError::Refused(why.to_owned());
+        match self {
+            Command::Join { reply, .. } => {
+                let _ = reply.send(Err(refused()));
+            }
+            Command::Park { reply, .. } => {
+                let _ = reply.send(Err(refused()));
+            }
+            Command::Leave { .. } | Command::Unpark { .. } => {}
+        }
+    }
+}
+
+/// Why the control connection is down, for tenants that ask meanwhile.
+const CONTROL_DOWN: &str = "the relay's control connection is down and reconnecting; the \
+     tenant tries again (parked tenants are woken by their poll until it is back)";
+
+/// How often an idle control connection is checked (a connection that stopped answering
+/// would otherwise go unnoticed until the kernel gives up on it).
+const CONTROL_CHECK: Duration = Duration::from_secs(15);
+
+/// One outbox the control connection listens for.
+struct Listened {
+    key: i32,
+    channel: String,
+    wake: Arc<Notify>,
+}
+
 /// The control connection's task: the listener, the tenants' wake-ups by channel, and the
 /// idle locks it holds.
 struct Control {
     pool: PgPool,
     listener: Option<PgListener>,
-    channels: HashMap<String, (i32, Arc<Notify>)>,
+    /// By the table's quoted name.
+    tables: HashMap<String, Listened>,
+    /// Channel -> wake-up.
+    wakes: HashMap<String, Arc<Notify>>,
     parked: BTreeSet<i32>,
+    /// How long one command or check may take.
+    timeout: Duration,
 }
 
 /// Whether a failed statement means the control connection is gone (its locks with it),
@@ -109,37 +183,69 @@ fn connection_lost(e: &sqlx::Error) -> bool {
 impl Control {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut delay = Duration::from_millis(50);
+        let mut check = tokio::time::interval(CONTROL_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(listener) = self.listener.as_mut() else {
-                match self.reconnect().await {
-                    Ok(()) => {
+                match tokio::time::timeout(self.timeout, self.reconnect()).await {
+                    Ok(Ok(())) => {
                         delay = Duration::from_millis(50);
                         tracing::info!(
                             "outbox relay: the control connection is back; waking every tenant"
                         );
-                        for (_, wake) in self.channels.values() {
+                        for wake in self.wakes.values() {
                             wake.notify_one();
                         }
+                        continue;
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, retry_in = ?delay, "outbox relay: cannot open the control connection; parked tenants are woken by their poll only until it is back");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, retry_in = ?delay, "outbox relay: cannot open the control connection; parked tenants are woken by their poll until it is back");
+                    }
+                    Err(_) => {
+                        tracing::error!(timeout = ?self.timeout, retry_in = ?delay, "outbox relay: the control connection did not open in time; parked tenants are woken by their poll until it is back");
                     }
                 }
+                // Commands meanwhile are answered at once; the hub gone, the task ends.
+                let pause = tokio::time::sleep(delay);
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        () = &mut pause => break,
+                        command = commands.recv() => match command {
+                            None => return,
+                            Some(command) => self.apart(command),
+                        },
+                    }
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
                 continue;
             };
             tokio::select! {
                 command = commands.recv() => {
                     let Some(command) = command else { return };
-                    if let Err(e) = self.handle(command).await {
-                        tracing::warn!(error = %e, "outbox relay: the control connection failed; connecting it again");
+                    let timeout = self.timeout;
+                    let outcome = match tokio::time::timeout(timeout, self.handle(command)).await {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                    };
+                    if let Err(why) = outcome {
+                        tracing::warn!(error = %why, "outbox relay: the control connection failed; connecting it again");
                         self.listener = None;
                     }
                 }
+                _ = check.tick() => {
+                    let alive = tokio::time::timeout(self.timeout, listener.execute("SELECT 1")).await;
+                    if !matches!(alive, Ok(Ok(_))) {
+                        tracing::warn!("outbox relay: the control connection stopped answering; connecting it again");
+                        self.listener = None;
+                    }
+                }
+                // Without eager reconnection, a lost connection returns `Ok(None)` at once
+                // (no reconnect inside, which a command could cancel half-way): the locks
+                // are taken again below, on a new connection.
                 received = listener.try_recv() => match received {
                     Ok(Some(n)) => {
-                        if let Some((_, wake)) = self.channels.get(n.channel()) {
+                        if let Some(wake) = self.wakes.get(n.channel()) {
                             wake.notify_one();
                         }
                     }
@@ -156,13 +262,38 @@ impl Control {
         }
     }
 
-    /// A new control connection: listening on every channel, holding every parked
-    /// tenant's idle lock.
+    /// A command while the control connection is down: bookkeeping only (a new
+    /// connection takes the parked tenants' locks), or refused.
+    fn apart(&mut self, command: Command) {
+        match command {
+            Command::Unpark { key } => {
+                self.parked.remove(&key);
+            }
+            Command::Leave { table } => {
+                self.forget(&table);
+            }
+            command => command.refuse(CONTROL_DOWN),
+        }
+    }
+
+    /// Drops an outbox from the books; with whether it was parked.
+    fn forget(&mut self, table: &str) -> Option<(Listened, bool)> {
+        let listened = self.tables.remove(table)?;
+        self.wakes.remove(&listened.channel);
+        let parked = self.parked.remove(&listened.key);
+        Some((listened, parked))
+    }
+
+    /// A new control connection: without locks left from an earlier use of it,
+    /// listening on every channel, holding every parked tenant's idle lock.
     async fn reconnect(&mut self) -> Result<(), sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.ignore_pool_close_event(true);
+        listener.eager_reconnect(false);
+        // The pool may hand back the connection an error made it drop, locks and all.
+        listener.execute("SELECT pg_advisory_unlock_all()").await?;
         listener
-            .listen_all(self.channels.keys().map(String::as_str))
+            .listen_all(self.wakes.keys().map(String::as_str))
             .await?;
         let parked: Vec<i32> = self.parked.iter().copied().collect();
         if !parked.is_empty() {
@@ -176,13 +307,28 @@ impl Control {
         Ok(())
     }
 
-    /// Runs one command; `Err` when the control connection is lost.
-    async fn handle(&mut self, command: Command) -> Result<(), sqlx::Error> {
-        let Some(listener) = self.listener.as_mut() else {
-            return Err(sqlx::Error::PoolClosed);
+    /// Runs one command; `Err` when the control connection is lost (the command was
+    /// answered with an error).
+    async fn handle(&mut self, command: Command) -> Result<(), String> {
+        if self.listener.is_none() {
+            command.refuse(CONTROL_DOWN);
+            return Ok(());
+        }
+        // Bookkeeping first (it needs all of `self`), then the statements.
+        let gone = match &command {
+            Command::Leave { table } => self.forget(table),
+            _ => None,
         };
+        let Some(listener) = self.listener.as_mut() else {
+            return Ok(());
+        };
+        let lost = |e: sqlx::Error| e.to_string();
         match command {
             Command::Join { table, reply } => {
+                if let Some(known) = self.tables.get(&table) {
+                    let _ = reply.send(Ok(Arc::clone(&known.wake)));
+                    return Ok(());
+                }
                 let found: Result<(i32, String), sqlx::Error> = sqlx::query_as(
                     "SELECT oid::int4, 'outbox_' || oid::text FROM (SELECT $1::text::regclass::oid AS oid) t",
                 )
@@ -191,27 +337,53 @@ impl Control {
                 .await;
                 let (key, channel) = match found {
                     Ok(found) => found,
+                    Err(e) if connection_lost(&e) => {
+                        let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
+                        return Err(lost(e));
+                    }
                     Err(e) => {
-                        let lost = connection_lost(&e);
                         let _ = reply.send(Err(e.into()));
-                        return if lost {
-                            Err(sqlx::Error::PoolClosed)
-                        } else {
-                            Ok(())
-                        };
+                        return Ok(());
                     }
                 };
-                if let Some((_, wake)) = self.channels.get(&channel) {
-                    let _ = reply.send(Ok(Arc::clone(wake)));
+                if let Some(other) = self.tables.iter().find(|(_, l)| l.key == key) {
+                    // One table under two names would share one wake-up and one idle
+                    // lock between two tenants.
+                    let _ = reply.send(Err(SessionError::Refused(format!(
+                        "{table} is the outbox {} under another name, which this relay already \
+                         serves; name each outbox once",
+                        other.0
+                    ))));
                     return Ok(());
                 }
                 if let Err(e) = listener.listen(&channel).await {
-                    let _ = reply.send(Err(SessionError::Database(sqlx::Error::PoolClosed)));
-                    return Err(e);
+                    let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
+                    return Err(lost(e));
                 }
                 let wake = Arc::new(Notify::new());
-                self.channels.insert(channel, (key, Arc::clone(&wake)));
+                self.wakes.insert(channel.clone(), Arc::clone(&wake));
+                self.tables.insert(
+                    table,
+                    Listened {
+                        key,
+                        channel,
+                        wake: Arc::clone(&wake),
+                    },
+                );
                 let _ = reply.send(Ok(wake));
+            }
+            Command::Leave { .. } => {
+                if let Some((gone, parked)) = gone {
+                    listener.unlisten(&gone.channel).await.map_err(lost)?;
+                    if parked {
+                        sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+                            .bind(gone.key)
+                            .bind(locks::IDLE)
+                            .execute(&mut *listener)
+                            .await
+                            .map_err(lost)?;
+                    }
+                }
             }
             Command::Park { key, reply } => {
                 // Kept in `parked` even if this fails: a new control connection takes it.
@@ -222,8 +394,8 @@ impl Control {
                         .execute(&mut *listener)
                         .await;
                     if let Err(e) = taken {
-                        let _ = reply.send(Err(SessionError::Database(sqlx::Error::PoolClosed)));
-                        return Err(e);
+                        let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
+                        return Err(lost(e));
                     }
                 }
                 let _ = reply.send(Ok(()));
@@ -234,7 +406,8 @@ impl Control {
                         .bind(key)
                         .bind(locks::IDLE)
                         .execute(&mut *listener)
-                        .await?;
+                        .await
+                        .map_err(lost)?;
                 }
             }
         }
@@ -243,38 +416,61 @@ impl Control {
 }
 
 impl PgHub {
-    /// Asks the control task; an error if it has ended.
+    /// Asks the control task, waiting a bounded time.
     async fn ask<T>(
         &self,
         command: impl FnOnce(oneshot::Sender<SessionResult<T>>) -> Command,
     ) -> SessionResult<T> {
         let (reply, answer) = oneshot::channel();
+        let ended = || SessionError::Refused("the relay's control task has ended".to_owned());
         if self.control.send(command(reply)).is_err() {
-            return Err(SessionError::Refused(
-                "the relay's control task has ended".to_owned(),
-            ));
+            return Err(ended());
         }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(SessionError::Database(sqlx::Error::PoolClosed)))
+        // Each command gets `timeout`, but commands queue, and a reconnection may come
+        // first.
+        let most = self.timeout * 3;
+        match tokio::time::timeout(most, answer).await {
+            Ok(answer) => answer.unwrap_or_else(|_| Err(ended())),
+            Err(_) => Err(SessionError::Refused(format!(
+                "the relay's control connection did not answer within {most:?}"
+            ))),
+        }
     }
 
     /// A connection handed back recently enough that the server has not ended it
-    /// (`idle_session_timeout` is the relay's session timeout), or a new one.
-    async fn connection(&self, config: &RelayConfig) -> SessionResult<PgConnection> {
+    /// (`idle_session_timeout` is the relay's session timeout), or, with `reuse` false
+    /// or none there, a new one; with whether it was reused.
+    async fn connection(
+        &self,
+        config: &RelayConfig,
+        reuse: bool,
+    ) -> SessionResult<(PgConnection, bool)> {
         let fresh_for = config.effective_session_timeout() / 2;
         let reused = self.idle.lock().ok().and_then(|mut idle| {
             idle.retain(|(_, since)| since.elapsed() < fresh_for);
-            idle.pop()
+            if reuse { idle.pop() } else { None }
         });
         if let Some((conn, _)) = reused {
-            return Ok(conn);
+            return Ok((conn, true));
         }
         let timeout = config.connect_timeout;
         match tokio::time::timeout(timeout, connect_configured(&self.options, config)).await {
-            Ok(conn) => conn,
+            Ok(conn) => Ok((conn?, false)),
             Err(_) => Err(SessionError::TimedOut(timeout)),
         }
+    }
+
+    /// Waits for a connection, in turn with the other tenants.
+    async fn permit(&self) -> SessionResult<OwnedSemaphorePermit> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
+        if self.permits.available_permits() == 0 {
+            self.asked.notify_waiters();
+        }
+        Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| SessionError::Refused("the relay's hub has closed".to_owned()))
     }
 }
 
@@ -297,6 +493,7 @@ impl Shared for Postgres {
             .application_name(&config.application_name);
         let control_pool = PgPoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(config.connect_timeout)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
@@ -308,8 +505,10 @@ impl Shared for Postgres {
         let mut control = Control {
             pool: control_pool,
             listener: None,
-            channels: HashMap::new(),
+            tables: HashMap::new(),
+            wakes: HashMap::new(),
             parked: BTreeSet::new(),
+            timeout: config.connect_timeout,
         };
         // Connected now, so that a database that cannot be reached is an error here.
         control.reconnect().await?;
@@ -321,7 +520,10 @@ impl Shared for Postgres {
             permits: Arc::new(Semaphore::new(permits)),
             waiting: AtomicUsize::new(0),
             idle: std::sync::Mutex::new(Vec::new()),
+            asked: Notify::new(),
+            carried: std::sync::Mutex::new(HashMap::new()),
             control: tx,
+            timeout: config.connect_timeout,
         })
     }
 
@@ -337,32 +539,43 @@ impl Shared for Postgres {
         hub.ask(|reply| Command::Join { table, reply }).await
     }
 
+    async fn leave(hub: &PgHub, tables: &Tables) {
+        let _ = hub.control.send(Command::Leave {
+            table: tables.outbox.quoted(),
+        });
+    }
+
     async fn open_shared<'a>(
         hub: &'a PgHub,
         cx: Context<'a, Postgres>,
         wake: Arc<Notify>,
     ) -> SessionResult<Either<PgSession<'a>, super::wal::WalSession<'a>>> {
-        hub.waiting.fetch_add(1, Ordering::Relaxed);
-        let waiting = Waiting(&hub.waiting);
-        let permit = Arc::clone(&hub.permits)
-            .acquire_owned()
-            .await
-            .map_err(|_| SessionError::Refused("the relay's hub has closed".to_owned()))?;
-        drop(waiting);
-        let conn = hub.connection(cx.config).await?;
-        let lease = Lease {
-            hub,
-            _permit: permit,
-        };
         let timeout = cx.config.connect_timeout;
-        let session = match tokio::time::timeout(
-            timeout,
-            PgSession::setup(cx, conn, hub.options.clone(), Some((wake, lease))),
-        )
-        .await
-        {
-            Ok(session) => session?,
-            Err(_) => return Err(SessionError::TimedOut(timeout)),
+        let mut reuse = true;
+        let session = loop {
+            let permit = hub.permit().await?;
+            let (conn, reused) = hub.connection(cx.config, reuse).await?;
+            let lease = Lease {
+                hub,
+                _permit: permit,
+            };
+            let shared = Some((Arc::clone(&wake), lease));
+            match tokio::time::timeout(
+                timeout,
+                PgSession::setup(cx, conn, hub.options.clone(), shared),
+            )
+            .await
+            {
+                Ok(Ok(session)) => break session,
+                // A connection the server ended while it waited in the hub (a restart,
+                // a terminated backend): once more, on a new one.
+                Ok(Err(SessionError::Database(e))) if reused && connection_lost(&e) => {
+                    tracing::debug!(error = %e, "outbox relay: a hub connection was gone; opening a new one");
+                    reuse = false;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(SessionError::TimedOut(timeout)),
+            }
         };
         // Its commits stop notifying: the tenant looks for rows by itself now.
         let _ = hub.control.send(Command::Unpark {
