@@ -200,6 +200,18 @@ pub enum Command {
         #[arg(long = "allowed-host", value_name = "HOST")]
         allowed_hosts: Vec<String>,
     },
+    /// Convert the outbox table to the time-partitioned layout (PostgreSQL,
+    /// docs/partitions.md): retention then drops old partitions whole instead of deleting
+    /// rows. Copies the table under an exclusive lock (writers and relays wait): try it
+    /// on a copy first, and run it at a quiet time.
+    Partition {
+        /// One partition per `hour` or per `day` (UTC).
+        #[arg(long, value_name = "INTERVAL")]
+        interval: Interval,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
         /// Delete messages sent longer ago than this age.
@@ -218,6 +230,15 @@ pub enum Command {
         #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
     },
+}
+
+/// `outbox partition --interval`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Interval {
+    /// One partition per hour.
+    Hour,
+    /// One partition per day.
+    Day,
 }
 
 #[derive(Debug, Subcommand)]

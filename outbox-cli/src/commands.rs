@@ -83,6 +83,13 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
     // The schemes each driver accepts, as sqlx declares them.
     let is = |schemes: &[&str]| schemes.contains(&scheme);
     let wal = cli.wal || cli.wal_slot.is_some();
+    if !is(Postgres::URL_SCHEMES) && matches!(cli.command, Command::Partition { .. }) {
+        return Err(Failure::Message(
+            "`outbox partition` is PostgreSQL only (MySQL/MariaDB and SQLite keep a plain \
+             table; retention deletes their old rows in batches)"
+                .to_owned(),
+        ));
+    }
     if !is(Postgres::URL_SCHEMES) && (wal || matches!(cli.command, Command::Slot { .. })) {
         return Err(Failure::Message(
             "WAL mode (--wal, --wal-slot, `outbox slot`) is PostgreSQL only; \
@@ -100,6 +107,9 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
         .await?;
         if let Command::Slot { command } = &cli.command {
             return slot_command(&cli, outbox, command, out).await;
+        }
+        if let Command::Partition { interval, yes } = &cli.command {
+            return partition_command(outbox, *interval, *yes, out).await;
         }
         execute(cli, outbox, out).await
     } else if is(MySql::URL_SCHEMES) {
@@ -347,6 +357,9 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
         Command::Slot { .. } => {
             unreachable!("`outbox slot` runs on PostgreSQL only (checked in `run`)")
         }
+        Command::Partition { .. } => {
+            unreachable!("`outbox partition` runs on PostgreSQL only (checked in `run`)")
+        }
         Command::Retention {
             sent_older_than,
             processed_older_than,
@@ -392,6 +405,50 @@ async fn connect<DB: Backend>(
         builder = builder.processed_table(name);
     }
     Ok(mode(builder).build()?)
+}
+
+/// `outbox partition --interval ...` (PostgreSQL).
+async fn partition_command(
+    outbox: Outbox<Postgres>,
+    interval: crate::cli::Interval,
+    yes: bool,
+    out: &mut impl Write,
+) -> Result {
+    let table = outbox.tables().outbox.clone();
+    let interval = match interval {
+        crate::cli::Interval::Hour => outbox_core::config::PartitionInterval::Hourly,
+        crate::cli::Interval::Day => outbox_core::config::PartitionInterval::Daily,
+    };
+    if !yes {
+        confirm(
+            out,
+            &format!(
+                "copy {table} into a table partitioned {interval} (writers and relays wait meanwhile), \
+                 then drop the old table"
+            ),
+            "changed",
+        )?;
+    }
+    let done = outbox.partition_by_time(interval).await?;
+    if done.partitions.is_empty() {
+        writeln!(
+            out,
+            "{table} is already partitioned {interval}; nothing to do"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{table} is partitioned {interval}: {} rows copied into {} partitions ({} to {}) \
+             and the default partition; {} relay session(s) reconnect to it. `outbox retention` \
+             now drops old partitions whole",
+            done.rows_copied,
+            done.partitions.len(),
+            done.partitions.first().map_or("", String::as_str),
+            done.partitions.last().map_or("", String::as_str),
+            done.relays_disconnected
+        )?;
+    }
+    Ok(())
 }
 
 /// `outbox slot ...` (PostgreSQL, WAL mode).

@@ -1386,3 +1386,43 @@ async fn doctor_says_what_needs_action_and_exits_3_until_nothing_does() {
     assert!(!still.stdout.contains("dead-letters"), "{}", still.stdout);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn partition_converts_the_table_once_and_is_postgresql_only() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    insert(&db, PENDING).await;
+
+    // Without --yes and without a terminal: nothing changes.
+    let refused = in_db(&db, &["partition", "--interval", "day"]).await;
+    assert!(
+        refused.failed().contains("nothing changed"),
+        "{}",
+        refused.stderr
+    );
+    let out = in_db(&db, &["partition", "--interval", "day", "--yes"]).await;
+    let text = out.ok();
+    assert!(
+        text.contains("is partitioned by the day: 1 rows copied into")
+            && text.contains("partitions"),
+        "{text}"
+    );
+    let again = in_db(&db, &["partition", "--interval", "day", "--yes"]).await;
+    assert!(
+        again
+            .ok()
+            .contains("already partitioned by the day; nothing to do")
+    );
+    assert_eq!(db.count("outbox").await, 1);
+
+    let path = std::env::temp_dir().join(format!("outbox-cli-{}.db", Uuid::now_v7().simple()));
+    let url = format!("sqlite://{}", path.display());
+    let lite = outbox_with_env(&["partition", "--interval", "day", "--yes"], Some(&url)).await;
+    assert!(
+        lite.failed()
+            .contains("`outbox partition` is PostgreSQL only"),
+        "{}",
+        lite.stderr
+    );
+    db.cleanup().await;
+}

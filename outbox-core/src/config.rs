@@ -12,6 +12,27 @@ pub const MAX_IDENTIFIER_LEN: usize = 48;
 /// Longest accepted schema name: PostgreSQL's limit.
 pub const MAX_SCHEMA_LEN: usize = 63;
 
+/// How much time one partition of a time-partitioned outbox covers (PostgreSQL,
+/// `Outbox::partition_by_time`; docs/partitions.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartitionInterval {
+    /// One partition per hour (UTC), 48 created ahead.
+    Hourly,
+    /// One partition per day (UTC), 3 created ahead.
+    Daily,
+}
+
+impl PartitionInterval {
+    /// The time one partition covers.
+    pub fn length(self) -> Duration {
+        match self {
+            PartitionInterval::Hourly => Duration::from_secs(3600),
+            PartitionInterval::Daily => Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
 /// A validated, optionally schema-qualified SQL table name such as `outbox` or
 /// `billing.outbox`.
 ///

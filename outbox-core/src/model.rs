@@ -507,3 +507,32 @@ mod human_tests {
         assert_eq!(human_duration(3.0 * 86_400.0 + 4.0 * 3600.0), "3d 4h");
     }
 }
+
+/// What [`Outbox::partition_by_time`](crate::Outbox) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Partitioned {
+    /// Rows copied from the plain table (0 when the table was already partitioned).
+    pub rows_copied: u64,
+    /// The partitions created (the default partition aside).
+    pub partitions: Vec<String>,
+    /// Relay sessions disconnected so that they register on the new table.
+    pub relays_disconnected: u64,
+}
+
+/// What retention did to the partitions of a time-partitioned outbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionReport {
+    /// Partitions created ahead.
+    pub created: Vec<String>,
+    /// Rows moved from the default partition into a partition created for them.
+    pub moved_from_default: u64,
+    /// Partitions dropped: wholly older than the cutoff, with no pending or dead row.
+    pub dropped: Vec<String>,
+    /// Partitions older than the cutoff kept for their pending or dead-lettered rows
+    /// (their sent rows are deleted row by row).
+    pub kept: Vec<String>,
+    /// Partitions left for the next run: their lock was not free within 2 s.
+    pub busy: Vec<String>,
+}

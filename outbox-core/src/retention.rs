@@ -56,6 +56,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::error::DbContext;
+pub use crate::model::{PartitionReport, Partitioned};
 use crate::store::{Backend, DefaultBackend};
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
@@ -110,6 +111,9 @@ pub struct RetentionReport {
     pub elapsed: Duration,
     /// The run stopped early because shutdown was requested.
     pub interrupted: bool,
+    /// On a time-partitioned outbox (PostgreSQL): the partitions created, dropped, kept
+    /// and left for the next run. `None` for a plain table.
+    pub partitions: Option<PartitionReport>,
 }
 
 impl fmt::Display for RetentionReport {
@@ -123,6 +127,16 @@ impl fmt::Display for RetentionReport {
             self.elapsed,
             self.longest_batch
         )?;
+        if let Some(p) = &self.partitions {
+            write!(
+                f,
+                "; partitions: {} dropped, {} created, {} kept for pending or dead rows, {} left for the next run",
+                p.dropped.len(),
+                p.created.len(),
+                p.kept.len(),
+                p.busy.len()
+            )?;
+        }
         if self.interrupted {
             f.write_str("; interrupted by shutdown")?;
         }
@@ -295,6 +309,26 @@ impl<DB: Backend> Retention<DB> {
         async {
             report.sent_cutoff = self.cutoff(self.config.sent_older_than).await?;
             report.processed_cutoff = self.cutoff(self.config.processed_older_than).await?;
+            // A partitioned outbox first gets its partitions ahead and drops the old
+            // ones whole; the row-by-row deletes below then skip what remains of them.
+            report.partitions = DB::maintain_partitions(
+                self.outbox.pool(),
+                self.outbox.tables(),
+                report.sent_cutoff,
+            )
+            .await
+            .context("maintaining the outbox's partitions", &self.outbox.tables().outbox)?;
+            if let Some(p) = &report.partitions {
+                for name in &p.dropped {
+                    tracing::info!(partition = %name, "outbox retention dropped a partition");
+                }
+                for name in &p.created {
+                    tracing::info!(partition = %name, "outbox retention created a partition");
+                }
+                for name in &p.busy {
+                    tracing::warn!(partition = %name, "outbox retention could not lock the outbox within 2 s to add or drop this partition; trying at the next run");
+                }
+            }
             if let Some(cutoff) = report.sent_cutoff {
                 let mut after = 0_i64;
                 loop {

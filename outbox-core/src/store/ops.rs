@@ -8,7 +8,9 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::config::Tables;
-use crate::model::{DeadGroup, Health, ListFilter, MessageInfo, MessageState, Status};
+use crate::model::{
+    DeadGroup, Health, ListFilter, MessageInfo, MessageState, PartitionReport, Status,
+};
 pub use crate::model::{SentBatch, Which};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
@@ -68,6 +70,18 @@ pub trait Ops: sqlx::Database {
         cutoff: DateTime<Utc>,
         limit: i64,
     ) -> BoxFuture<'c, SqlResult<SentBatch>>;
+
+    /// On a time-partitioned outbox (PostgreSQL): creates partitions ahead and drops
+    /// those wholly older than `cutoff` with no pending or dead row. `None` for a plain
+    /// table (the default).
+    fn maintain_partitions<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        cutoff: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'c, SqlResult<Option<PartitionReport>>> {
+        let _ = (pool, tables, cutoff);
+        Box::pin(async { Ok(None) })
+    }
 
     /// Deletes up to `limit` processed ids with `processed_at < cutoff`, oldest first.
     fn delete_processed<'c>(

@@ -4,6 +4,7 @@
 
 mod horizon;
 mod ops;
+mod partitions;
 mod session;
 mod tenants;
 mod wal;

@@ -10,8 +10,8 @@ use crate::config::Tables;
 use crate::db::rows::{message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    DeadGroup, DestinationStatus, Health, ListFilter, MessageInfo, MessageState, RelayInstance,
-    ReplicationSlot, SentBatch, Status, Which, count, requeue_reset, total,
+    DeadGroup, DestinationStatus, Health, ListFilter, MessageInfo, MessageState, PartitionReport,
+    RelayInstance, ReplicationSlot, SentBatch, Status, Which, count, requeue_reset, total,
 };
 use crate::store::ops::{Behind, Ops, SqlResult};
 
@@ -73,25 +73,42 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<SentBatch>> {
         Box::pin(async move {
             let t = tables.outbox.quoted();
-            let (n, last): (i64, Option<i64>) = sqlx::query_as(&format!(
+            // A time-partitioned outbox drops its partitions whole: rows are deleted one
+            // by one only outside them (partitions kept for a pending or dead row, the
+            // default partition). The condition prunes the others.
+            let spared = super::partitions::spared(pool, &tables.outbox, cutoff).await?;
+            let outside = if spared.is_some() {
+                "AND (id < $4::uuid OR id >= $5::uuid)"
+            } else {
+                ""
+            };
+            let sql = format!(
                 "WITH doomed AS (\
                    SELECT seq FROM {t} \
-                   WHERE seq > $1 AND sent_at < $2 AND dead_at IS NULL \
+                   WHERE seq > $1 AND sent_at < $2 AND dead_at IS NULL {outside} \
                    ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED), \
                  gone AS (DELETE FROM {t} o USING doomed d WHERE o.seq = d.seq RETURNING o.seq) \
                  SELECT count(*), max(seq) FROM gone"
-            ))
-            .bind(after)
-            .bind(cutoff)
-            .bind(limit)
-            .fetch_one(pool)
-            .await?;
+            );
+            let mut query = sqlx::query_as(&sql).bind(after).bind(cutoff).bind(limit);
+            if let Some((from, to)) = spared {
+                query = query.bind(from).bind(to);
+            }
+            let (n, last): (i64, Option<i64>) = query.fetch_one(pool).await?;
             Ok(SentBatch {
                 deleted: count(n),
                 found: count(n),
                 last,
             })
         })
+    }
+
+    fn maintain_partitions<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        cutoff: Option<DateTime<Utc>>,
+    ) -> BoxFuture<'c, SqlResult<Option<PartitionReport>>> {
+        Box::pin(super::partitions::maintain(pool, tables, cutoff))
     }
 
     fn delete_processed<'c>(
