@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write notify enqueue sustained idle history scale wal all; nats (needs NATS with JetStream,
+//! scenarios: drain latency write notify enqueue sustained idle history scale wal partitions all; nats (needs NATS with JetStream,
 //! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`); rabbitmq (needs
 //! RabbitMQ, `OUTBOX_BENCH_RABBITMQ`, default amqp://guest:guest@127.0.0.1:5672/%2f; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
@@ -18,6 +18,7 @@ mod kafka;
 mod load;
 mod nats;
 mod notify;
+mod partitions;
 mod publisher;
 mod rabbitmq;
 mod report;
@@ -62,6 +63,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "enqueue" => load::enqueue(args, &mut report).await?,
             "sustained" => load::sustained(args, &mut report).await?,
             "wal" => wal::wal(args, &mut report).await?,
+            "partitions" => partitions::partitions(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }
     }

@@ -37,6 +37,8 @@ pub struct Args {
     pub sustained_rates: Vec<u64>,
     pub sustained_seconds: u64,
     pub sustained_batch: u64,
+    /// Seconds of load per layout in the `partitions` scenario.
+    pub partitions_seconds: u64,
 }
 
 impl Args {
@@ -44,7 +46,7 @@ impl Args {
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--partitions-seconds S (120)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -66,6 +68,7 @@ impl Args {
             check: false,
             sustained_rates: vec![2_500, 5_000, 7_500, 10_000, 12_500, 15_000, 20_000],
             sustained_seconds: 120,
+            partitions_seconds: 120,
             sustained_batch: 10,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
@@ -85,6 +88,7 @@ impl Args {
                             "history",
                             "scale",
                             "wal",
+                            "partitions",
                             // Last: it leaves the broker holding its messages (tansu keeps
                             // topics in memory), which slows what runs after it.
                             "sustained",
@@ -125,6 +129,7 @@ impl Args {
                 "--out" => args.out = value,
                 "--notify-seconds" => args.notify_seconds = number()?.max(1) as f64,
                 "--sustained-seconds" => args.sustained_seconds = number()?.max(1),
+                "--partitions-seconds" => args.partitions_seconds = number()?.max(5),
                 "--sustained-batch" => args.sustained_batch = number()?.max(1),
                 "--sustained-rates" => {
                     args.sustained_rates = value
@@ -169,6 +174,7 @@ impl Args {
             args.latency_rate = args.latency_rate.min(100);
             args.sustained_rates = vec![200];
             args.sustained_seconds = args.sustained_seconds.min(2);
+            args.partitions_seconds = args.partitions_seconds.min(6);
         }
         Ok(args)
     }

@@ -17,7 +17,7 @@ pub const MAX_SCHEMA_LEN: usize = 63;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PartitionInterval {
-    /// One partition per hour (UTC), 48 created ahead.
+    /// One partition per hour (UTC), 6 created ahead.
     Hourly,
     /// One partition per day (UTC), 3 created ahead.
     Daily,

@@ -27,7 +27,7 @@ use crate::{Error, Outbox, Result};
 /// Partitions created ahead of now, per interval.
 fn ahead(interval: PartitionInterval) -> i64 {
     match interval {
-        PartitionInterval::Hourly => 48,
+        PartitionInterval::Hourly => 6,
         PartitionInterval::Daily => 3,
     }
 }
