@@ -97,6 +97,15 @@ impl TableName {
         }
     }
 
+    /// Another object in the same schema, named `name` as the server gave it (not
+    /// validated again: a partition's name may be longer than a table name we accept).
+    pub(crate) fn sibling(&self, name: &str) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: name.to_owned(),
+        }
+    }
+
     /// A sibling table or object name in the same schema: `name` + `suffix`.
     pub(crate) fn with_suffix(&self, suffix: &str) -> TableName {
         TableName {

@@ -37,6 +37,14 @@
 //! The age cutoffs are taken once per run from the database clock (the clock that set
 //! `sent_at`), so one run removes exactly the rows older than the cutoff at its start.
 //!
+//! # A time-partitioned outbox (PostgreSQL)
+//! On an outbox converted with `Outbox::partition_by_time` (docs/partitions.md), each
+//! run first creates partitions ahead and drops, whole, every partition older than the
+//! sent cutoff that holds no pending or dead-lettered row (under a 2 s lock timeout; a
+//! busy one waits for the next run). The row-by-row deletes below then only touch the
+//! partitions kept for such rows and the default partition.
+//! [`RetentionReport::partitions`] says what happened.
+//!
 //! # How it stays out of the way
 //! Each batch is one short statement in its own transaction. On PostgreSQL it locks up
 //! to `batch_size` rows with `FOR UPDATE SKIP LOCKED` (a row someone else holds is left
@@ -311,13 +319,22 @@ impl<DB: Backend> Retention<DB> {
             report.processed_cutoff = self.cutoff(self.config.processed_older_than).await?;
             // A partitioned outbox first gets its partitions ahead and drops the old
             // ones whole; the row-by-row deletes below then skip what remains of them.
-            report.partitions = DB::maintain_partitions(
+            // Its failure (a second retention process racing, a deadlock, a lock that
+            // was not free) leaves the partitions for the next run; the deletes go on.
+            report.partitions = match DB::maintain_partitions(
                 self.outbox.pool(),
                 self.outbox.tables(),
                 report.sent_cutoff,
             )
             .await
-            .context("maintaining the outbox's partitions", &self.outbox.tables().outbox)?;
+            {
+                Ok(partitions) => partitions,
+                Err(e) => {
+                    tracing::error!(error = %e, "outbox retention could not maintain the outbox's partitions; trying at the next run");
+                    metrics::counter!("outbox_retention_failures_total").increment(1);
+                    None
+                }
+            };
             if let Some(p) = &report.partitions {
                 for name in &p.dropped {
                     tracing::info!(partition = %name, "outbox retention dropped a partition");

@@ -328,7 +328,11 @@ pub(crate) mod locks {
 
 /// The flush statement. Before the rows draw their `seq` values (the materialized CTE
 /// runs first), the transaction takes the writer lock in shared mode and keeps it until
-/// it ends: relays compute their publish horizon from it (see `relay::horizon`). Rows get
+/// it ends: relays compute their publish horizon from it (see `relay::horizon`).
+/// The table's oid keys the lock; it is looked up when the statement runs
+/// (`to_regclass`), not when it is parsed: a statement parsed while
+/// `Outbox::partition_by_time` replaced the table would otherwise lock under the old
+/// table's oid, which the relays no longer watch, while writing into the new one. Rows get
 /// their `seq` in emit order (the `ORDER BY` keeps the sub-select from being flattened).
 /// The notification (sent while a relay waits idle: [`wake_sql`]) is delivered to listeners
 /// exactly when the transaction commits.
@@ -356,7 +360,7 @@ fn insert_one_sql(tables: &Tables) -> String {
 /// rows `select` gives (reading `x`), and the wake-up.
 fn write_statement(tables: &Tables, select: &str) -> String {
     format!(
-        "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{outbox}'::regclass::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
+        "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(to_regclass('{outbox}')::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
              (id, event_type, event_version, destination, partition_key, payload, headers) \
@@ -384,7 +388,7 @@ fn write_statement(tables: &Tables, select: &str) -> String {
 /// claims once more) either sees this writer in flight or is notified by it.
 fn wake_sql(outbox: &str, from: &str) -> String {
     format!(
-        "SELECT pg_notify('outbox_' || '{outbox}'::regclass::oid::text, '') {from}          WHERE CASE WHEN pg_try_advisory_lock('{outbox}'::regclass::oid::int4, {idle})            THEN NOT pg_advisory_unlock('{outbox}'::regclass::oid::int4, {idle}) ELSE true END",
+        "SELECT pg_notify('outbox_' || to_regclass('{outbox}')::oid::text, '') {from}          WHERE CASE WHEN pg_try_advisory_lock(to_regclass('{outbox}')::oid::int4, {idle})            THEN NOT pg_advisory_unlock(to_regclass('{outbox}')::oid::int4, {idle}) ELSE true END",
         idle = locks::IDLE,
     )
 }

@@ -100,13 +100,15 @@ struct Layout {
 
 /// The outbox's partitions, or `None` when its table is not partitioned.
 async fn layout(conn: &mut PgConnection, outbox: &TableName) -> sqlx::Result<Option<Layout>> {
-    let partitioned: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1::regclass)",
+    let key: Option<String> = sqlx::query_scalar(
+        "SELECT pg_get_partkeydef(partrelid) FROM pg_partitioned_table WHERE partrelid = $1::regclass",
     )
     .bind(outbox.quoted())
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    if !partitioned {
+    // Not partitioned, or partitioned some other way (by hand): a plain table to
+    // retention; the conversion refuses it (`partitioned`).
+    if key.as_deref() != Some("RANGE (id)") {
         return Ok(None);
     }
     let rows = sqlx::query(
@@ -117,16 +119,12 @@ async fn layout(conn: &mut PgConnection, outbox: &TableName) -> sqlx::Result<Opt
     .bind(outbox.quoted())
     .fetch_all(&mut *conn)
     .await?;
-    let sibling = |name: &str| match outbox.schema() {
-        Some(schema) => TableName::parse("partition", &format!("{schema}.{name}")),
-        None => TableName::parse("partition", name),
-    };
     let mut parts = Vec::new();
     let mut default = None;
     for row in rows {
         let name: String = row.try_get("name")?;
         let text: String = row.try_get("bound")?;
-        let Ok(table) = sibling(&name) else { continue };
+        let table = outbox.sibling(&name);
         if text.trim() == "DEFAULT" {
             default = Some(table);
             continue;
@@ -179,7 +177,19 @@ impl Outbox<Postgres> {
             ));
         }
         let doing = "partitioning the outbox table";
+        // The conversion creates the latest migrations' indexes: the migrations must be
+        // applied first, or a later `migrate` would create them again and fail.
+        self.migrate().await?;
         let mut conn = self.pool().acquire().await.context(doing, &tables.outbox)?;
+        // Already partitioned: nothing to lock (checked again under the lock).
+        if let Some(layout) = layout(&mut conn, &tables.outbox)
+            .await
+            .context(doing, &tables.outbox)?
+        {
+            if layout.interval == interval {
+                return Ok(Partitioned::default());
+            }
+        }
         let mut tx = conn.begin().await.context(doing, &tables.outbox)?;
         let done = convert(&mut tx, tables, interval).await;
         match done {
@@ -210,6 +220,22 @@ async fn convert(
     tx.execute(&*format!("LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE"))
         .await
         .context(doing, outbox)?;
+    let foreign: Option<String> = sqlx::query_scalar(
+        "SELECT pg_get_partkeydef(partrelid) FROM pg_partitioned_table WHERE partrelid = $1::regclass",
+    )
+    .bind(&t)
+    .fetch_optional(&mut *tx)
+    .await
+    .context(doing, outbox)?;
+    if let Some(key) = foreign.filter(|k| k != "RANGE (id)") {
+        return Err(Error::InvalidArgument(
+            format!(
+                "{outbox} is already partitioned by {key}, not by the outbox's layout \
+                 (RANGE (id), docs/partitions.md); it is left as it is"
+            )
+            .into(),
+        ));
+    }
     if let Some(layout) = layout(tx, outbox).await.context(doing, outbox)? {
         if layout.interval == interval {
             return Ok(None);
@@ -233,6 +259,7 @@ async fn convert(
     let relays: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT DISTINCT pid FROM pg_locks \
            WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = ($1)::int4::oid \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND ((objid >= $2 AND objid < $2 + $3) OR objid = $4) AND pid <> pg_backend_pid()) r \
          WHERE pg_terminate_backend(r.pid)",
     )
@@ -244,7 +271,8 @@ async fn convert(
     .await
     .context(doing, outbox)?;
     let next_seq: i64 = sqlx::query_scalar(&format!(
-        "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END \
+        "SELECT greatest(CASE WHEN is_called THEN last_value + 1 ELSE last_value END, \
+                         (SELECT coalesce(max(seq), 0) + 1 FROM {t})) \
          FROM {}",
         sequence_of(tx, &t).await.context(doing, outbox)?
     ))
@@ -295,7 +323,7 @@ async fn convert(
          CREATE TABLE {t} (LIKE {old} INCLUDING DEFAULTS) PARTITION BY RANGE (id); \
          ALTER TABLE {t} ALTER COLUMN seq SET DEFAULT nextval('{seq_text}'::regclass); \
          ALTER SEQUENCE {seq} OWNED BY {t}.seq; \
-         ALTER TABLE {t} ADD CONSTRAINT {id_key} UNIQUE (id); \
+         ALTER TABLE {t} ADD CONSTRAINT {id_key} PRIMARY KEY (id); \
          CREATE INDEX {seq_idx} ON {t} (seq); \
          CREATE INDEX {pending} ON {t} (seq) WHERE sent_at IS NULL AND dead_at IS NULL; \
          CREATE INDEX {retrying} ON {t} (partition_key, seq) \
@@ -303,7 +331,7 @@ async fn convert(
          CREATE INDEX {dead} ON {t} (seq) WHERE dead_at IS NOT NULL; \
          CREATE INDEX {dead_key} ON {t} (partition_key, seq) WHERE dead_at IS NOT NULL",
         seq_text = seq.replace('\'', "''"),
-        id_key = name("_id_key"),
+        id_key = name("_pkey"),
         seq_idx = name("_seq_idx"),
         pending = name("_pending_idx"),
         retrying = name("_retrying_idx"),
@@ -395,8 +423,14 @@ pub(super) async fn maintain(
     let now = floor(now.timestamp_millis(), step);
     let t = outbox.quoted();
 
-    // Ahead: every interval from now's to `ahead`, wherever one is missing.
-    let mut start = now;
+    // Ahead: every interval from now's (or from the newest partition's end, if
+    // retention has not run for a while, at most MOST_FOR_HISTORY back) to `ahead`,
+    // wherever one is missing.
+    let mut start = layout
+        .parts
+        .last()
+        .map_or(now, |p| p.end.min(now))
+        .max(now - MOST_FOR_HISTORY * step);
     let have: std::collections::HashSet<i64> = layout.parts.iter().map(|p| p.start).collect();
     while start <= now + ahead(layout.interval) * step {
         if !have.contains(&start) {
@@ -419,14 +453,20 @@ pub(super) async fn maintain(
         return Ok(Some(report));
     };
     let cutoff = cutoff.timestamp_millis();
-    for part in layout.parts.iter().filter(|p| p.end <= cutoff) {
+    let mut old = layout.parts.iter().filter(|p| p.end <= cutoff);
+    for part in old.by_ref() {
         match drop_partition(&mut conn, &t, part).await {
             Ok(true) => report.dropped.push(part.table.to_string()),
             Ok(false) => report.kept.push(part.table.to_string()),
-            Err(e) if lock_timeout(&e) => report.busy.push(part.table.to_string()),
+            Err(e) if lock_timeout(&e) => {
+                // Writers queue behind each wait: one per run is enough.
+                report.busy.push(part.table.to_string());
+                break;
+            }
             Err(e) => return Err(e),
         }
     }
+    report.busy.extend(old.map(|p| p.table.to_string()));
     Ok(Some(report))
 }
 
@@ -452,7 +492,7 @@ async fn add_partition(
     let p = part.quoted();
     let (from, to) = (bound(start), bound(start + step));
     tx.execute(&*format!(
-        "CREATE TABLE {p} (LIKE {parent} INCLUDING DEFAULTS)"
+        "CREATE TABLE {p} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
     ))
     .await?;
     let mut moved = 0;
@@ -490,8 +530,11 @@ async fn drop_partition(conn: &mut PgConnection, parent: &str, part: &Part) -> s
     let mut tx = conn.begin().await?;
     tx.execute(&*format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
         .await?;
-    tx.execute(&*format!("LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE"))
-        .await?;
+    // The parent and this partition only (not every partition, each a wait of its own).
+    tx.execute(&*format!(
+        "LOCK TABLE ONLY {parent}, {p} IN ACCESS EXCLUSIVE MODE"
+    ))
+    .await?;
     let held: bool = sqlx::query_scalar(&busy).fetch_one(&mut *tx).await?;
     if held {
         return Ok(false);
