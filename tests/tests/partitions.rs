@@ -402,3 +402,70 @@ async fn a_partitioned_outbox_has_the_indexes_of_a_plain_one() {
     );
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_parsed_while_the_table_is_replaced_locks_under_the_new_table() {
+    // The conversion replaces the table while writers wait for it. A writer that parsed
+    // its statement meanwhile must take the writer lock under the new table's oid, which
+    // the relays watch once they reconnect; under the old one they would publish past
+    // its uncommitted rows.
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut swap = db.connect().await;
+    use sqlx::Connection as _;
+    let mut swapping = swap.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *swapping)
+        .await
+        .expect("lock the table");
+    let writer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let mut tx = outbox.begin().await.expect("begin");
+            tx.emit_message(OutboxMessage::new("Late", "x", "{}").with_key("k"))
+                .expect("emit");
+            tx.flush().await.expect("flush: waits for the table");
+            tx
+        })
+    };
+    // The writer has parsed its statement and waits for the table.
+    wait_until(
+        "the writer waits for the table",
+        Duration::from_secs(10),
+        || {
+            let pool = db.pool.clone();
+            async move {
+                let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'outbox'::regclass",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("waiting locks");
+                waiting > 0
+            }
+        },
+    )
+    .await;
+    for step in [
+        "ALTER TABLE outbox RENAME TO outbox_before",
+        "CREATE TABLE outbox (LIKE outbox_before INCLUDING ALL)",
+    ] {
+        sqlx::query(step)
+            .execute(&mut *swapping)
+            .await
+            .expect("replace the table");
+    }
+    swapping.commit().await.expect("commit the swap");
+    let tx = writer.await.expect("the writer");
+    let (old, new): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE classid = 'outbox_before'::regclass), \
+                count(*) FILTER (WHERE classid = 'outbox'::regclass) \
+         FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND objid = 0",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the writer locks");
+    assert_eq!((old, new), (0, 1), "the writer lock is the new table's");
+    tx.rollback().await.expect("rollback");
+    db.cleanup().await;
+}
