@@ -84,6 +84,36 @@ impl TestDb {
         outbox
     }
 
+    /// `n` more outboxes, one per schema `<schema>_tNN`, migrated: the tenants of a
+    /// relay of many outboxes. [`drop_tenants`](Self::drop_tenants) drops them.
+    pub async fn tenants(&self, n: usize) -> Vec<Outbox> {
+        let mut outboxes = Vec::new();
+        for i in 0..n {
+            let schema = format!("{}_t{i:02}", self.schema);
+            sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+                .execute(&self.pool)
+                .await
+                .expect("create a tenant's schema");
+            let outbox = Outbox::builder(self.pool.clone())
+                .table(format!("{schema}.outbox"))
+                .build()
+                .expect("a tenant's outbox");
+            outbox.migrate().await.expect("migrate a tenant's outbox");
+            outboxes.push(outbox);
+        }
+        outboxes
+    }
+
+    /// Drops the schemas of [`tenants`](Self::tenants).
+    pub async fn drop_tenants(&self, n: usize) {
+        for i in 0..n {
+            sqlx::query(&format!("DROP SCHEMA \"{}_t{i:02}\" CASCADE", self.schema))
+                .execute(&self.pool)
+                .await
+                .expect("drop a tenant's schema");
+        }
+    }
+
     /// A one-connection pool into this schema, apart from [`pool`](Self::pool): for a
     /// `PgListener` that must not share the writers' pool.
     pub fn listen_pool(&self) -> sqlx::PgPool {

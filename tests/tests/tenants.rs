@@ -19,34 +19,6 @@ use sqlx::PgPool;
 /// flooded tenant's turn and one short turn of each other tenant.
 const BOUND: Duration = Duration::from_secs(3);
 
-/// `n` schemas `<base>_tNN`, each with a migrated outbox; returns their outboxes.
-async fn tenants(db: &TestDb, n: usize) -> Vec<Outbox> {
-    let mut outboxes = Vec::new();
-    for i in 0..n {
-        let schema = format!("{}_t{i:02}", db.schema);
-        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-            .execute(&db.pool)
-            .await
-            .expect("create a tenant's schema");
-        let outbox = Outbox::builder(db.pool.clone())
-            .table(format!("{schema}.outbox"))
-            .build()
-            .expect("a tenant's outbox");
-        outbox.migrate().await.expect("migrate a tenant's outbox");
-        outboxes.push(outbox);
-    }
-    outboxes
-}
-
-async fn drop_tenants(pool: &PgPool, db: &TestDb, n: usize) {
-    for i in 0..n {
-        sqlx::query(&format!("DROP SCHEMA \"{}_t{i:02}\" CASCADE", db.schema))
-            .execute(pool)
-            .await
-            .expect("drop a tenant's schema");
-    }
-}
-
 /// The discovery query for the tenants of `db`.
 fn discovery(db: &TestDb) -> String {
     format!(
@@ -91,6 +63,16 @@ fn receive(js: jetstream::Context, name: String) -> Arc<Mutex<Received>> {
         }
     });
     received
+}
+
+/// How many messages of `subject` arrived so far.
+fn count_of(received: &Mutex<Received>, subject: &str) -> usize {
+    received
+        .lock()
+        .expect("received")
+        .by_subject
+        .get(subject)
+        .map_or(0, Vec::len)
 }
 
 /// Rows for a backlog, written straight into the table: `n` events over 10 keys.
@@ -160,7 +142,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
     const FLOOD: i64 = 30_000;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
-    let outboxes = tenants(&db, TENANTS).await;
+    let outboxes = db.tenants(TENANTS).await;
     let flooded = format!("{prefix}.flood");
     flood(&db.pool, &outboxes[0], &flooded, FLOOD).await;
     let received = receive(js, name);
@@ -179,20 +161,13 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         .expect("spawn the relay");
 
     // The flood is under way before the others write.
+    let of_flood = || count_of(&received, &flooded);
     wait_until(
         "the flooded tenant publishes",
         Duration::from_secs(30),
         || {
-            let received = Arc::clone(&received);
-            let flooded = flooded.clone();
-            async move {
-                received
-                    .lock()
-                    .expect("received")
-                    .by_subject
-                    .get(&flooded)
-                    .is_some_and(|v| v.len() > 1_000)
-            }
+            let started = of_flood() > 1_000;
+            async move { started }
         },
     )
     .await;
@@ -226,13 +201,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         },
     )
     .await;
-    let flood_left_when_others_done = FLOOD
-        - received
-            .lock()
-            .expect("received")
-            .by_subject
-            .get(&flooded)
-            .map_or(0, Vec::len) as i64;
+    let flood_left_when_others_done = FLOOD - of_flood() as i64;
 
     // Commit -> broker, per tenant.
     let mut worst: BTreeMap<String, Duration> = BTreeMap::new();
@@ -271,16 +240,8 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         "the flood reaches the broker",
         Duration::from_secs(120),
         || {
-            let received = Arc::clone(&received);
-            let flooded = flooded.clone();
-            async move {
-                received
-                    .lock()
-                    .expect("received")
-                    .by_subject
-                    .get(&flooded)
-                    .is_some_and(|v| v.len() as i64 >= FLOOD)
-            }
+            let done = of_flood() as i64 >= FLOOD;
+            async move { done }
         },
     )
     .await;
@@ -308,7 +269,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         "the relay held {most} connections at once; with connections(1) it holds at most 2 \
          (one session connection and the control connection)"
     );
-    drop_tenants(&db.pool, &db, TENANTS).await;
+    db.drop_tenants(TENANTS).await;
     db.cleanup().await;
 }
 
@@ -317,7 +278,7 @@ async fn parked_tenants_are_woken_again_after_their_connections_are_terminated()
     const TENANTS: usize = 5;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
-    let outboxes = tenants(&db, TENANTS).await;
+    let outboxes = db.tenants(TENANTS).await;
     let received = receive(js, name);
     let app = format!("tenants-{}", &db.schema[12..]);
     let publisher = NatsPublisher::builder(nats_url())
@@ -386,7 +347,7 @@ async fn parked_tenants_are_woken_again_after_their_connections_are_terminated()
         arrives(id).await;
     }
     relay.shutdown().await;
-    drop_tenants(&db.pool, &db, TENANTS).await;
+    db.drop_tenants(TENANTS).await;
     db.cleanup().await;
 }
 
@@ -410,7 +371,7 @@ async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open
     const BACKLOG: i64 = 4_000;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
-    let outboxes = tenants(&db, 2).await;
+    let outboxes = db.tenants(2).await;
     // Both flooded, one connection: they take turns, each turn a new session.
     let (a, b) = (format!("{prefix}.a"), format!("{prefix}.b"));
     flood(&db.pool, &outboxes[0], &a, BACKLOG).await;
@@ -433,18 +394,7 @@ async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open
         .outboxes(db.pool.clone(), names)
         .spawn()
         .expect("spawn the relay");
-    let published = |subject: String| {
-        let received = Arc::clone(&received);
-        move || -> usize {
-            received
-                .lock()
-                .expect("received")
-                .by_subject
-                .get(&subject)
-                .map_or(0, Vec::len)
-        }
-    };
-    let (of_a, of_b) = (published(a.clone()), published(b.clone()));
+    let (of_a, of_b) = (|| count_of(&received, &a), || count_of(&received, &b));
     wait_until("both tenants publish", Duration::from_secs(30), || {
         let started = of_a() > 0 && of_b() > 0;
         async move { started }
@@ -469,6 +419,6 @@ async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open
     .await;
     open.rollback().await.expect("rollback");
     relay.shutdown().await;
-    drop_tenants(&db.pool, &db, 2).await;
+    db.drop_tenants(2).await;
     db.cleanup().await;
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use outbox_core::OutboxMessage;
 use outbox_core::relay::{RelayConfig, Tenants};
-use outbox_core::{Outbox, OutboxMessage};
 use outbox_nats::NatsPublisher;
 use outbox_tests::nats::{fresh_stream, nats_url};
 use outbox_tests::{TestDb, wait_until};
@@ -57,17 +57,7 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
     let (_js, _name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
     let mut names = Vec::new();
-    for i in 0..5 {
-        let schema = format!("{}_t{i}", db.schema);
-        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-            .execute(&db.pool)
-            .await
-            .expect("create a tenant's schema");
-        let outbox = Outbox::builder(db.pool.clone())
-            .table(format!("{schema}.outbox"))
-            .build()
-            .expect("a tenant's outbox");
-        outbox.migrate().await.expect("migrate");
+    for (i, outbox) in db.tenants(5).await.iter().enumerate() {
         // Tenant i has i + 1 events.
         let mut tx = outbox.begin().await.expect("begin");
         for n in 0..=i {
@@ -79,7 +69,7 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
             .expect("emit");
         }
         tx.commit().await.expect("commit");
-        names.push(format!("{schema}.outbox"));
+        names.push(outbox.tables().outbox.to_string());
     }
     let publisher = NatsPublisher::builder(nats_url())
         .build()
@@ -130,11 +120,6 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
         names[..3].to_vec(),
         "each labelled tenant reports its gauges"
     );
-    for i in 0..5 {
-        sqlx::query(&format!("DROP SCHEMA \"{}_t{i}\" CASCADE", db.schema))
-            .execute(&db.pool)
-            .await
-            .expect("drop a tenant's schema");
-    }
+    db.drop_tenants(5).await;
     db.cleanup().await;
 }
