@@ -422,3 +422,68 @@ async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open
     db.drop_tenants(2).await;
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboxes_in_two_databases_are_served_and_named_by_database() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr as _;
+
+    let (js, name, prefix) = fresh_stream().await;
+    let received = receive(js, name);
+    let db = TestDb::new().await;
+    let here = db.outbox().await;
+    // A second database on the same server, with an outbox of its own.
+    let other_db = format!("outbox_test_{}", &db.schema[12..]);
+    sqlx::query(&format!("CREATE DATABASE \"{other_db}\""))
+        .execute(&db.pool)
+        .await
+        .expect("create a second database");
+    let base = PgConnectOptions::from_str(&outbox_tests::database_url()).expect("the test URL");
+    let other_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(base.clone().database(&other_db))
+        .await
+        .expect("connect to the second database");
+    let there = Outbox::new(other_pool.clone());
+    there.migrate().await.expect("migrate the second database");
+
+    let publisher = NatsPublisher::builder(nats_url())
+        .build()
+        .await
+        .expect("connect to NATS");
+    let relay = Tenants::builder(publisher)
+        .connections(1)
+        .config(config("tenants-two-dbs", Duration::from_secs(5)))
+        .outboxes(db.pool.clone(), [here.tables().outbox.to_string()])
+        .outboxes(other_pool.clone(), ["outbox"])
+        .spawn()
+        .expect("spawn the relay");
+    let (a, _) = emit(&here, &format!("{prefix}.here"), 1).await;
+    let (b, _) = emit(&there, &format!("{prefix}.there"), 1).await;
+    wait_until(
+        "both databases' events arrive",
+        Duration::from_secs(20),
+        || {
+            let arrived = {
+                let r = received.lock().expect("received");
+                r.at.contains_key(&a) && r.at.contains_key(&b)
+            };
+            async move { arrived }
+        },
+    )
+    .await;
+    let names: Vec<String> = relay.stats().into_keys().collect();
+    let this_db = base.get_database().unwrap_or("postgres").to_owned();
+    assert_eq!(
+        names,
+        vec![format!("{other_db}/outbox"), format!("{this_db}/outbox")],
+        "each tenant is named <database>/<table>"
+    );
+    relay.shutdown().await;
+    other_pool.close().await;
+    sqlx::query(&format!("DROP DATABASE \"{other_db}\" WITH (FORCE)"))
+        .execute(&db.pool)
+        .await
+        .expect("drop the second database");
+    db.cleanup().await;
+}
