@@ -65,6 +65,22 @@ fn receive(js: jetstream::Context, name: String) -> Arc<Mutex<Received>> {
     received
 }
 
+/// A publisher to the shared NATS server.
+async fn nats_publisher() -> NatsPublisher {
+    NatsPublisher::builder(nats_url())
+        .build()
+        .await
+        .expect("connect to NATS")
+}
+
+/// The outboxes' table names, for `TenantsBuilder::outboxes`.
+fn names_of(outboxes: &[Outbox]) -> Vec<String> {
+    outboxes
+        .iter()
+        .map(|o| o.tables().outbox.to_string())
+        .collect()
+}
+
 /// How many messages of `subject` arrived so far.
 fn count_of(received: &Mutex<Received>, subject: &str) -> usize {
     received
@@ -149,10 +165,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
 
     let app = format!("tenants-{}", &db.schema[12..]);
     let (most, stop) = count_connections(db.pool.clone(), app.clone());
-    let publisher = NatsPublisher::builder(nats_url())
-        .build()
-        .await
-        .expect("connect to NATS");
+    let publisher = nats_publisher().await;
     let relay = Tenants::builder(publisher)
         .connections(1)
         .config(config(&app, Duration::from_secs(5)))
@@ -281,16 +294,10 @@ async fn parked_tenants_are_woken_again_after_their_connections_are_terminated()
     let outboxes = db.tenants(TENANTS).await;
     let received = receive(js, name);
     let app = format!("tenants-{}", &db.schema[12..]);
-    let publisher = NatsPublisher::builder(nats_url())
-        .build()
-        .await
-        .expect("connect to NATS");
+    let publisher = nats_publisher().await;
     // The names given, not discovered; the safety poll far away, so that only a wake-up
     // through the control connection delivers in time.
-    let names: Vec<String> = outboxes
-        .iter()
-        .map(|o| o.tables().outbox.to_string())
-        .collect();
+    let names = names_of(&outboxes);
     let relay = Tenants::builder(publisher)
         .connections(2)
         .config(config(&app, Duration::from_secs(600)))
@@ -377,14 +384,8 @@ async fn a_tenant_that_yields_keeps_publishing_what_was_committed_before_an_open
     flood(&db.pool, &outboxes[0], &a, BACKLOG).await;
     flood(&db.pool, &outboxes[1], &b, BACKLOG).await;
     let received = receive(js, name);
-    let publisher = NatsPublisher::builder(nats_url())
-        .build()
-        .await
-        .expect("connect to NATS");
-    let names: Vec<String> = outboxes
-        .iter()
-        .map(|o| o.tables().outbox.to_string())
-        .collect();
+    let publisher = nats_publisher().await;
+    let names = names_of(&outboxes);
     let mut config = config("tenants-writer", Duration::from_secs(5));
     config.batch_size = 100;
     let relay = Tenants::builder(publisher)
@@ -447,10 +448,7 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
     let there = Outbox::new(other_pool.clone());
     there.migrate().await.expect("migrate the second database");
 
-    let publisher = NatsPublisher::builder(nats_url())
-        .build()
-        .await
-        .expect("connect to NATS");
+    let publisher = nats_publisher().await;
     let relay = Tenants::builder(publisher)
         .connections(1)
         .config(config("tenants-two-dbs", Duration::from_secs(5)))
