@@ -318,8 +318,7 @@ pub fn init_statement_log() {
     let fmt = tracing_subscriber::fmt::layer()
         .with_test_writer()
         .with_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("outbox_core=info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(crate::LOG_FILTER)),
         );
     let statements = Statements
         .with_filter(filter::Targets::new().with_target("sqlx::query", tracing::Level::TRACE));

@@ -153,19 +153,50 @@ impl TestDb {
 
 use sqlx::Connection as _;
 
-/// Logs to the test's captured output; `RUST_LOG=outbox_core=debug` for more.
+/// What tests log without `RUST_LOG`: every crate of ours at info, and the clients'
+/// warnings and errors (lapin, rdkafka, async-nats, sqlx), so that a red fault test shows
+/// what the transports and the relay did (connections lost and made again, retries,
+/// warnings of no progress). The output is captured, and printed only for a test that
+/// failed.
+pub const LOG_FILTER: &str = "warn,outbox_core=info,outbox_kafka=info,outbox_nats=info,\
+     outbox_rabbitmq=info,outbox_cli=info,outbox_tests=info";
+
+/// Logs to the test's captured output ([`LOG_FILTER`]); `RUST_LOG=outbox_core=debug` for
+/// more.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("outbox_core=info,outbox_kafka=info")
-            }),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER)),
         )
         .with_test_writer()
         .try_init();
 }
 
 pub mod backends;
+
+/// Like [`wait_until`], and a failure prints `state()` too: what the relay, the consumer
+/// or the transport were doing, so that one red run of a fault test can be diagnosed.
+pub async fn wait_until_or<F, Fut, S>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+    state: S,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+    S: Fn() -> String,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting until {what}; {}",
+            state()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
 
 /// Waits until `check` holds, looking every 10 ms; fails the test, naming `what`, if it
 /// does not within `timeout`. Tests synchronise on what they can observe with this,

@@ -26,6 +26,8 @@ struct State {
     mode: Mode,
     /// Bumped by [`Proxy::reset`]: connections of an older generation close.
     generation: u64,
+    /// Set by [`Proxy::freeze_open`]: connections accepted before it never move again.
+    frozen_before: u64,
 }
 
 /// A running proxy; it stops when dropped.
@@ -50,12 +52,15 @@ impl Proxy {
     }
 
     async fn listen(upstream: Option<SocketAddr>) -> Proxy {
+        // A test with a proxy injects faults: its log is what a red run is read from.
+        crate::init_tracing();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let state = Arc::new(
             watch::channel(State {
                 mode: Mode::Forward,
                 generation: 0,
+                frozen_before: 0,
             })
             .0,
         );
@@ -64,9 +69,9 @@ impl Proxy {
         let counter = Arc::clone(&accepted);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
+                let number = counter.fetch_add(1, Ordering::SeqCst);
                 let state = shared.subscribe();
-                tokio::spawn(connection(client, upstream, state));
+                tokio::spawn(connection(client, upstream, state, number));
             }
         });
         Proxy {
@@ -107,6 +112,14 @@ impl Proxy {
     pub fn reset(&self) {
         self.state.send_modify(|s| s.generation += 1);
     }
+
+    /// Every open connection stays open and never moves a byte again, as after a network
+    /// partition or a NAT that forgot them (neither side hears of it); new connections
+    /// are forwarded as usual.
+    pub fn freeze_open(&self) {
+        let accepted = self.accepted();
+        self.state.send_modify(|s| s.frozen_before = accepted);
+    }
 }
 
 impl Drop for Proxy {
@@ -120,6 +133,7 @@ async fn connection(
     client: TcpStream,
     upstream: Option<SocketAddr>,
     mut state: watch::Receiver<State>,
+    number: u64,
 ) {
     let generation = state.borrow().generation;
     let reset = |state: &State| state.generation != generation;
@@ -139,8 +153,8 @@ async fn connection(
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pump(client_read, server_write, state.clone(), generation);
-    let down = pump(server_read, client_write, state.clone(), generation);
+    let up = pump(client_read, server_write, state.clone(), generation, number);
+    let down = pump(server_read, client_write, state.clone(), generation, number);
     tokio::select! {
         _ = up => {}
         _ = down => {}
@@ -154,6 +168,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut state: watch::Receiver<State>,
     generation: u64,
+    number: u64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -162,7 +177,9 @@ async fn pump(
             Ok(n) => n,
         };
         let forward = match state
-            .wait_for(|s| s.mode == Mode::Forward || s.generation != generation)
+            .wait_for(|s| {
+                (s.mode == Mode::Forward && number >= s.frozen_before) || s.generation != generation
+            })
             .await
         {
             Ok(s) => s.generation == generation,
