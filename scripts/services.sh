@@ -24,7 +24,24 @@ TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd07
 KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
 
 log() { echo "services: $*" >&2; }
+mkdir -p "$OUTBOX_TOOLS_DIR"
 die() { echo "services: ERROR: $*" >&2; exit 1; }
+
+# Starts a long-lived server in the background, detached from the caller: its own session,
+# standard input from /dev/null, output to a log, and no other descriptor of the caller's
+# (a pipe or a lock it inherited would keep the caller's caller waiting for as long as
+# the server runs: `x=$(scripts/services.sh)` would not return).
+daemon() { # logfile command args...
+  local logf=$1
+  shift
+  (
+    local fd
+    for fd in $(ls "/proc/$BASHPID/fd"); do
+      [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec setsid "$@" </dev/null >>"$logf" 2>&1
+  ) &
+}
 
 port_open() { # host port
   (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
@@ -54,7 +71,8 @@ ensure_postgres() {
   local ver
   ver=$(pg_version)
   log "starting PostgreSQL $ver"
-  pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+  daemon "$OUTBOX_TOOLS_DIR/postgres-start.log" pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+  wait $! || log "pg_ctlcluster start failed: $(tail -n 3 "$OUTBOX_TOOLS_DIR/postgres-start.log")"
   wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not start listening on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/"
   log "PostgreSQL is up on 127.0.0.1:5432"
 }
@@ -89,7 +107,8 @@ ensure_pg_settings() {
     local ver
     ver=$(pg_version)
     log "restarting PostgreSQL $ver for the new settings"
-    pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+    daemon "$OUTBOX_TOOLS_DIR/postgres-start.log" pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+    wait $! || die "pg_ctlcluster restart failed: $(tail -n 3 "$OUTBOX_TOOLS_DIR/postgres-start.log")"
     wait_port postgres 127.0.0.1 5432 30 || die "PostgreSQL did not come back on 127.0.0.1:5432 within 30 s after the restart; see /var/log/postgresql/"
   fi
   level=$("${psql[@]}" -c "SHOW wal_level")
@@ -110,7 +129,8 @@ ensure_mariadb() {
   fi
   [ -x /usr/sbin/mariadbd ] || die "MariaDB/MySQL is not listening on 127.0.0.1:3306 and /usr/sbin/mariadbd is not installed; install it (apt-get install mariadb-server) or set OUTBOX_TEST_MYSQL_URL"
   log "starting MariaDB"
-  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+  daemon "$OUTBOX_TOOLS_DIR/mariadb-start.log" start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  wait $! || true
   wait_port mariadb 127.0.0.1 3306 30 || die "MariaDB did not start listening on 127.0.0.1:3306 within 30 s"
   log "MariaDB is up on 127.0.0.1:3306"
 }
@@ -163,10 +183,11 @@ ensure_kafka() {
   fi
   local logf="$OUTBOX_TOOLS_DIR/tansu-$port.log"
   log "starting tansu on $KAFKA_ADDR (log: $logf)"
-  nohup setsid "$TANSU_BIN" broker \
+  : >"$logf"
+  daemon "$logf" "$TANSU_BIN" broker \
     --listener-url "tcp://$KAFKA_ADDR" \
     --advertised-listener-url "tcp://$KAFKA_ADDR" \
-    --storage-engine memory://tansu/ >"$logf" 2>&1 </dev/null &
+    --storage-engine memory://tansu/
   wait_port kafka "$host" "$port" 20 || die "tansu did not start listening on $KAFKA_ADDR within 20 s; last lines of $logf: $(tail -n 5 "$logf" 2>/dev/null)"
   log "Kafka-protocol broker is up on $KAFKA_ADDR"
 }
@@ -182,7 +203,7 @@ ensure_nats() {
   local bin; bin="$(command -v nats-server || echo /usr/sbin/nats-server)"
   mkdir -p "$OUTBOX_TOOLS_DIR/nats"
   log "starting NATS with JetStream"
-  nohup "$bin" -a 127.0.0.1 -p 4222 -js -sd "$OUTBOX_TOOLS_DIR/nats" >"$OUTBOX_TOOLS_DIR/nats.log" 2>&1 &
+  daemon "$OUTBOX_TOOLS_DIR/nats.log" "$bin" -a 127.0.0.1 -p 4222 -js -sd "$OUTBOX_TOOLS_DIR/nats"
   wait_port nats 127.0.0.1 4222 20 || die "NATS did not start listening on 127.0.0.1:4222 within 20 s; see $OUTBOX_TOOLS_DIR/nats.log"
   log "NATS is up on 127.0.0.1:4222"
 }
@@ -193,8 +214,8 @@ ensure_rabbitmq() {
     command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] \
       || die "RabbitMQ is not listening on 127.0.0.1:5672 and rabbitmq-server is not installed; install it (apt-get install rabbitmq-server) or set OUTBOX_TEST_RABBITMQ_URL"
     log "starting RabbitMQ"
-    service rabbitmq-server start >/dev/null 2>&1 \
-      || (nohup /usr/sbin/rabbitmq-server >"$OUTBOX_TOOLS_DIR/rabbitmq.log" 2>&1 &)
+    daemon "$OUTBOX_TOOLS_DIR/rabbitmq-start.log" service rabbitmq-server start
+    wait $! || daemon "$OUTBOX_TOOLS_DIR/rabbitmq.log" /usr/sbin/rabbitmq-server
   fi
   # The port opens before the broker accepts logins: wait for the AMQP handshake.
   local i
