@@ -61,6 +61,10 @@ pub struct NatsTransport {
     messages: Mutex<Messages>,
     ack_wait: Duration,
     dead_letter_subject: Option<String>,
+    /// The pull consumer, for its pending count ([`Transport::backlog`]).
+    consumer: jetstream::consumer::Consumer<Config>,
+    stream: String,
+    durable: String,
 }
 
 impl fmt::Debug for NatsTransport {
@@ -227,6 +231,9 @@ impl NatsTransportBuilder {
             messages: Mutex::new(messages),
             ack_wait: self.ack_wait,
             dead_letter_subject: self.dead_letter_subject,
+            consumer,
+            stream: self.stream,
+            durable: self.durable,
         })
     }
 }
@@ -295,6 +302,27 @@ impl Transport for NatsTransport {
 
     async fn ack(&self, delivery: &Delivery<Message>) -> Result<(), BoxError> {
         delivery.token.ack().await
+    }
+
+    fn state(&self) -> String {
+        let stats = self.client.statistics();
+        format!(
+            "consumer {} of stream {}: connection {:?}, {} connects, {} messages in",
+            self.durable,
+            self.stream,
+            self.client.connection_state(),
+            stats.connects.load(std::sync::atomic::Ordering::Relaxed),
+            stats.in_messages.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    async fn backlog(&self) -> Option<u64> {
+        let mut consumer = self.consumer.clone();
+        let info = tokio::time::timeout(Duration::from_secs(5), consumer.info())
+            .await
+            .ok()?
+            .ok()?;
+        Some(info.num_pending)
     }
 
     fn dead_letter_destination(&self) -> Option<String> {

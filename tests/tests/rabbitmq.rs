@@ -16,7 +16,7 @@ use outbox_rabbitmq::{Error, RabbitPublisher, RabbitTransport, headers};
 use outbox_tests::kafka::Job;
 use outbox_tests::proxy::Proxy;
 use outbox_tests::rabbitmq::{Topology, rabbitmq_address, rabbitmq_url};
-use outbox_tests::{TestDb, order, wait_until};
+use outbox_tests::{TestDb, order, wait_until, wait_until_or};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -426,6 +426,8 @@ async fn a_consumer_behind_stalls_and_resets_handles_every_message_once_in_key_o
         .expect("transport");
     let consumer = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
         .concurrency(4)
+        // A run that stops making progress says what it waits for within the test's time.
+        .stall_warning(Duration::from_secs(5))
         .on_event_type::<Job, _>("Job", |tx, msg| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO effects (key, n) VALUES ($1, $2)")
@@ -442,9 +444,19 @@ async fn a_consumer_behind_stalls_and_resets_handles_every_message_once_in_key_o
         .expect("consumer")
         .spawn();
     order::stalls_and_resets(&proxy, &[300, 500, 300, 700]).await;
-    wait_until("every job handled", WAIT, || async {
-        consumer.stats().handled >= 400
-    })
+    wait_until_or(
+        "every job handled",
+        WAIT,
+        || async { consumer.stats().handled >= 400 },
+        || {
+            format!(
+                "consumer {:?}, {} connections through the proxy (the log above has the \
+                 transport's reconnections and the consumer's warnings of no progress)",
+                consumer.stats(),
+                proxy.accepted()
+            )
+        },
+    )
     .await;
     let stats = consumer.stats();
     assert!(!consumer.is_finished(), "the consumer kept running");

@@ -31,6 +31,7 @@ pub struct ConsumerBuilder<T: Transport, DB: Backend = DefaultBackend> {
     handler_attempts: Option<(u32, Policy)>,
     concurrency: usize,
     max_in_flight: Option<usize>,
+    stall_warning: Duration,
 }
 
 impl<T: Transport, DB: Backend> fmt::Debug for ConsumerBuilder<T, DB> {
@@ -71,6 +72,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
             handler_attempts: None,
             concurrency: 8,
             max_in_flight: None,
+            stall_warning: Duration::from_secs(60),
         }
     }
 
@@ -189,6 +191,17 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
         self
     }
 
+    /// How long the consumer may make no progress while it has work before it says so in
+    /// a warning (default 60 s): no message finished while messages are in hand (a
+    /// handler or an acknowledgement that does not end), or nothing received while the
+    /// broker reports messages waiting ([`Transport::backlog`]). The warning names what
+    /// it waits for and the transport's [`state`](Transport::state), and is repeated
+    /// every such period for as long as it lasts.
+    pub fn stall_warning(mut self, after: Duration) -> Self {
+        self.stall_warning = after.max(Duration::from_millis(100));
+        self
+    }
+
     /// Checks the configuration and creates the consumer.
     pub fn build(self) -> Result<Consumer<T, DB>, Error> {
         if let Some(e) = self.errors.into_iter().next() {
@@ -220,6 +233,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
                 undecodable: self.undecodable,
                 retry_backoff: self.retry_backoff,
                 handler_attempts: self.handler_attempts,
+                stall_warning: self.stall_warning,
                 stats: Arc::new(ConsumerStats::default()),
             }),
             concurrency: self.concurrency,

@@ -29,6 +29,8 @@ pub(super) struct Shared<T: Transport, DB: Backend> {
     pub(super) undecodable: Policy,
     pub(super) retry_backoff: (Duration, Duration),
     pub(super) handler_attempts: Option<(u32, Policy)>,
+    /// How long without progress before a warning (see `ConsumerBuilder::stall_warning`).
+    pub(super) stall_warning: Duration,
     pub(super) stats: Arc<ConsumerStats>,
 }
 

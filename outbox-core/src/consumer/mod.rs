@@ -262,6 +262,22 @@ pub trait Transport: Send + Sync + 'static {
         text.to_owned()
     }
 
+    /// What the transport is doing, in a line for the consumer's warning when no message
+    /// made progress for a while (connected since, last delivery, reconnections, last
+    /// error). Free of secrets. Empty (the default) if the transport keeps no such state.
+    fn state(&self) -> String {
+        String::new()
+    }
+
+    /// How many messages the broker holds for this consumer that it has not delivered
+    /// yet, if the transport can ask cheaply (RabbitMQ: the queue's ready messages;
+    /// JetStream: the consumer's pending count). The consumer asks only when it has
+    /// received nothing for a while, to tell an idle consumer from a stuck one. `None`
+    /// (the default) if the transport cannot tell.
+    fn backlog(&self) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
+
     /// Called once when the consumer stops, after every message in hand finished
     /// (Kafka: commits the stored offsets and leaves the group).
     fn close(self) -> impl Future<Output = ()> + Send

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::store::Backend;
 use crate::task::stopped;
@@ -97,6 +98,12 @@ pub(super) async fn run<T: Transport, DB: Backend>(
         "outbox consumer started");
     let mut lanes = Lanes::new();
     let mut running: JoinSet<(Lane, Result<Step, Error>)> = JoinSet::new();
+    // When each running lane's message started, and where it came from.
+    let mut started: HashMap<Lane, (Instant, String)> = HashMap::new();
+    let mut progress = Instant::now();
+    let mut stall_tick = tokio::time::interval(shared.stall_warning);
+    stall_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    stall_tick.reset();
     // Messages waiting behind their key's running handler are kept alive too (the
     // running ones keep themselves alive).
     let keep_alive = shared.transport.keep_alive();
@@ -111,6 +118,7 @@ pub(super) async fn run<T: Transport, DB: Backend>(
             };
             let shared = Arc::clone(&shared);
             let shutdown = shutdown.clone();
+            started.insert(lane.clone(), (Instant::now(), delivery.origin.to_string()));
             running.spawn(async move {
                 let outcome = shared.handle(&delivery, shutdown).await;
                 (lane, outcome)
@@ -125,6 +133,8 @@ pub(super) async fn run<T: Transport, DB: Backend>(
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     Err(e) => unreachable!("handler tasks are aborted only after the loop: {e}"),
                 };
+                started.remove(&lane);
+                progress = Instant::now();
                 match outcome {
                     Ok(Step::Done) => lanes.finished(lane),
                     Ok(Step::Interrupted) => break Ok(()),
@@ -136,8 +146,16 @@ pub(super) async fn run<T: Transport, DB: Backend>(
                     shared.transport.working(delivery).await;
                 }
             }
+            _ = stall_tick.tick() => {
+                if progress.elapsed() >= shared.stall_warning {
+                    warn_stalled(&shared, &lanes, &started, progress).await;
+                }
+            }
             received = shared.transport.receive(), if lanes.held < max_in_flight => match received {
-                Ok(delivery) => lanes.push(delivery),
+                Ok(delivery) => {
+                    progress = Instant::now();
+                    lanes.push(delivery);
+                }
                 // The transport's own error may name its connection: redacted.
                 Err(source) => break Err(Error::Transport {
                     transport: T::NAME,
@@ -147,6 +165,7 @@ pub(super) async fn run<T: Transport, DB: Backend>(
         }
     };
     let mut result = result;
+    drop(started);
     match &result {
         // Messages in hand finish (a handler being retried sees the shutdown and stops
         // without acknowledging), so their acknowledgements are sent. An error among
@@ -179,6 +198,46 @@ pub(super) async fn run<T: Transport, DB: Backend>(
     }
     tracing::info!(transport = T::NAME, ?stats, "outbox consumer stopped");
     result
+}
+
+/// Says what a consumer that made no progress for `stall_warning` waits for: messages in
+/// hand that do not finish, or a broker that holds messages it does not deliver.
+async fn warn_stalled<T: Transport, DB: Backend, A>(
+    shared: &Shared<T, DB>,
+    lanes: &Lanes<A>,
+    started: &HashMap<Lane, (Instant, String)>,
+    progress: Instant,
+) {
+    let idle = progress.elapsed();
+    let transport = shared.transport.state();
+    if lanes.held > 0 {
+        let oldest = started
+            .iter()
+            .min_by_key(|(_, (at, _))| *at)
+            .map(|(lane, (at, origin))| {
+                let key = match lane {
+                    Lane::Key(key) => format!("key {key:?}"),
+                    Lane::Unkeyed(_) => "no key".to_owned(),
+                };
+                format!(
+                    "{origin} ({key}), in its handler or acknowledgement for {:?}",
+                    at.elapsed()
+                )
+            })
+            .unwrap_or_else(|| "none running".to_owned());
+        tracing::warn!(transport = T::NAME, inbox = ?shared.inbox, no_progress_for = ?idle,
+            in_hand = lanes.held, running = started.len(), %oldest, state = %transport,
+            "outbox consumer: no message finished while messages are in hand; waiting for the oldest running one");
+        return;
+    }
+    match shared.transport.backlog().await {
+        Some(waiting) if waiting > 0 => {
+            tracing::warn!(transport = T::NAME, inbox = ?shared.inbox, no_progress_for = ?idle,
+                waiting, state = %transport,
+                "outbox consumer: nothing received while the broker holds messages for it; waiting for the transport");
+        }
+        _ => {}
+    }
 }
 
 #[cfg(test)]
