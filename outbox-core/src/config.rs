@@ -321,6 +321,10 @@ pub struct RelayConfig {
     pub partitions: u16,
     /// A publish call that takes longer fails the whole batch (retryable). Default 30 s.
     pub publish_timeout: Duration,
+    /// How long the active relay may publish nothing while rows are due before it says
+    /// so in a warning (repeated every such period while it lasts), naming what it waits
+    /// for. Default 60 s.
+    pub stall_warning: Duration,
     /// Mark or delete acknowledged rows. Default [`OnSent::Mark`].
     pub on_sent: OnSent,
     /// The later messages of a key with a dead letter wait for it, or go on. Default
@@ -371,6 +375,7 @@ impl Default for RelayConfig {
             backoff_cap: Duration::from_secs(300),
             partitions: 16,
             publish_timeout: Duration::from_secs(30),
+            stall_warning: Duration::from_secs(60),
             on_sent: OnSent::Mark,
             on_dead_letter: OnDeadLetter::ParkKey,
             reconnect_delay: Duration::from_secs(5),

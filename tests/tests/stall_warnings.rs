@@ -156,3 +156,52 @@ async fn a_consumer_whose_handler_does_not_end_says_which_message_it_waits_for()
     topology.delete().await;
     db.cleanup().await;
 }
+
+/// A relay whose broker is away publishes nothing while rows are due: it says so, and
+/// what it waits for, then carries on when the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_publishes_nothing_while_rows_are_due_says_what_it_waits_for() {
+    use outbox_core::publisher::{InMemoryPublisher, PublishError};
+    use outbox_core::{OutboxMessage, Relay};
+    logs();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = InMemoryPublisher::new();
+    publisher.fail_when(
+        |_| true,
+        None,
+        PublishError::unavailable("the broker is away"),
+    );
+    let relay = Relay::builder(outbox.clone(), publisher.clone())
+        .poll_interval(Duration::from_millis(100))
+        .stall_warning(Duration::from_millis(500))
+        .spawn();
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..5 {
+        tx.emit_message(
+            OutboxMessage::new("Job", "stall.warnings", format!(r#"{{"n":{n}}}"#))
+                .with_key("relay-stall-key"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+    let warning = "outbox relay: nothing published while rows are due; waiting for the broker";
+    wait_until(
+        "the relay warns that it waits for the broker",
+        WAIT,
+        || async {
+            lines_with(&[warning])
+                .iter()
+                .any(|l| l.contains("pending=5"))
+        },
+    )
+    .await;
+    assert_eq!(publisher.published_count(), 0);
+    publisher.clear_failures();
+    assert!(
+        publisher.wait_for(5, WAIT).await,
+        "published once the broker is back"
+    );
+    relay.shutdown().await;
+    db.cleanup().await;
+}

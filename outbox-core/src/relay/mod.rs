@@ -180,6 +180,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.publish_timeout = d;
         self
     }
+    /// How long the relay may publish nothing while rows are due before it warns
+    /// ([`RelayConfig::stall_warning`], default 60 s).
+    pub fn stall_warning(mut self, after: Duration) -> Self {
+        self.config.stall_warning = after.max(Duration::from_millis(100));
+        self
+    }
     /// Mark or delete acknowledged rows.
     pub fn on_sent(mut self, on_sent: OnSent) -> Self {
         self.config.on_sent = on_sent;

@@ -130,6 +130,45 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         }
     }
 
+    /// Warns when the active relay published nothing for `stall_warning` while rows are
+    /// due (every `stall_warning` while it lasts), with what it waits for.
+    fn check_progress(
+        &self,
+        probe: &crate::store::session::Probe,
+        progress: &mut (super::RelayStatsSnapshot, Instant),
+        warned_at: &mut Option<Instant>,
+    ) {
+        let stats = self.stats.snapshot();
+        let due = probe.due.unwrap_or(probe.pending);
+        if stats.published != progress.0.published || due == 0 {
+            *progress = (stats, Instant::now());
+            *warned_at = None;
+            return;
+        }
+        let idle = progress.1.elapsed();
+        let every = self.config.stall_warning;
+        if idle < every || warned_at.is_some_and(|at| at.elapsed() < every) {
+            return;
+        }
+        *warned_at = Some(Instant::now());
+        let (failed, unavailable) = (
+            stats.failed - progress.0.failed,
+            stats.unavailable - progress.0.unavailable,
+        );
+        let waits_for = if unavailable > 0 {
+            "the broker (publish attempts fail as unavailable or time out; it retries with its outage backoff)"
+        } else if failed > 0 {
+            "messages that fail to publish (retried with backoff, then dead-lettered)"
+        } else {
+            "a claim that returns nothing: rows held back by open writers (per-key order), parked keys, or a horizon that does not move"
+        };
+        tracing::warn!(no_progress_for = ?idle, pending = probe.pending, due,
+            oldest_pending_age_seconds = probe.oldest_age_seconds,
+            batches = stats.batches - progress.0.batches, failed, unavailable,
+            reconnects = stats.reconnects - progress.0.reconnects,
+            "outbox relay: nothing published while rows are due; waiting for {waits_for}");
+    }
+
     /// Drives `session` until shutdown or an error; in a tenant's `turn`, also until the
     /// tenant has nothing to do (it parks) or has had its turn while others wait.
     pub(super) async fn work<S: Session>(
@@ -143,6 +182,9 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             .as_deref()
             .map_or((Instant::now(), None), |t| (t.next_probe, t.retry_at));
         let mut standby = false;
+        // The counts at the last progress, and when.
+        let mut progress = (self.stats.snapshot(), Instant::now());
+        let mut warned_at: Option<Instant> = None;
         loop {
             if *shutdown.borrow() {
                 return Ok(Exit::Shutdown);
@@ -151,6 +193,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             let mut nothing_due = false;
             if now >= next_probe {
                 if let Some(probe) = session.probe().await? {
+                    self.check_progress(&probe, &mut progress, &mut warned_at);
                     self.gauge("outbox_pending", probe.pending as f64);
                     self.gauge(
                         "outbox_oldest_pending_age_seconds",
