@@ -485,3 +485,59 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
         .expect("drop the second database");
     db.cleanup().await;
 }
+
+/// `outbox partition` replaces a tenant's table (a new oid, so a new wake-up channel)
+/// and ends the relay's connections: the control connection must listen on the new
+/// channel, or the tenant's commits wait for its poll (#33: they did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
+    use outbox_core::config::PartitionInterval;
+    const TENANTS: usize = 3;
+    let (js, name, prefix) = fresh_stream().await;
+    let db = TestDb::new().await;
+    let outboxes = db.tenants(TENANTS).await;
+    let received = receive(js, name);
+    let app = format!("tenants-{}", &db.schema[12..]);
+    let publisher = nats_publisher().await;
+    // The safety poll far away: only a wake-up delivers within the bound.
+    let relay = Tenants::builder(publisher)
+        .connections(1)
+        .config(config(&app, Duration::from_secs(600)))
+        .outboxes(db.pool.clone(), names_of(&outboxes))
+        .spawn()
+        .expect("spawn the relay");
+    let arrives = |id: String, what: &'static str| {
+        let received = Arc::clone(&received);
+        async move {
+            wait_until(what, BOUND, || {
+                let received = Arc::clone(&received);
+                let id = id.clone();
+                async move { received.lock().expect("received").at.contains_key(&id) }
+            })
+            .await;
+        }
+    };
+    for (i, outbox) in outboxes.iter().enumerate() {
+        let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
+        arrives(id, "a first event of each tenant arrives").await;
+    }
+    outboxes[1]
+        .partition_by_time(PartitionInterval::Daily)
+        .await
+        .expect("partition tenant 1");
+    // Each tenant, the converted one included, is woken by its commits again (the
+    // converted tenant re-registers on the new table first; give it the bound twice).
+    for round in 1..4 {
+        for (i, outbox) in outboxes.iter().enumerate() {
+            let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), round).await;
+            arrives(
+                id,
+                "each tenant's event arrives within the wake-up bound after the conversion",
+            )
+            .await;
+        }
+    }
+    relay.shutdown().await;
+    db.drop_tenants(TENANTS).await;
+    db.cleanup().await;
+}

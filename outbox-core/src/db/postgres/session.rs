@@ -507,6 +507,11 @@ impl<'a> PgSession<'a> {
         self.table_key
     }
 
+    /// The outbox table's quoted name.
+    pub(super) fn table_name(&self) -> String {
+        self.cx.tables.outbox.quoted()
+    }
+
     /// The marks connection, opened again once it has been idle for half the server's
     /// idle-session timeout (which would end it under a later mark).
     ///

@@ -120,8 +120,11 @@ enum Command {
     },
     /// Stop listening for the outbox's commits (its tenant has stopped).
     Leave { table: String },
-    /// Take the outbox's idle lock (its commits notify); reply once it is held.
+    /// Take the outbox's idle lock (its commits notify); reply once it is held. `key` is
+    /// the table's oid as the tenant's session found it: a table replaced since it
+    /// joined (`outbox partition`) has a new one, and a new channel.
     Park {
+        table: String,
         key: i32,
         reply: oneshot::Sender<SessionResult<()>>,
     },
@@ -307,6 +310,47 @@ impl Control {
         Ok(())
     }
 
+    /// The outbox `table` now has oid `key`: if it had another when it joined (the table
+    /// was replaced, by `outbox partition`), listen on its new channel instead of the old
+    /// one, under the same wake-up. `Err` when the control connection is lost.
+    async fn follow(&mut self, table: &str, key: i32) -> Result<(), String> {
+        let Some(known) = self.tables.get_mut(table) else {
+            return Ok(());
+        };
+        if known.key == key {
+            return Ok(());
+        }
+        let (old_key, old_channel) = (known.key, known.channel.clone());
+        let channel = format!("outbox_{}", u32::from_ne_bytes(key.to_ne_bytes()));
+        known.key = key;
+        known.channel = channel.clone();
+        let wake = Arc::clone(&known.wake);
+        self.wakes.remove(&old_channel);
+        self.wakes.insert(channel.clone(), wake);
+        let was_parked = self.parked.remove(&old_key);
+        tracing::info!(
+            table,
+            old = old_key,
+            new = key,
+            "outbox relay: the outbox table was replaced; listening for its new channel"
+        );
+        let Some(listener) = self.listener.as_mut() else {
+            return Ok(());
+        };
+        let lost = |e: sqlx::Error| e.to_string();
+        listener.unlisten(&old_channel).await.map_err(lost)?;
+        listener.listen(&channel).await.map_err(lost)?;
+        if was_parked {
+            sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+                .bind(old_key)
+                .bind(locks::IDLE)
+                .execute(&mut *listener)
+                .await
+                .map_err(lost)?;
+        }
+        Ok(())
+    }
+
     /// Runs one command; `Err` when the control connection is lost (the command was
     /// answered with an error).
     async fn handle(&mut self, command: Command) -> Result<(), String> {
@@ -385,7 +429,14 @@ impl Control {
                     }
                 }
             }
-            Command::Park { key, reply } => {
+            Command::Park { table, key, reply } => {
+                if let Err(e) = self.follow(&table, key).await {
+                    let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
+                    return Err(e);
+                }
+                let Some(listener) = self.listener.as_mut() else {
+                    return Ok(());
+                };
                 // Kept in `parked` even if this fails: a new control connection takes it.
                 if self.parked.insert(key) {
                     let taken = sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
@@ -594,8 +645,8 @@ impl Shared for Postgres {
     ) -> SessionResult<()> {
         use crate::store::session::Session;
         if let Either::Table(s) = &session {
-            let key = s.table_key();
-            hub.ask(|reply| Command::Park { key, reply }).await?;
+            let (table, key) = (s.table_name(), s.table_key());
+            hub.ask(|reply| Command::Park { table, key, reply }).await?;
         }
         session.close().await;
         Ok(())
