@@ -44,7 +44,9 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
 use outbox_core::config::percent_decoded;
-use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
+use outbox_core::publisher::cloudevents::{
+    CloudEvents, is_attribute_header, percent_encode_header_value,
+};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 
 mod consumer;
@@ -59,7 +61,8 @@ pub mod headers {
 
     /// JetStream's deduplication header: the outbox message id.
     pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
-    /// The prefix of the CloudEvents attribute headers (binary mode, with
+    /// The prefix of the CloudEvents attribute headers (binary mode of the NATS
+    /// binding's working draft 1.0.3-wip, with
     /// [`cloudevents`](crate::NatsPublisherBuilder::cloudevents)).
     pub const CLOUDEVENTS_PREFIX: &str = "ce-";
 
@@ -273,10 +276,14 @@ impl NatsPublisherBuilder {
         self
     }
 
-    /// CloudEvents 1.0 binary content mode: every message also carries the `ce-id`,
-    /// `ce-source`, `ce-specversion`, `ce-type` and `ce-time` headers (NATS binding),
-    /// with the outbox headers and the payload unchanged
-    /// ([`outbox_core::publisher::cloudevents`]).
+    /// CloudEvents 1.0 binary content mode **as the NATS binding's working draft
+    /// (1.0.3-wip) defines it**: every message also carries the `ce-id`, `ce-source`,
+    /// `ce-specversion`, `ce-type`, `ce-time` and `ce-datacontenttype` headers, values
+    /// percent-encoded (draft section 3.1.3.2), with the outbox headers (`content-type:
+    /// application/json` among them) and the payload unchanged
+    /// ([`outbox_core::publisher::cloudevents`]). The released binding (1.0.2) knows
+    /// structured mode only; Go's `sdk-go` `nats_jetstream/v3` reads this binary mode
+    /// (docs/nats.md).
     pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
         self.cloudevents = Some(cloudevents);
         self
@@ -310,7 +317,7 @@ pub struct NatsPublisher {
     batch_budget: Duration,
     /// The server's limit for one message, headers included.
     max_payload: usize,
-    /// CloudEvents binary mode: the `ce-*` headers.
+    /// CloudEvents binary mode (the NATS binding's draft): the `ce-*` headers.
     cloudevents: Option<CloudEvents>,
 }
 
@@ -449,12 +456,19 @@ fn nats_headers(
         h.insert(headers::PARTITION_KEY, key.as_str());
     }
     if let Some(ce) = cloudevents {
+        // The draft's binary mode: every attribute as `ce-<name>`, `datacontenttype`
+        // included, values percent-encoded (a `source` is ASCII already, but its `%`
+        // is encoded too).
         for (name, value) in ce.attributes(record) {
             h.insert(
                 format!("{}{name}", headers::CLOUDEVENTS_PREFIX).as_str(),
-                value.as_str(),
+                percent_encode_header_value(&value).as_str(),
             );
         }
+        h.insert(
+            format!("{}datacontenttype", headers::CLOUDEVENTS_PREFIX).as_str(),
+            headers::JSON,
+        );
     }
     for (key, value) in &record.headers {
         let attribute =

@@ -106,10 +106,13 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         // `<prefix>id`) from a producer that writes only those. A handler registered for
         // the whole CloudEvents type takes it as it is; otherwise `OrderPlaced.v2` is
         // event type `OrderPlaced`, version 2 (as our publishers write it).
-        let (ce_type_header, ce_id_header) = (
-            format!("{}type", T::CLOUDEVENTS_PREFIX),
-            format!("{}id", T::CLOUDEVENTS_PREFIX),
-        );
+        // The first prefix with a `type` header wins (the broker's own, then the ones
+        // older publishers wrote).
+        let prefix = std::iter::once(T::CLOUDEVENTS_PREFIX)
+            .chain(T::CLOUDEVENTS_OTHER_PREFIXES.iter().copied())
+            .find(|prefix| all.contains_key(&format!("{prefix}type")))
+            .unwrap_or(T::CLOUDEVENTS_PREFIX);
+        let (ce_type_header, ce_id_header) = (format!("{prefix}type"), format!("{prefix}id"));
         let (ce_type, ce_version) = match all.get(&ce_type_header) {
             Some(kind) if self.handlers.contains_key(kind.as_str()) => (Some(kind.clone()), None),
             Some(kind) => {
