@@ -1,7 +1,9 @@
 //! CloudEvents 1.0 binary content mode on every publisher (#17 part 3): the attributes
-//! ride as headers with each binding's prefix (`ce_` Kafka, `ce-` NATS, `cloudEvents_`
-//! RabbitMQ), next to the outbox headers; the payload is the body, unwrapped; a row
-//! header that would shadow an attribute is not copied. One expectation, three brokers.
+//! ride as headers with each binding's prefix (`ce_` Kafka, `ce-` NATS, `cloudEvents:`
+//! RabbitMQ by default since #33, `cloudEvents_` or `ce-` on request), next to the
+//! outbox headers; the payload is the body, unwrapped; a row header that would shadow
+//! an attribute is not copied. One expectation, three brokers. What other languages'
+//! SDKs decode of it: tests/tests/cloudevents_interop.rs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -132,27 +134,63 @@ async fn nats_writes_ce_headers() {
     let headers = outbox_tests::nats::text_headers(message.headers.as_ref());
     let body = std::str::from_utf8(&message.payload).expect("text");
     check("ce-", &sent, &headers, body);
+    // The draft's binary mode maps every attribute, `datacontenttype` included.
+    assert_eq!(
+        headers.get("ce-datacontenttype").map(String::as_str),
+        Some("application/json"),
+        "{headers:?}"
+    );
     js.delete_stream(&name).await.expect("delete stream");
+}
+
+/// Publishes one record with `layout` (the default when `None`) and reads it back.
+async fn rabbitmq_headers(
+    layout: Option<outbox_rabbitmq::CloudEventsHeaders>,
+    spoofed: &str,
+) -> (OutboxRecord, outbox_tests::rabbitmq::Read) {
+    use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
+    let topology = Topology::declare("orders").await;
+    let destination = format!("{}/orders", topology.exchange);
+    let mut builder = outbox_rabbitmq::RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .destination(&destination)
+        .cloudevents(ce());
+    if let Some(layout) = layout {
+        builder = builder.cloudevents_headers(layout);
+    }
+    let publisher = builder.build().await.expect("publisher");
+    let sent = record(&destination, spoofed);
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let mut read = topology.read(1, Duration::from_secs(30)).await;
+    topology.delete().await;
+    (sent, read.remove(0))
 }
 
 #[tokio::test]
 async fn rabbitmq_writes_cloud_events_headers() {
-    use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
-    let topology = Topology::declare("orders").await;
-    let destination = format!("{}/orders", topology.exchange);
-    let publisher = outbox_rabbitmq::RabbitPublisher::builder(rabbitmq_url())
-        .skip_catalog_check()
-        .destination(&destination)
-        .cloudevents(ce())
-        .build()
-        .await
-        .expect("publisher");
-    let sent = record(&destination, "cloudEvents_type");
-    let results = publisher.publish(std::slice::from_ref(&sent)).await;
-    assert!(results[0].is_ok(), "{results:?}");
-    let read = topology.read(1, Duration::from_secs(30)).await;
-    check("cloudEvents_", &sent, &read[0].headers, &read[0].body);
-    topology.delete().await;
+    use outbox_rabbitmq::CloudEventsHeaders;
+    // The default: the AMQP binding's `cloudEvents:`, no other prefix.
+    let (sent, read) = rabbitmq_headers(None, "cloudEvents:type").await;
+    check("cloudEvents:", &sent, &read.headers, &read.body);
+    assert!(
+        !read.headers.keys().any(|k| k.starts_with("cloudEvents_")),
+        "{:?}",
+        read.headers
+    );
+    // A row header under another prefix a decoder reads is not copied either.
+    let (_, read) = rabbitmq_headers(None, "cloudEvents_type").await;
+    assert!(
+        !read.headers.contains_key("cloudEvents_type"),
+        "{:?}",
+        read.headers
+    );
+    // On request: outbox 0.1's `cloudEvents_`, Knative's `ce-`.
+    let (sent, read) =
+        rabbitmq_headers(Some(CloudEventsHeaders::Underscore), "cloudEvents_type").await;
+    check("cloudEvents_", &sent, &read.headers, &read.body);
+    let (sent, read) = rabbitmq_headers(Some(CloudEventsHeaders::Knative), "ce-type").await;
+    check("ce-", &sent, &read.headers, &read.body);
 }
 
 /// The Kafka consumer takes an event in either form: with the outbox headers, or from a
