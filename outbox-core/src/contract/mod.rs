@@ -53,6 +53,9 @@ pub struct Info {
     description: Option<String>,
     servers: Vec<Server>,
     cloudevents: Option<CloudEventsInfo>,
+    /// CloudEvents header prefixes given for servers by name
+    /// ([`Info::cloudevents_prefix_for`]), over what their protocol implies.
+    cloudevents_prefixes: BTreeMap<String, String>,
     destinations: Option<Vec<String>>,
 }
 
@@ -64,8 +67,6 @@ struct CloudEventsInfo {
     /// One prefix for every server ([`Info::cloudevents`]), or `None`: each server's
     /// own ([`Info::cloudevents_by_server`]).
     prefix: Option<String>,
-    /// Prefixes given for servers by name, over what their protocol implies.
-    overrides: BTreeMap<String, String>,
 }
 
 /// The CloudEvents header prefix of each broker's publisher, by AsyncAPI protocol name:
@@ -96,6 +97,7 @@ impl Info {
             description: None,
             servers: Vec::new(),
             cloudevents: None,
+            cloudevents_prefixes: BTreeMap::new(),
             destinations: None,
         }
     }
@@ -146,7 +148,6 @@ impl Info {
             source: source.into(),
             type_prefix: None,
             prefix: Some(header_prefix.into()),
-            overrides: BTreeMap::new(),
         });
         self
     }
@@ -161,15 +162,10 @@ impl Info {
         mut self,
         cloudevents: &crate::publisher::cloudevents::CloudEvents,
     ) -> Info {
-        let overrides = match self.cloudevents.take() {
-            Some(previous) => previous.overrides,
-            None => BTreeMap::new(),
-        };
         self.cloudevents = Some(CloudEventsInfo {
             source: cloudevents.source().to_owned(),
             type_prefix: cloudevents.type_prefix_of().map(str::to_owned),
             prefix: None,
-            overrides,
         });
         self
     }
@@ -183,13 +179,8 @@ impl Info {
         server: impl Into<String>,
         prefix: impl Into<String>,
     ) -> Info {
-        let ce = self.cloudevents.get_or_insert_with(|| CloudEventsInfo {
-            source: String::new(),
-            type_prefix: None,
-            prefix: None,
-            overrides: BTreeMap::new(),
-        });
-        ce.overrides.insert(server.into(), prefix.into());
+        self.cloudevents_prefixes
+            .insert(server.into(), prefix.into());
         self
     }
 
@@ -204,7 +195,7 @@ impl Info {
         }
         let mut layouts: Vec<(String, Vec<String>)> = Vec::new();
         for server in &self.servers {
-            let prefix = match ce.overrides.get(&server.name) {
+            let prefix = match self.cloudevents_prefixes.get(&server.name) {
                 Some(prefix) => prefix.as_str(),
                 None => match default_prefix(&server.protocol) {
                     Some(prefix) => prefix,
@@ -285,11 +276,11 @@ impl Info {
                         .and_then(Value::as_str)
                         .map(str::to_owned),
                     prefix: None,
-                    overrides: servers
-                        .iter()
-                        .filter_map(|(name, p)| Some((name.clone(), p.as_str()?.to_owned())))
-                        .collect(),
                 });
+                out.cloudevents_prefixes = servers
+                    .iter()
+                    .filter_map(|(name, p)| Some((name.clone(), p.as_str()?.to_owned())))
+                    .collect();
             }
         }
         if let Some(Value::Array(list)) = document.get("x-outbox-destinations") {
