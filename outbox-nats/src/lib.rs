@@ -45,13 +45,31 @@ use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind}
 use async_nats::jetstream::{self};
 use outbox_core::config::percent_decoded;
 use outbox_core::publisher::cloudevents::{
-    CloudEvents, is_attribute_header, percent_encode_header_value,
+    self, CloudEvents, is_attribute_header, percent_encode_header_value,
 };
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 
 mod consumer;
 
 pub use consumer::{NatsTransport, NatsTransportBuilder};
+
+/// How the publisher writes CloudEvents ([`NatsPublisherBuilder::cloudevents_mode`]).
+/// The consumer ([`NatsTransport`]) reads both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CloudEventsMode {
+    /// Binary mode **as the NATS binding's working draft (1.0.3-wip) defines it**: the
+    /// attributes as `ce-*` headers (values percent-encoded, `ce-datacontenttype`
+    /// included), the payload unchanged. Read by Go's `sdk-go` `nats_jetstream/v3`. The
+    /// default.
+    #[default]
+    BinaryDraft,
+    /// Structured mode, the only mode of the released NATS binding (1.0.2): the payload
+    /// is a JSON event (the attributes, and the outbox payload as `data`), with
+    /// `content-type: application/cloudevents+json`; no `ce-*` headers. The outbox
+    /// headers stay. Read by any JSON event format decoder.
+    Structured,
+}
 
 /// The headers this publisher writes.
 pub mod headers {
@@ -224,6 +242,7 @@ pub struct NatsPublisherBuilder {
     ack_timeout: Duration,
     batch_budget: Duration,
     cloudevents: Option<CloudEvents>,
+    cloudevents_mode: CloudEventsMode,
 }
 
 impl fmt::Debug for NatsPublisherBuilder {
@@ -289,6 +308,13 @@ impl NatsPublisherBuilder {
         self
     }
 
+    /// How [`cloudevents`](Self::cloudevents) writes the events: the draft's binary mode
+    /// (the default) or the released binding's structured mode ([`CloudEventsMode`]).
+    pub fn cloudevents_mode(mut self, mode: CloudEventsMode) -> Self {
+        self.cloudevents_mode = mode;
+        self
+    }
+
     /// Connects and checks that every destination is captured by a stream.
     pub async fn build(self) -> Result<NatsPublisher, Error> {
         let client = connect(&self.url, self.credentials, self.options).await?;
@@ -304,7 +330,7 @@ impl NatsPublisherBuilder {
             ack_timeout: self.ack_timeout,
             batch_budget: self.batch_budget,
             max_payload,
-            cloudevents: self.cloudevents,
+            cloudevents: self.cloudevents.map(|ce| (ce, self.cloudevents_mode)),
         })
     }
 }
@@ -317,8 +343,8 @@ pub struct NatsPublisher {
     batch_budget: Duration,
     /// The server's limit for one message, headers included.
     max_payload: usize,
-    /// CloudEvents binary mode (the NATS binding's draft): the `ce-*` headers.
-    cloudevents: Option<CloudEvents>,
+    /// CloudEvents, and how they are written.
+    cloudevents: Option<(CloudEvents, CloudEventsMode)>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -346,6 +372,7 @@ impl NatsPublisher {
             ack_timeout: Duration::from_secs(10),
             batch_budget: Duration::from_secs(15),
             cloudevents: None,
+            cloudevents_mode: CloudEventsMode::default(),
         }
     }
 
@@ -353,9 +380,15 @@ impl NatsPublisher {
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
         check_subject(&record.destination)?;
         let headers = nats_headers(record, self.cloudevents.as_ref())?;
+        let body = match &self.cloudevents {
+            Some((ce, CloudEventsMode::Structured)) => ce
+                .structured(record)
+                .map_err(|e| PublishError::permanent(format!("nats: {e}")))?,
+            _ => record.payload.clone(),
+        };
         // The server closes the connection on a message over its limit (dropping every
         // acknowledgement in flight), so such a message is refused before it is sent.
-        let size = record.payload.len() + headers_len(&headers);
+        let size = body.len() + headers_len(&headers);
         if size > self.max_payload {
             return Err(PublishError::permanent(format!(
                 "nats: the message is {size} bytes with its headers, over the server's max_payload of {} bytes",
@@ -365,7 +398,7 @@ impl NatsPublisher {
         let send = self.js.publish_with_headers(
             record.destination.clone(),
             headers,
-            bytes::Bytes::copy_from_slice(record.payload.as_bytes()),
+            bytes::Bytes::from(body),
         );
         let acked = async {
             let ack = send.await?;
@@ -429,7 +462,7 @@ fn check_subject(subject: &str) -> Result<(), PublishError> {
 /// are refused as permanent errors rather than sent or silently dropped.
 fn nats_headers(
     record: &OutboxRecord,
-    cloudevents: Option<&CloudEvents>,
+    cloudevents: Option<&(CloudEvents, CloudEventsMode)>,
 ) -> Result<HeaderMap, PublishError> {
     let refuse = |what: String| {
         Err(PublishError::permanent(format!(
@@ -445,7 +478,15 @@ fn nats_headers(
         return refuse("the event type contains a line break".to_owned());
     }
     h.insert(headers::EVENT_TYPE, record.event_type.as_str());
-    h.insert(headers::CONTENT_TYPE, headers::JSON);
+    let structured = matches!(cloudevents, Some((_, CloudEventsMode::Structured)));
+    h.insert(
+        headers::CONTENT_TYPE,
+        if structured {
+            cloudevents::STRUCTURED_CONTENT_TYPE
+        } else {
+            headers::JSON
+        },
+    );
     if let Some(version) = record.event_version {
         h.insert(headers::EVENT_VERSION, version.to_string().as_str());
     }
@@ -455,7 +496,7 @@ fn nats_headers(
         }
         h.insert(headers::PARTITION_KEY, key.as_str());
     }
-    if let Some(ce) = cloudevents {
+    if let Some((ce, CloudEventsMode::BinaryDraft)) = cloudevents {
         // The draft's binary mode: every attribute as `ce-<name>`, `datacontenttype`
         // included, values percent-encoded (a `source` is ASCII already, but its `%`
         // is encoded too).

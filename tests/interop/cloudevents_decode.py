@@ -4,7 +4,7 @@ and prints one JSON line per message: the decoded attributes and data, the raw h
 names, or the decoder's error. tests/tests/cloudevents_interop.rs runs it and asserts.
 
     python cloudevents_decode.py kafka BROKERS TOPIC COUNT
-    python cloudevents_decode.py nats URL STREAM COUNT
+    python cloudevents_decode.py nats|nats-structured URL STREAM COUNT
     python cloudevents_decode.py rabbitmq-amqp|rabbitmq-knative URL QUEUE COUNT
 
 Decoders (cloudevents 2.x, `cloudevents.core.bindings`):
@@ -12,6 +12,8 @@ Decoders (cloudevents 2.x, `cloudevents.core.bindings`):
 - nats: the SDK has no NATS binding; the draft's binary mode (NATS binding 1.0.3-wip,
   section 3.1.3) is the HTTP binding's header mapping (`ce-` names, percent-encoded
   values), so `http.from_binary` reads it, and `ce-datacontenttype` is printed raw;
+- nats-structured: the released NATS binding 1.0.2 (structured mode): the payload is a
+  JSON event, read by the SDK's `JSONFormat().read`;
 - rabbitmq-amqp: `amqp.from_binary` (the AMQP binding; it reads `cloudEvents:` and
   `cloudEvents_`), the pika header table as the application properties;
 - rabbitmq-knative: `rabbitmq.from_binary` (Knative's RabbitMQ binding, `ce-` only).
@@ -72,7 +74,7 @@ def read_kafka(brokers, topic, count):
     consumer.close()
 
 
-async def read_nats(url, stream, count):
+async def read_nats(url, stream, count, structured):
     import nats
 
     nc = await nats.connect(url)
@@ -80,8 +82,11 @@ async def read_nats(url, stream, count):
     for seq in range(1, count + 1):
         raw = await js.get_msg(stream, seq)
         headers = dict(raw.headers or {})
-        message = http.HTTPMessage(headers=headers, body=raw.data)
-        emit(lambda: http.from_binary(message, JSONFormat(), CloudEvent), headers)
+        if structured:
+            emit(lambda: JSONFormat().read(CloudEvent, raw.data), headers)
+        else:
+            message = http.HTTPMessage(headers=headers, body=raw.data)
+            emit(lambda: http.from_binary(message, JSONFormat(), CloudEvent), headers)
     await nc.close()
 
 
@@ -121,8 +126,8 @@ def main():
     mode, address, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if mode == "kafka":
         read_kafka(address, name, count)
-    elif mode == "nats":
-        asyncio.run(read_nats(address, name, count))
+    elif mode in ("nats", "nats-structured"):
+        asyncio.run(read_nats(address, name, count, mode == "nats-structured"))
     elif mode in ("rabbitmq-amqp", "rabbitmq-knative"):
         read_rabbitmq(mode, address, name, count)
     else:

@@ -201,6 +201,30 @@ async fn the_python_sdk_decodes_nats_messages_in_the_drafts_binary_mode() {
     js.delete_stream(&stream).await.expect("delete stream");
 }
 
+/// `CloudEventsMode::Structured`, the released NATS binding (1.0.2): the payload is a
+/// JSON event, which the SDK's JSON format decodes.
+#[tokio::test]
+async fn the_python_sdk_decodes_nats_messages_in_structured_mode() {
+    use outbox_tests::nats::{fresh_stream, nats_url};
+    let (js, stream, prefix) = fresh_stream().await;
+    let subject = format!("{prefix}.orders");
+    let publisher = outbox_nats::NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .cloudevents(ce())
+        .cloudevents_mode(outbox_nats::CloudEventsMode::Structured)
+        .build()
+        .await
+        .expect("publisher");
+    let sent = records(&subject);
+    for result in publisher.publish(&sent).await {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let decoded = sorted_by_id(python_decode("nats-structured", &nats_url(), &stream, COUNT).await);
+    check_decoded(&sent, &decoded);
+    js.delete_stream(&stream).await.expect("delete stream");
+}
+
 /// Publishes the records to a fresh queue with `layout` and has Python read them with
 /// `mode`.
 async fn rabbitmq_round_trip(

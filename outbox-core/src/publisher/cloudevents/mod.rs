@@ -18,7 +18,10 @@
 //! `application/json`), which every publisher sets anyway; the NATS draft also wants it
 //! as `ce-datacontenttype`, which the NATS publisher writes.
 
+mod structured;
 mod uri;
+
+pub use structured::{NotJson, STRUCTURED_CONTENT_TYPE, Unwrapped, is_structured, unwrap};
 
 use super::OutboxRecord;
 
