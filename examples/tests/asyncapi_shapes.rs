@@ -170,6 +170,40 @@ fn each_brokers_cloudevents_headers_validate_against_its_schema() {
         .expect("an object")
         .remove("message-id");
     assert!(!headers_schema.is_valid(&no_id), "no message-id");
+    // NATS in structured mode (`CloudEventsMode::Structured`): `content-type:
+    // application/cloudevents+json` and no attribute headers; then a binary-mode NATS
+    // message no longer fits.
+    let structured =
+        asyncapi(&info.clone().cloudevents_structured_for("nats")).expect("a consistent catalog");
+    let found = asyncapi::errors(&asyncapi::validator(), structured.as_value());
+    assert!(found.is_empty(), "not valid AsyncAPI 3.0: {found:#?}");
+    let structured_schema = jsonschema::draft7::new(
+        &structured.as_value()["components"]["messages"]["ParcelShipped.v3"]["headers"],
+    )
+    .expect("compiles");
+    let mut nats_structured = broker_headers("ce_", kind);
+    let object = nats_structured.as_object_mut().expect("an object");
+    object.retain(|name, _| !name.starts_with("ce_"));
+    object.insert(
+        "content-type".to_owned(),
+        "application/cloudevents+json".into(),
+    );
+    assert!(
+        structured_schema.is_valid(&nats_structured),
+        "{nats_structured:#}"
+    );
+    assert!(
+        structured_schema.is_valid(&broker_headers("ce_", kind)),
+        "Kafka"
+    );
+    assert!(
+        structured_schema.is_valid(&broker_headers("cloudEvents:", kind)),
+        "RabbitMQ"
+    );
+    assert!(
+        !structured_schema.is_valid(&broker_headers("ce-", kind)),
+        "binary mode on a structured server"
+    );
     // The one-prefix document describes Kafka's headers only.
     let single = asyncapi(
         &Info::new("shapes", "0.1.0")

@@ -69,6 +69,9 @@ struct CloudEventsInfo {
     prefix: Option<String>,
 }
 
+/// A server's layout, in place of a prefix: structured mode.
+const STRUCTURED_LAYOUT: &str = "structured";
+
 /// The CloudEvents header prefix of each broker's publisher, by AsyncAPI protocol name:
 /// `ce_` (Kafka binding), `ce-` (NATS binding draft 1.0.3-wip), `cloudEvents:` (AMQP
 /// binding 1.0.2, RabbitMQ's default).
@@ -182,6 +185,15 @@ impl Info {
         self.cloudevents_prefixes
             .insert(server.into(), prefix.into());
         self
+    }
+
+    /// The server named `server` gets CloudEvents in structured mode (with
+    /// [`cloudevents_by_server`](Self::cloudevents_by_server)): a NATS publisher built
+    /// with `.cloudevents_mode(CloudEventsMode::Structured)`. Its messages have
+    /// `content-type: application/cloudevents+json` and no attribute headers; their
+    /// payload is a JSON event whose `data` is the payload described.
+    pub fn cloudevents_structured_for(self, server: impl Into<String>) -> Info {
+        self.cloudevents_prefix_for(server, STRUCTURED_LAYOUT)
     }
 
     /// The CloudEvents header layouts of the document: each prefix with the servers
@@ -621,7 +633,30 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
             None => bare,
         };
         const REQUIRED: [&str; 5] = ["specversion", "id", "source", "type", "time"];
+        let structured_type = crate::publisher::cloudevents::STRUCTURED_CONTENT_TYPE;
+        let any_structured = layouts.iter().any(|(p, _)| p == STRUCTURED_LAYOUT);
+        if any_structured {
+            properties.insert(
+                headers::CONTENT_TYPE.into(),
+                if layouts.len() == 1 {
+                    json!({ "type": "string", "const": structured_type })
+                } else {
+                    json!({ "type": "string", "enum": [headers::JSON, structured_type] })
+                },
+            );
+        }
         for (prefix, servers) in &layouts {
+            if prefix == STRUCTURED_LAYOUT {
+                if layouts.len() > 1 {
+                    branches.push(json!({
+                        "title": "CloudEvents structured mode",
+                        "description": format!("As written to server(s) {}: the payload is a JSON event (CloudEvents JSON format, type `{kind}`, source `{}`) whose `data` is the payload described; no attribute headers.", servers.join(", "), ce.source),
+                        "properties": { headers::CONTENT_TYPE: { "const": structured_type } },
+                        "x-outbox-servers": servers,
+                    }));
+                }
+                continue;
+            }
             for (attribute, schema) in [
                 ("specversion", json!({ "type": "string", "const": "1.0" })),
                 ("id", json!({ "type": "string", "format": "uuid" })),
@@ -642,12 +677,17 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
             if layouts.len() == 1 {
                 required.extend(names);
             } else {
-                branches.push(json!({
+                let mut branch = json!({
                     "title": format!("CloudEvents binary mode, `{prefix}` headers"),
                     "description": format!("The CloudEvents attributes as written to server(s) {}.", servers.join(", ")),
                     "required": names,
                     "x-outbox-servers": servers,
-                }));
+                });
+                if any_structured {
+                    branch["properties"] =
+                        json!({ headers::CONTENT_TYPE: { "const": headers::JSON } });
+                }
+                branches.push(branch);
             }
         }
     }
@@ -1144,6 +1184,28 @@ mod tests {
         // Read back, it writes the same document.
         let again = Info::from_document(doc).expect("info");
         assert_eq!(asyncapi(&again).expect("consistent").as_value(), doc);
+        // NATS in structured mode: a branch of its own, without attribute headers.
+        let structured =
+            asyncapi(&info.clone().cloudevents_structured_for("nats")).expect("consistent");
+        let headers = &message(structured.as_value())["headers"];
+        let branches = headers["anyOf"].as_array().expect("branches");
+        let of = |server: &str| {
+            branches
+                .iter()
+                .find(|b| b["x-outbox-servers"] == json!([server]))
+                .expect("a branch")
+        };
+        let branch = of("nats");
+        assert_eq!(
+            branch["properties"]["content-type"]["const"],
+            "application/cloudevents+json"
+        );
+        assert!(branch.get("required").is_none(), "{branch}");
+        assert!(headers["properties"].get("ce-type").is_none());
+        assert_eq!(
+            of("kafka")["properties"]["content-type"]["const"],
+            "application/json"
+        );
     }
 
     #[test]
