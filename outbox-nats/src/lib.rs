@@ -33,7 +33,10 @@
 //! application/json`, `partition-key` (if any), and every header stored with the row
 //! (`traceparent`, ...). Apart from `Nats-Msg-Id`, the names are the broker-neutral ones
 //! of `outbox_core::publisher::headers`, which `outbox-kafka` writes too, so consumers
-//! can share their decoding.
+//! can share their decoding. With [`cloudevents`](NatsPublisherBuilder::cloudevents),
+//! the CloudEvents attributes as `ce-*` headers (the NATS binding draft's binary mode),
+//! or, with [`CloudEventsMode::Structured`], the payload wrapped in a JSON event and
+//! `content-type: application/cloudevents+json`.
 
 use std::fmt;
 use std::time::Duration;

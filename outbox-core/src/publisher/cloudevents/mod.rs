@@ -17,6 +17,11 @@
 //! `datacontenttype` is the binding's content type (`content-type` header or property,
 //! `application/json`), which every publisher sets anyway; the NATS draft also wants it
 //! as `ce-datacontenttype`, which the NATS publisher writes.
+//!
+//! **Structured mode** ([`CloudEvents::structured`]): the NATS publisher can instead
+//! wrap the payload in a JSON event (`content-type: application/cloudevents+json`), the
+//! only mode of the released NATS binding. Every consumer unwraps such a message
+//! ([`unwrap`]): its handler gets the `data`.
 
 mod structured;
 mod uri;
