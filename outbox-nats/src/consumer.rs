@@ -10,7 +10,9 @@ use async_nats::jetstream::consumer::pull::{Config, Stream as Messages};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
 use async_nats::jetstream::{self, AckKind, Message};
 use futures_util::StreamExt;
+use outbox_core::config::percent_decoded;
 use outbox_core::consumer::{BoxError, Delivery, Origin, Transport, dead_letter_headers};
+use outbox_core::publisher::cloudevents::is_attribute_header;
 use tokio::sync::Mutex;
 
 use crate::{Credentials, Error, check_streams, connect, headers, split_credentials};
@@ -252,12 +254,20 @@ fn subject_matches(filter: &str, subject: &str) -> bool {
     tokens.next().is_none()
 }
 
-/// The headers as text; a header sent twice: its last value.
+/// The headers as text; a header sent twice: its last value. CloudEvents attributes
+/// (`ce-*`) are percent-decoded once, as the NATS binding's draft says.
 fn text_headers(headers: Option<&HeaderMap>) -> BTreeMap<String, String> {
     let mut all = BTreeMap::new();
     for (name, values) in headers.into_iter().flat_map(HeaderMap::iter) {
         if let Some(value) = values.last() {
-            all.insert(name.to_string(), value.as_str().to_owned());
+            let name = name.to_string();
+            let value = value.as_str();
+            let value = if is_attribute_header(&name, headers::CLOUDEVENTS_PREFIX) {
+                percent_decoded(value)
+            } else {
+                value.to_owned()
+            };
+            all.insert(name, value);
         }
     }
     all

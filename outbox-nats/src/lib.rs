@@ -33,7 +33,10 @@
 //! application/json`, `partition-key` (if any), and every header stored with the row
 //! (`traceparent`, ...). Apart from `Nats-Msg-Id`, the names are the broker-neutral ones
 //! of `outbox_core::publisher::headers`, which `outbox-kafka` writes too, so consumers
-//! can share their decoding.
+//! can share their decoding. With [`cloudevents`](NatsPublisherBuilder::cloudevents),
+//! the CloudEvents attributes as `ce-*` headers (the NATS binding draft's binary mode),
+//! or, with [`CloudEventsMode::Structured`], the payload wrapped in a JSON event and
+//! `content-type: application/cloudevents+json`.
 
 use std::fmt;
 use std::time::Duration;
@@ -44,12 +47,32 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
 use outbox_core::config::percent_decoded;
-use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
+use outbox_core::publisher::cloudevents::{
+    self, CloudEvents, is_attribute_header, percent_encode_header_value,
+};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 
 mod consumer;
 
 pub use consumer::{NatsTransport, NatsTransportBuilder};
+
+/// How the publisher writes CloudEvents ([`NatsPublisherBuilder::cloudevents_mode`]).
+/// The consumer ([`NatsTransport`]) reads both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CloudEventsMode {
+    /// Binary mode **as the NATS binding's working draft (1.0.3-wip) defines it**: the
+    /// attributes as `ce-*` headers (values percent-encoded, `ce-datacontenttype`
+    /// included), the payload unchanged. Read by Go's `sdk-go` `nats_jetstream/v3`. The
+    /// default.
+    #[default]
+    BinaryDraft,
+    /// Structured mode, the only mode of the released NATS binding (1.0.2): the payload
+    /// is a JSON event (the attributes, and the outbox payload as `data`), with
+    /// `content-type: application/cloudevents+json`; no `ce-*` headers. The outbox
+    /// headers stay. Read by any JSON event format decoder.
+    Structured,
+}
 
 /// The headers this publisher writes.
 pub mod headers {
@@ -59,7 +82,8 @@ pub mod headers {
 
     /// JetStream's deduplication header: the outbox message id.
     pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
-    /// The prefix of the CloudEvents attribute headers (binary mode, with
+    /// The prefix of the CloudEvents attribute headers (binary mode of the NATS
+    /// binding's working draft 1.0.3-wip, with
     /// [`cloudevents`](crate::NatsPublisherBuilder::cloudevents)).
     pub const CLOUDEVENTS_PREFIX: &str = "ce-";
 
@@ -221,6 +245,7 @@ pub struct NatsPublisherBuilder {
     ack_timeout: Duration,
     batch_budget: Duration,
     cloudevents: Option<CloudEvents>,
+    cloudevents_mode: CloudEventsMode,
 }
 
 impl fmt::Debug for NatsPublisherBuilder {
@@ -273,12 +298,23 @@ impl NatsPublisherBuilder {
         self
     }
 
-    /// CloudEvents 1.0 binary content mode: every message also carries the `ce-id`,
-    /// `ce-source`, `ce-specversion`, `ce-type` and `ce-time` headers (NATS binding),
-    /// with the outbox headers and the payload unchanged
-    /// ([`outbox_core::publisher::cloudevents`]).
+    /// CloudEvents 1.0 binary content mode **as the NATS binding's working draft
+    /// (1.0.3-wip) defines it**: every message also carries the `ce-id`, `ce-source`,
+    /// `ce-specversion`, `ce-type`, `ce-time` and `ce-datacontenttype` headers, values
+    /// percent-encoded (draft section 3.1.3.2), with the outbox headers (`content-type:
+    /// application/json` among them) and the payload unchanged
+    /// ([`outbox_core::publisher::cloudevents`]). The released binding (1.0.2) knows
+    /// structured mode only; Go's `sdk-go` `nats_jetstream/v3` reads this binary mode
+    /// (docs/nats.md).
     pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
         self.cloudevents = Some(cloudevents);
+        self
+    }
+
+    /// How [`cloudevents`](Self::cloudevents) writes the events: the draft's binary mode
+    /// (the default) or the released binding's structured mode ([`CloudEventsMode`]).
+    pub fn cloudevents_mode(mut self, mode: CloudEventsMode) -> Self {
+        self.cloudevents_mode = mode;
         self
     }
 
@@ -297,7 +333,7 @@ impl NatsPublisherBuilder {
             ack_timeout: self.ack_timeout,
             batch_budget: self.batch_budget,
             max_payload,
-            cloudevents: self.cloudevents,
+            cloudevents: self.cloudevents.map(|ce| (ce, self.cloudevents_mode)),
         })
     }
 }
@@ -310,8 +346,8 @@ pub struct NatsPublisher {
     batch_budget: Duration,
     /// The server's limit for one message, headers included.
     max_payload: usize,
-    /// CloudEvents binary mode: the `ce-*` headers.
-    cloudevents: Option<CloudEvents>,
+    /// CloudEvents, and how they are written.
+    cloudevents: Option<(CloudEvents, CloudEventsMode)>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -339,6 +375,7 @@ impl NatsPublisher {
             ack_timeout: Duration::from_secs(10),
             batch_budget: Duration::from_secs(15),
             cloudevents: None,
+            cloudevents_mode: CloudEventsMode::default(),
         }
     }
 
@@ -346,9 +383,15 @@ impl NatsPublisher {
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
         check_subject(&record.destination)?;
         let headers = nats_headers(record, self.cloudevents.as_ref())?;
+        let body = match &self.cloudevents {
+            Some((ce, CloudEventsMode::Structured)) => ce
+                .structured(record)
+                .map_err(|e| PublishError::permanent(format!("nats: {e}")))?,
+            _ => record.payload.clone(),
+        };
         // The server closes the connection on a message over its limit (dropping every
         // acknowledgement in flight), so such a message is refused before it is sent.
-        let size = record.payload.len() + headers_len(&headers);
+        let size = body.len() + headers_len(&headers);
         if size > self.max_payload {
             return Err(PublishError::permanent(format!(
                 "nats: the message is {size} bytes with its headers, over the server's max_payload of {} bytes",
@@ -358,7 +401,7 @@ impl NatsPublisher {
         let send = self.js.publish_with_headers(
             record.destination.clone(),
             headers,
-            bytes::Bytes::copy_from_slice(record.payload.as_bytes()),
+            bytes::Bytes::from(body),
         );
         let acked = async {
             let ack = send.await?;
@@ -422,7 +465,7 @@ fn check_subject(subject: &str) -> Result<(), PublishError> {
 /// are refused as permanent errors rather than sent or silently dropped.
 fn nats_headers(
     record: &OutboxRecord,
-    cloudevents: Option<&CloudEvents>,
+    cloudevents: Option<&(CloudEvents, CloudEventsMode)>,
 ) -> Result<HeaderMap, PublishError> {
     let refuse = |what: String| {
         Err(PublishError::permanent(format!(
@@ -438,7 +481,15 @@ fn nats_headers(
         return refuse("the event type contains a line break".to_owned());
     }
     h.insert(headers::EVENT_TYPE, record.event_type.as_str());
-    h.insert(headers::CONTENT_TYPE, headers::JSON);
+    let structured = matches!(cloudevents, Some((_, CloudEventsMode::Structured)));
+    h.insert(
+        headers::CONTENT_TYPE,
+        if structured {
+            cloudevents::STRUCTURED_CONTENT_TYPE
+        } else {
+            headers::JSON
+        },
+    );
     if let Some(version) = record.event_version {
         h.insert(headers::EVENT_VERSION, version.to_string().as_str());
     }
@@ -448,13 +499,20 @@ fn nats_headers(
         }
         h.insert(headers::PARTITION_KEY, key.as_str());
     }
-    if let Some(ce) = cloudevents {
+    if let Some((ce, CloudEventsMode::BinaryDraft)) = cloudevents {
+        // The draft's binary mode: every attribute as `ce-<name>`, `datacontenttype`
+        // included, values percent-encoded (a `source` is ASCII already, but its `%`
+        // is encoded too).
         for (name, value) in ce.attributes(record) {
             h.insert(
                 format!("{}{name}", headers::CLOUDEVENTS_PREFIX).as_str(),
-                value.as_str(),
+                percent_encode_header_value(&value).as_str(),
             );
         }
+        h.insert(
+            format!("{}datacontenttype", headers::CLOUDEVENTS_PREFIX).as_str(),
+            headers::JSON,
+        );
     }
     for (key, value) in &record.headers {
         let attribute =

@@ -479,7 +479,11 @@ fn text_headers(properties: &BasicProperties) -> BTreeMap<String, String> {
 impl Transport for RabbitTransport {
     type Token = RabbitToken;
     const NAME: &'static str = "rabbitmq";
-    const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
+    const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIXES[0];
+    const CLOUDEVENTS_OTHER_PREFIXES: &'static [&'static str] = &[
+        headers::CLOUDEVENTS_PREFIXES[1],
+        headers::CLOUDEVENTS_PREFIXES[2],
+    ];
 
     async fn receive(&self) -> Result<Delivery<RabbitToken>, BoxError> {
         let mut link = self.link.lock().await;

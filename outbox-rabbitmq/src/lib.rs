@@ -71,8 +71,10 @@ use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 use tokio::time::Instant;
 
+pub mod cloudevents;
 mod consumer;
 
+pub use cloudevents::CloudEventsHeaders;
 pub use consumer::{RabbitToken, RabbitTransport, RabbitTransportBuilder};
 
 /// The headers this publisher writes.
@@ -81,10 +83,22 @@ pub mod headers {
         CONTENT_TYPE, EVENT_TYPE, EVENT_VERSION, JSON, MESSAGE_ID, PARTITION_KEY,
     };
 
-    /// The prefix of the CloudEvents attribute headers (binary mode, with
-    /// [`cloudevents`](crate::RabbitPublisherBuilder::cloudevents)): the AMQP binding's
-    /// `cloudEvents_` (the `cloudEvents:` form is for AMQP 1.0 application properties).
+    /// The prefix outbox 0.1 gave the CloudEvents attribute headers. The publisher now
+    /// writes `cloudEvents:` by default, which the SDKs read
+    /// ([`CloudEventsHeaders`](crate::CloudEventsHeaders)); the consumer reads both.
+    #[deprecated(
+        note = "use `CloudEventsHeaders::Underscore.prefix()` for this prefix, or `CLOUDEVENTS_PREFIXES` for every prefix the consumer reads; the publisher's default is now `cloudEvents:` (`CloudEventsHeaders::AmqpBinding`)"
+    )]
     pub const CLOUDEVENTS_PREFIX: &str = "cloudEvents_";
+
+    /// The prefixes of CloudEvents attribute headers the consumer reads, in this order:
+    /// `cloudEvents:` (the publisher's default), `cloudEvents_`, `ce-`
+    /// ([`CloudEventsHeaders`](crate::CloudEventsHeaders)).
+    pub const CLOUDEVENTS_PREFIXES: [&str; 3] = [
+        crate::CloudEventsHeaders::ALL[0].prefix(),
+        crate::CloudEventsHeaders::ALL[1].prefix(),
+        crate::CloudEventsHeaders::ALL[2].prefix(),
+    ];
 
     /// Headers the publisher sets itself; row headers with these names are not copied.
     pub const RESERVED: [&str; 5] = [
@@ -266,6 +280,7 @@ pub struct RabbitPublisherBuilder {
     connect_timeout: Duration,
     batch_budget: Duration,
     cloudevents: Option<CloudEvents>,
+    cloudevents_headers: CloudEventsHeaders,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -321,12 +336,21 @@ impl RabbitPublisherBuilder {
     }
 
     /// CloudEvents 1.0 binary content mode: every message also carries the
-    /// `cloudEvents_id`, `cloudEvents_source`, `cloudEvents_specversion`,
-    /// `cloudEvents_type` and `cloudEvents_time` headers (the AMQP binding's names), with
-    /// the outbox headers and the payload unchanged
-    /// ([`outbox_core::publisher::cloudevents`]).
+    /// `cloudEvents:id`, `cloudEvents:source`, `cloudEvents:specversion`,
+    /// `cloudEvents:type` and `cloudEvents:time` headers (the AMQP binding 1.0.2's
+    /// names, which the Go, Java, C# and Python SDKs read; another prefix with
+    /// [`cloudevents_headers`](Self::cloudevents_headers)), with the outbox headers and
+    /// the payload unchanged ([`outbox_core::publisher::cloudevents`]).
     pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
         self.cloudevents = Some(cloudevents);
+        self
+    }
+
+    /// The prefix of the CloudEvents headers ([`CloudEventsHeaders`]; default
+    /// `cloudEvents:`): `Underscore` for consumers of outbox 0.1's `cloudEvents_`,
+    /// `Knative` for Knative's RabbitMQ binding (`ce-`).
+    pub fn cloudevents_headers(mut self, headers: CloudEventsHeaders) -> Self {
+        self.cloudevents_headers = headers;
         self
     }
 
@@ -341,7 +365,9 @@ impl RabbitPublisherBuilder {
             confirm_timeout: self.confirm_timeout,
             connect_timeout: self.connect_timeout,
             batch_budget: self.batch_budget,
-            cloudevents: self.cloudevents,
+            cloudevents: self
+                .cloudevents
+                .map(|ce| (ce, self.cloudevents_headers.prefix())),
         };
         let link = inner.connect().await.map_err(|reason| Error::Connect {
             url: shown.clone(),
@@ -413,8 +439,8 @@ struct Inner {
     confirm_timeout: Duration,
     connect_timeout: Duration,
     batch_budget: Duration,
-    /// CloudEvents binary mode: the `cloudEvents_*` headers.
-    cloudevents: Option<CloudEvents>,
+    /// CloudEvents binary mode, and the prefix of its headers.
+    cloudevents: Option<(CloudEvents, &'static str)>,
 }
 
 struct Link {
@@ -454,7 +480,10 @@ impl Inner {
 }
 
 /// One message's properties and headers.
-fn properties(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> BasicProperties {
+fn properties(
+    record: &OutboxRecord,
+    cloudevents: Option<&(CloudEvents, &'static str)>,
+) -> BasicProperties {
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     let id = record.id.to_string();
     let mut table = FieldTable::default();
@@ -467,17 +496,18 @@ fn properties(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> Basic
     if let Some(key) = &record.partition_key {
         table.insert(headers::PARTITION_KEY.into(), text(key));
     }
-    if let Some(ce) = cloudevents {
+    if let Some((ce, prefix)) = cloudevents {
         for (name, value) in ce.attributes(record) {
-            table.insert(
-                ShortString::from(format!("{}{name}", headers::CLOUDEVENTS_PREFIX)),
-                text(&value),
-            );
+            table.insert(ShortString::from(format!("{prefix}{name}")), text(&value));
         }
     }
     for (key, value) in &record.headers {
-        let attribute =
-            cloudevents.is_some() && is_attribute_header(key, headers::CLOUDEVENTS_PREFIX);
+        // Under any prefix a consumer may read: a decoder that takes both
+        // `cloudEvents:` and `cloudEvents_` must not meet a forged attribute.
+        let attribute = cloudevents.is_some()
+            && headers::CLOUDEVENTS_PREFIXES
+                .iter()
+                .any(|prefix| is_attribute_header(key, prefix));
         if attribute
             || headers::RESERVED
                 .iter()
@@ -527,6 +557,7 @@ impl RabbitPublisher {
             connect_timeout: Duration::from_secs(5),
             batch_budget: Duration::from_secs(12),
             cloudevents: None,
+            cloudevents_headers: CloudEventsHeaders::default(),
         }
     }
 

@@ -337,6 +337,7 @@ impl<T: Transport> Transport for CommitBeforeAck<T> {
     type Token = T::Token;
     const NAME: &'static str = T::NAME;
     const CLOUDEVENTS_PREFIX: &'static str = T::CLOUDEVENTS_PREFIX;
+    const CLOUDEVENTS_OTHER_PREFIXES: &'static [&'static str] = T::CLOUDEVENTS_OTHER_PREFIXES;
 
     fn receive(&self) -> impl Future<Output = Result<Delivery<T::Token>, BoxError>> + Send {
         self.inner.receive()
@@ -391,6 +392,7 @@ impl<T: Transport> Transport for NeverAck<T> {
     type Token = T::Token;
     const NAME: &'static str = T::NAME;
     const CLOUDEVENTS_PREFIX: &'static str = T::CLOUDEVENTS_PREFIX;
+    const CLOUDEVENTS_OTHER_PREFIXES: &'static [&'static str] = T::CLOUDEVENTS_OTHER_PREFIXES;
 
     fn receive(&self) -> impl Future<Output = Result<Delivery<T::Token>, BoxError>> + Send {
         self.0.receive()

@@ -1,7 +1,9 @@
 //! CloudEvents 1.0 binary content mode on every publisher (#17 part 3): the attributes
-//! ride as headers with each binding's prefix (`ce_` Kafka, `ce-` NATS, `cloudEvents_`
-//! RabbitMQ), next to the outbox headers; the payload is the body, unwrapped; a row
-//! header that would shadow an attribute is not copied. One expectation, three brokers.
+//! ride as headers with each binding's prefix (`ce_` Kafka, `ce-` NATS, `cloudEvents:`
+//! RabbitMQ by default since #33, `cloudEvents_` or `ce-` on request), next to the
+//! outbox headers; the payload is the body, unwrapped; a row header that would shadow
+//! an attribute is not copied. One expectation, three brokers. What other languages'
+//! SDKs decode of it: tests/tests/cloudevents_interop.rs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -132,27 +134,163 @@ async fn nats_writes_ce_headers() {
     let headers = outbox_tests::nats::text_headers(message.headers.as_ref());
     let body = std::str::from_utf8(&message.payload).expect("text");
     check("ce-", &sent, &headers, body);
+    // The draft's binary mode maps every attribute, `datacontenttype` included.
+    assert_eq!(
+        headers.get("ce-datacontenttype").map(String::as_str),
+        Some("application/json"),
+        "{headers:?}"
+    );
     js.delete_stream(&name).await.expect("delete stream");
+}
+
+/// `CloudEventsMode::Structured` (the released NATS binding 1.0.2): the payload is a JSON
+/// event whose `data` is the payload as written, `content-type:
+/// application/cloudevents+json`, no `ce-*` headers; the outbox headers stay. Our NATS
+/// consumer unwraps it: the handler gets the event as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_writes_structured_mode_and_the_consumer_unwraps_it() {
+    use async_nats::jetstream::consumer;
+    use outbox_core::consumer::Consumer;
+    use outbox_core::inbox::Inbox;
+    use outbox_tests::nats::{fresh_stream, nats_url};
+    use std::sync::{Arc, Mutex};
+    let (js, name, prefix) = fresh_stream().await;
+    let subject = format!("{prefix}.orders");
+    let publisher = outbox_nats::NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .cloudevents(ce())
+        .cloudevents_mode(outbox_nats::CloudEventsMode::Structured)
+        .build()
+        .await
+        .expect("publisher");
+    let sent = record(&subject, "ce-type");
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let reader = js
+        .get_stream(&name)
+        .await
+        .expect("stream")
+        .create_consumer(consumer::pull::Config::default())
+        .await
+        .expect("consumer");
+    let message = tokio::time::timeout(
+        Duration::from_secs(30),
+        reader.messages().await.expect("messages").next(),
+    )
+    .await
+    .expect("a message within 30 s")
+    .expect("a message")
+    .expect("no error");
+    let headers = outbox_tests::nats::text_headers(message.headers.as_ref());
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/cloudevents+json"),
+        "{headers:?}"
+    );
+    assert!(
+        !headers.keys().any(|k| k.starts_with("ce-")),
+        "no binary-mode headers: {headers:?}"
+    );
+    assert_eq!(headers.get("message-id"), Some(&sent.id.to_string()));
+    assert_eq!(
+        headers.get("event-type").map(String::as_str),
+        Some("OrderPlaced")
+    );
+    let event: serde_json::Value = serde_json::from_slice(&message.payload).expect("a JSON event");
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["id"], sent.id.to_string());
+    assert_eq!(event["source"], SOURCE);
+    assert_eq!(event["type"], "OrderPlaced.v2");
+    assert_eq!(event["time"], "2026-12-01T10:30:00.000000Z");
+    assert_eq!(event["datacontenttype"], "application/json");
+    assert_eq!(event["data"], serde_json::json!({ "order": 7 }));
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Order {
+        order: i64,
+    }
+    let db = outbox_tests::TestDb::new().await;
+    let outbox = db.outbox().await;
+    type Seen = Vec<(uuid::Uuid, Option<i32>, i64)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    let transport = outbox_nats::NatsTransport::builder(nats_url(), &name, "structured")
+        .filter_subject(&subject)
+        .build()
+        .await
+        .expect("nats transport");
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "ce-structured"))
+        .on_event_type::<Order, _>("OrderPlaced", move |_tx, msg| {
+            let sink = Arc::clone(&sink);
+            Box::pin(async move {
+                sink.lock()
+                    .expect("lock")
+                    .push((msg.id, msg.version, msg.event.order));
+                Ok(())
+            })
+        })
+        .build()
+        .expect("consumer")
+        .spawn();
+    outbox_tests::wait_until("the event handled", Duration::from_secs(60), || async {
+        consumer.stats().handled >= 1
+    })
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(*seen.lock().expect("lock"), vec![(sent.id, Some(2), 7)]);
+    js.delete_stream(&name).await.expect("delete stream");
+    db.cleanup().await;
+}
+
+/// Publishes one record with `layout` (the default when `None`) and reads it back.
+async fn rabbitmq_headers(
+    layout: Option<outbox_rabbitmq::CloudEventsHeaders>,
+    spoofed: &str,
+) -> (OutboxRecord, outbox_tests::rabbitmq::Read) {
+    use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
+    let topology = Topology::declare("orders").await;
+    let destination = format!("{}/orders", topology.exchange);
+    let mut builder = outbox_rabbitmq::RabbitPublisher::builder(rabbitmq_url())
+        .skip_catalog_check()
+        .destination(&destination)
+        .cloudevents(ce());
+    if let Some(layout) = layout {
+        builder = builder.cloudevents_headers(layout);
+    }
+    let publisher = builder.build().await.expect("publisher");
+    let sent = record(&destination, spoofed);
+    let results = publisher.publish(std::slice::from_ref(&sent)).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let mut read = topology.read(1, Duration::from_secs(30)).await;
+    topology.delete().await;
+    (sent, read.remove(0))
 }
 
 #[tokio::test]
 async fn rabbitmq_writes_cloud_events_headers() {
-    use outbox_tests::rabbitmq::{Topology, rabbitmq_url};
-    let topology = Topology::declare("orders").await;
-    let destination = format!("{}/orders", topology.exchange);
-    let publisher = outbox_rabbitmq::RabbitPublisher::builder(rabbitmq_url())
-        .skip_catalog_check()
-        .destination(&destination)
-        .cloudevents(ce())
-        .build()
-        .await
-        .expect("publisher");
-    let sent = record(&destination, "cloudEvents_type");
-    let results = publisher.publish(std::slice::from_ref(&sent)).await;
-    assert!(results[0].is_ok(), "{results:?}");
-    let read = topology.read(1, Duration::from_secs(30)).await;
-    check("cloudEvents_", &sent, &read[0].headers, &read[0].body);
-    topology.delete().await;
+    use outbox_rabbitmq::CloudEventsHeaders;
+    // The default: the AMQP binding's `cloudEvents:`, no other prefix.
+    let (sent, read) = rabbitmq_headers(None, "cloudEvents:type").await;
+    check("cloudEvents:", &sent, &read.headers, &read.body);
+    assert!(
+        !read.headers.keys().any(|k| k.starts_with("cloudEvents_")),
+        "{:?}",
+        read.headers
+    );
+    // A row header under another prefix a decoder reads is not copied either.
+    let (_, read) = rabbitmq_headers(None, "cloudEvents_type").await;
+    assert!(
+        !read.headers.contains_key("cloudEvents_type"),
+        "{:?}",
+        read.headers
+    );
+    // On request: outbox 0.1's `cloudEvents_`, Knative's `ce-`.
+    let (sent, read) =
+        rabbitmq_headers(Some(CloudEventsHeaders::Underscore), "cloudEvents_type").await;
+    check("cloudEvents_", &sent, &read.headers, &read.body);
+    let (sent, read) = rabbitmq_headers(Some(CloudEventsHeaders::Knative), "ce-type").await;
+    check("ce-", &sent, &read.headers, &read.body);
 }
 
 /// The Kafka consumer takes an event in either form: with the outbox headers, or from a

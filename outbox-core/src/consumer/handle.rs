@@ -12,7 +12,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::inbox::{Inbox, InboxError, Processed};
-use crate::publisher::cloudevents::split_type;
+use crate::publisher::cloudevents::{self, split_type};
 use crate::publisher::headers;
 use crate::store::Backend;
 use crate::task::stopped;
@@ -104,15 +104,35 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             origin: origin.clone(),
         };
         let all = &delivery.headers;
+        // A structured-mode CloudEvent (`content-type: application/cloudevents+json`):
+        // its `data` is the payload; its `id` and `type` stand in for absent headers.
+        let structured = match all.get(headers::CONTENT_TYPE) {
+            Some(content_type) if cloudevents::is_structured(content_type) => {
+                match cloudevents::unwrap(&delivery.payload) {
+                    Ok(event) => Some(event),
+                    Err(reason) => {
+                        let error = undecodable(reason);
+                        return self
+                            .policy(delivery, self.undecodable, error, shutdown)
+                            .await;
+                    }
+                }
+            }
+            _ => None,
+        };
         // The outbox headers, or a CloudEvent's in binary mode (`<prefix>type`,
         // `<prefix>id`) from a producer that writes only those. A handler registered for
         // the whole CloudEvents type takes it as it is; otherwise `OrderPlaced.v2` is
         // event type `OrderPlaced`, version 2 (as our publishers write it).
-        let (ce_type_header, ce_id_header) = (
-            format!("{}type", T::CLOUDEVENTS_PREFIX),
-            format!("{}id", T::CLOUDEVENTS_PREFIX),
-        );
-        let (ce_type, ce_version) = match all.get(&ce_type_header) {
+        // The first prefix with a `type` header wins (the broker's own, then the ones
+        // older publishers wrote).
+        let prefix = std::iter::once(T::CLOUDEVENTS_PREFIX)
+            .chain(T::CLOUDEVENTS_OTHER_PREFIXES.iter().copied())
+            .find(|prefix| all.contains_key(&format!("{prefix}type")))
+            .unwrap_or(T::CLOUDEVENTS_PREFIX);
+        let (ce_type_header, ce_id_header) = (format!("{prefix}type"), format!("{prefix}id"));
+        let structured_type = structured.as_ref().and_then(|e| e.kind.as_ref());
+        let (ce_type, ce_version) = match all.get(&ce_type_header).or(structured_type) {
             Some(kind) if self.handlers.contains_key(kind.as_str()) => (Some(kind.clone()), None),
             Some(kind) => {
                 let (name, version) = split_type(kind);
@@ -127,12 +147,15 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                 .policy(delivery, self.undecodable, error, shutdown)
                 .await;
         };
-        let id_header = if all.contains_key(headers::MESSAGE_ID) || !cloudevent {
-            headers::MESSAGE_ID
+        let structured_id = structured.as_ref().and_then(|e| e.id.as_ref());
+        let (id_header, id_value) = if all.contains_key(headers::MESSAGE_ID) || !cloudevent {
+            (headers::MESSAGE_ID, all.get(headers::MESSAGE_ID))
+        } else if structured.is_some() && !all.contains_key(&ce_id_header) {
+            ("id", structured_id)
         } else {
-            ce_id_header.as_str()
+            (ce_id_header.as_str(), all.get(&ce_id_header))
         };
-        let id = match all.get(id_header).map(|v| v.parse::<Uuid>()) {
+        let id = match id_value.map(|v| v.parse::<Uuid>()) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {
                 let error = undecodable(format!(
@@ -169,7 +192,9 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             origin: origin.clone(),
             headers: all.clone(),
         };
-        let payload = delivery.payload.as_slice();
+        let payload = structured
+            .as_ref()
+            .map_or(delivery.payload.as_slice(), |e| e.data.as_slice());
         let mut decoded = match Arc::clone(dispatch).decode(payload, meta.clone()) {
             Ok(run) => Some(run),
             Err(e) => {

@@ -212,9 +212,14 @@ pub trait Transport: Send + Sync + 'static {
     const NAME: &'static str;
 
     /// The prefix of CloudEvents attribute headers in binary mode on this broker
-    /// (`ce_` for Kafka, `ce-` for NATS, `cloudEvents_` for AMQP). The consumer reads
+    /// (`ce_` for Kafka, `ce-` for NATS, `cloudEvents:` for AMQP). The consumer reads
     /// `<prefix>id` and `<prefix>type` when the outbox headers are absent.
     const CLOUDEVENTS_PREFIX: &'static str;
+
+    /// Other prefixes the consumer reads, after [`CLOUDEVENTS_PREFIX`](Self::CLOUDEVENTS_PREFIX),
+    /// when a message has no `<CLOUDEVENTS_PREFIX>type`: the ones older publishers or
+    /// other SDKs write (`cloudEvents_` and `ce-` on AMQP). None by default.
+    const CLOUDEVENTS_OTHER_PREFIXES: &'static [&'static str] = &[];
 
     /// The next message. Transient failures (a broker restart, a lost connection) are
     /// retried inside; an `Err` is fatal and stops the consumer.

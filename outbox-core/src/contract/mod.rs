@@ -52,8 +52,36 @@ pub struct Info {
     version: String,
     description: Option<String>,
     servers: Vec<Server>,
-    cloudevents: Option<(String, String)>,
+    cloudevents: Option<CloudEventsInfo>,
+    /// CloudEvents header prefixes given for servers by name
+    /// ([`Info::cloudevents_prefix_for`]), over what their protocol implies.
+    cloudevents_prefixes: BTreeMap<String, String>,
     destinations: Option<Vec<String>>,
+}
+
+/// What the document says of the CloudEvents headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CloudEventsInfo {
+    source: String,
+    type_prefix: Option<String>,
+    /// One prefix for every server ([`Info::cloudevents`]), or `None`: each server's
+    /// own ([`Info::cloudevents_by_server`]).
+    prefix: Option<String>,
+}
+
+/// A server's layout, in place of a prefix: structured mode.
+const STRUCTURED_LAYOUT: &str = "structured";
+
+/// The CloudEvents header prefix of each broker's publisher, by AsyncAPI protocol name:
+/// `ce_` (Kafka binding), `ce-` (NATS binding draft 1.0.3-wip), `cloudEvents:` (AMQP
+/// binding 1.0.2, RabbitMQ's default).
+fn default_prefix(protocol: &str) -> Option<&'static str> {
+    match protocol {
+        "kafka" | "kafka-secure" => Some("ce_"),
+        "nats" => Some("ce-"),
+        "amqp" | "amqps" => Some("cloudEvents:"),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +100,7 @@ impl Info {
             description: None,
             servers: Vec::new(),
             cloudevents: None,
+            cloudevents_prefixes: BTreeMap::new(),
             destinations: None,
         }
     }
@@ -107,17 +136,96 @@ impl Info {
         self
     }
 
-    /// The publishers write CloudEvents attributes as headers with this prefix (`ce_`
-    /// on Kafka, `ce-` on NATS, `cloudEvents_` on AMQP) and this `source` (what
+    /// The publishers write CloudEvents attributes as headers with this one prefix on
+    /// every server (`ce_` on Kafka, `ce-` on NATS, `cloudEvents:` on RabbitMQ) and
+    /// this `source` (what
     /// [`CloudEvents::new`](crate::publisher::cloudevents::CloudEvents::new) was
-    /// given): the document lists them (see [`crate::publisher::cloudevents`]).
+    /// given): the document lists them (see [`crate::publisher::cloudevents`]). With
+    /// servers of several brokers, use [`cloudevents_by_server`](Self::cloudevents_by_server).
     pub fn cloudevents(
         mut self,
         header_prefix: impl Into<String>,
         source: impl Into<String>,
     ) -> Info {
-        self.cloudevents = Some((header_prefix.into(), source.into()));
+        self.cloudevents = Some(CloudEventsInfo {
+            source: source.into(),
+            type_prefix: None,
+            prefix: Some(header_prefix.into()),
+        });
         self
+    }
+
+    /// The publishers write the CloudEvents attributes of `cloudevents` (its source and
+    /// type prefix), each server with its broker's headers: `ce_*` on `kafka`, `ce-*`
+    /// on `nats`, `cloudEvents:*` on `amqp`, or the prefix given to
+    /// [`cloudevents_prefix_for`](Self::cloudevents_prefix_for). Each message's headers
+    /// schema then accepts each server's layout (`anyOf`, a branch per layout naming its
+    /// servers in `x-outbox-servers`), so every broker's message validates against it.
+    pub fn cloudevents_by_server(
+        mut self,
+        cloudevents: &crate::publisher::cloudevents::CloudEvents,
+    ) -> Info {
+        self.cloudevents = Some(CloudEventsInfo {
+            source: cloudevents.source().to_owned(),
+            type_prefix: cloudevents.type_prefix_of().map(str::to_owned),
+            prefix: None,
+        });
+        self
+    }
+
+    /// The CloudEvents header prefix of the server named `server`, instead of its
+    /// protocol's (with [`cloudevents_by_server`](Self::cloudevents_by_server)): e.g.
+    /// `cloudEvents_` for a RabbitMQ publisher built with
+    /// `.cloudevents_headers(CloudEventsHeaders::Underscore)`.
+    pub fn cloudevents_prefix_for(
+        mut self,
+        server: impl Into<String>,
+        prefix: impl Into<String>,
+    ) -> Info {
+        self.cloudevents_prefixes
+            .insert(server.into(), prefix.into());
+        self
+    }
+
+    /// The server named `server` gets CloudEvents in structured mode (with
+    /// [`cloudevents_by_server`](Self::cloudevents_by_server)): a NATS publisher built
+    /// with `.cloudevents_mode(CloudEventsMode::Structured)`. Its messages have
+    /// `content-type: application/cloudevents+json` and no attribute headers; their
+    /// payload is a JSON event whose `data` is the payload described.
+    pub fn cloudevents_structured_for(self, server: impl Into<String>) -> Info {
+        self.cloudevents_prefix_for(server, STRUCTURED_LAYOUT)
+    }
+
+    /// The CloudEvents header layouts of the document: each prefix with the servers
+    /// that use it (none: every server, or no server declared).
+    fn cloudevents_layouts(&self) -> Vec<(String, Vec<String>)> {
+        let Some(ce) = &self.cloudevents else {
+            return Vec::new();
+        };
+        if let Some(prefix) = &ce.prefix {
+            return vec![(prefix.clone(), Vec::new())];
+        }
+        let mut layouts: Vec<(String, Vec<String>)> = Vec::new();
+        for server in &self.servers {
+            let prefix = match self.cloudevents_prefixes.get(&server.name) {
+                Some(prefix) => prefix.as_str(),
+                None => match default_prefix(&server.protocol) {
+                    Some(prefix) => prefix,
+                    None => continue,
+                },
+            };
+            match layouts.iter_mut().find(|(p, _)| p == prefix) {
+                Some((_, names)) => names.push(server.name.clone()),
+                None => layouts.push((prefix.to_owned(), vec![server.name.clone()])),
+            }
+        }
+        // In an order that does not depend on the servers' (a document read back lists
+        // them by name).
+        for (_, names) in &mut layouts {
+            names.sort();
+        }
+        layouts.sort();
+        layouts
     }
 
     /// Only the event types published to these destinations are in the document (all
@@ -167,11 +275,24 @@ impl Info {
             }
         }
         if let Some(ce) = document.get("x-outbox-cloudevents") {
-            if let (Some(prefix), Some(source)) = (
-                ce.get("prefix").and_then(Value::as_str),
-                ce.get("source").and_then(Value::as_str),
-            ) {
+            let source = ce.get("source").and_then(Value::as_str);
+            if let (Some(prefix), Some(source)) = (ce.get("prefix").and_then(Value::as_str), source)
+            {
                 out = out.cloudevents(prefix, source);
+            } else if let (Some(Value::Object(servers)), Some(source)) = (ce.get("servers"), source)
+            {
+                out.cloudevents = Some(CloudEventsInfo {
+                    source: source.to_owned(),
+                    type_prefix: ce
+                        .get("typePrefix")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    prefix: None,
+                });
+                out.cloudevents_prefixes = servers
+                    .iter()
+                    .filter_map(|(name, p)| Some((name.clone(), p.as_str()?.to_owned())))
+                    .collect();
             }
         }
         if let Some(Value::Array(list)) = document.get("x-outbox-destinations") {
@@ -266,10 +387,7 @@ fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
             if let Some(variant) = e.variant {
                 variants.push((message_id.clone(), variant));
             }
-            messages.insert(
-                message_id.clone(),
-                message(e, &name, &mut generator, info.cloudevents.as_ref()),
-            );
+            messages.insert(message_id.clone(), message(e, &name, &mut generator, info));
             channel_messages.insert(
                 message_id.clone(),
                 json!({ "$ref": format!("#/components/messages/{message_id}") }),
@@ -335,8 +453,24 @@ fn document(info: &Info, entries: &[&'static EventInfo]) -> Value {
         components["schemas"] = Value::Object(schemas);
     }
     out["components"] = components;
-    if let Some((prefix, source)) = &info.cloudevents {
-        out["x-outbox-cloudevents"] = json!({ "prefix": prefix, "source": source });
+    if let Some(ce) = &info.cloudevents {
+        out["x-outbox-cloudevents"] = match &ce.prefix {
+            Some(prefix) => json!({ "prefix": prefix, "source": ce.source }),
+            None => {
+                let servers: Map<String, Value> = info
+                    .cloudevents_layouts()
+                    .into_iter()
+                    .flat_map(|(prefix, names)| {
+                        names.into_iter().map(move |n| (n, json!(prefix.clone())))
+                    })
+                    .collect();
+                let mut v = json!({ "source": ce.source, "servers": servers });
+                if let Some(type_prefix) = &ce.type_prefix {
+                    v["typePrefix"] = json!(type_prefix);
+                }
+                v
+            }
+        };
     }
     if let Some(list) = &info.destinations {
         out["x-outbox-destinations"] = json!(list);
@@ -408,17 +542,12 @@ fn variant_branch(schemas: &Map<String, Value>, payload: &Value, variant: &str) 
 }
 
 /// One message: the event type's payload schema, headers and key.
-fn message(
-    e: &EventInfo,
-    name: &str,
-    generator: &mut SchemaGen,
-    cloudevents: Option<&(String, String)>,
-) -> Value {
+fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) -> Value {
     let mut message = json!({
         "name": name,
         "title": e.event_type,
         "contentType": headers::JSON,
-        "headers": message_headers(e, cloudevents),
+        "headers": message_headers(e, info),
     });
     match e.schema_in(generator) {
         Some(schema) => message["payload"] = schema,
@@ -444,14 +573,21 @@ fn message(
 }
 
 /// The headers every publisher writes ([`crate::publisher::headers`]), and the
-/// CloudEvents attributes when they are on.
-fn message_headers(e: &EventInfo, cloudevents: Option<&(String, String)>) -> Value {
+/// CloudEvents attributes when they are on: required as one set when every server
+/// writes the same prefix, else one `anyOf` branch per prefix, naming its servers.
+fn message_headers(e: &EventInfo, info: &Info) -> Value {
     let mut properties = Map::new();
-    let mut required = vec![
-        headers::MESSAGE_ID,
-        headers::EVENT_TYPE,
-        headers::CONTENT_TYPE,
-    ];
+    let required = {
+        let mut r = vec![
+            headers::MESSAGE_ID,
+            headers::EVENT_TYPE,
+            headers::CONTENT_TYPE,
+        ];
+        if e.version.is_some() {
+            r.push(headers::EVENT_VERSION);
+        }
+        r
+    };
     properties.insert(
         headers::MESSAGE_ID.into(),
         json!({ "type": "string", "format": "uuid", "description": "The outbox message id (UUIDv7): consumers deduplicate by it." }),
@@ -465,7 +601,6 @@ fn message_headers(e: &EventInfo, cloudevents: Option<&(String, String)>) -> Val
             headers::EVENT_VERSION.into(),
             json!({ "type": "string", "const": version.to_string(), "description": "The payload's schema version." }),
         );
-        required.push(headers::EVENT_VERSION);
     }
     properties.insert(
         headers::CONTENT_TYPE.into(),
@@ -485,36 +620,86 @@ fn message_headers(e: &EventInfo, cloudevents: Option<&(String, String)>) -> Val
         headers::TRACESTATE.into(),
         json!({ "type": "string", "description": "W3C trace state, next to traceparent." }),
     );
-    if let Some((prefix, source)) = cloudevents {
-        let kind = match e.version {
+    let mut required: Vec<String> = required.into_iter().map(str::to_owned).collect();
+    let layouts = info.cloudevents_layouts();
+    let mut branches = Vec::new();
+    if let Some(ce) = &info.cloudevents {
+        let bare = match e.version {
             Some(v) => format!("{}.v{v}", e.event_type),
             None => e.event_type.to_owned(),
         };
-        for (attribute, schema) in [
-            ("specversion", json!({ "type": "string", "const": "1.0" })),
-            ("id", json!({ "type": "string", "format": "uuid" })),
-            (
-                "source",
-                json!({ "type": "string", "format": "uri-reference", "const": source }),
-            ),
-            ("type", json!({ "type": "string", "const": kind })),
-            ("time", json!({ "type": "string", "format": "date-time" })),
-        ] {
-            let name = format!("{prefix}{attribute}");
-            properties.insert(name, schema);
+        let kind = match &ce.type_prefix {
+            Some(prefix) => format!("{prefix}.{bare}"),
+            None => bare,
+        };
+        const REQUIRED: [&str; 5] = ["specversion", "id", "source", "type", "time"];
+        let structured_type = crate::publisher::cloudevents::STRUCTURED_CONTENT_TYPE;
+        let any_structured = layouts.iter().any(|(p, _)| p == STRUCTURED_LAYOUT);
+        if any_structured {
+            properties.insert(
+                headers::CONTENT_TYPE.into(),
+                if layouts.len() == 1 {
+                    json!({ "type": "string", "const": structured_type })
+                } else {
+                    json!({ "type": "string", "enum": [headers::JSON, structured_type] })
+                },
+            );
+        }
+        for (prefix, servers) in &layouts {
+            if prefix == STRUCTURED_LAYOUT {
+                if layouts.len() > 1 {
+                    branches.push(json!({
+                        "title": "CloudEvents structured mode",
+                        "description": format!("As written to server(s) {}: the payload is a JSON event (CloudEvents JSON format, type `{kind}`, source `{}`) whose `data` is the payload described; no attribute headers.", servers.join(", "), ce.source),
+                        "properties": { headers::CONTENT_TYPE: { "const": structured_type } },
+                        "x-outbox-servers": servers,
+                    }));
+                }
+                continue;
+            }
+            for (attribute, schema) in [
+                ("specversion", json!({ "type": "string", "const": "1.0" })),
+                ("id", json!({ "type": "string", "format": "uuid" })),
+                (
+                    "source",
+                    json!({ "type": "string", "format": "uri-reference", "const": ce.source }),
+                ),
+                ("type", json!({ "type": "string", "const": kind })),
+                ("time", json!({ "type": "string", "format": "date-time" })),
+                (
+                    "datacontenttype",
+                    json!({ "type": "string", "const": headers::JSON }),
+                ),
+            ] {
+                properties.insert(format!("{prefix}{attribute}"), schema);
+            }
+            let names = REQUIRED.map(|a| format!("{prefix}{a}"));
+            if layouts.len() == 1 {
+                required.extend(names);
+            } else {
+                let mut branch = json!({
+                    "title": format!("CloudEvents binary mode, `{prefix}` headers"),
+                    "description": format!("The CloudEvents attributes as written to server(s) {}.", servers.join(", ")),
+                    "required": names,
+                    "x-outbox-servers": servers,
+                });
+                if any_structured {
+                    branch["properties"] =
+                        json!({ headers::CONTENT_TYPE: { "const": headers::JSON } });
+                }
+                branches.push(branch);
+            }
         }
     }
-    let mut required: Vec<String> = required.into_iter().map(str::to_owned).collect();
-    if let Some((prefix, _)) = cloudevents {
-        required.extend(
-            ["specversion", "id", "source", "type", "time"].map(|a| format!("{prefix}{a}")),
-        );
-    }
-    json!({
+    let mut out = json!({
         "type": "object",
         "properties": properties,
         "required": required,
-    })
+    });
+    if !branches.is_empty() {
+        out["anyOf"] = Value::Array(branches);
+    }
+    out
 }
 
 /// Component and channel ids: AsyncAPI allows `[A-Za-z0-9._-]`; other characters become
@@ -942,6 +1127,85 @@ mod tests {
         assert_eq!(filtered.as_value()["channels"], json!({}));
         assert_eq!(Info::from_document(filtered.as_value()), Some(only));
         assert!(headers["traceparent"].is_object());
+    }
+
+    /// Each server's CloudEvents headers (#33): `ce_` on Kafka, `ce-` on NATS,
+    /// `cloudEvents:` on AMQP unless told otherwise, one `anyOf` branch each; the
+    /// outbox headers stay required for all.
+    #[test]
+    fn cloudevents_headers_are_described_per_server() {
+        let ce = crate::publisher::cloudevents::CloudEvents::new("/shop")
+            .expect("source")
+            .type_prefix("com.example.shop")
+            .expect("prefix");
+        let info = Info::new("shop", "2.0.0")
+            .server("kafka", "kafka.internal:9092", "kafka")
+            .server("nats", "nats.internal:4222", "nats")
+            .server("rabbit", "rabbit.internal:5672", "amqp")
+            .server("legacy", "old-rabbit.internal:5672", "amqp")
+            .server("other", "mqtt.internal:1883", "mqtt")
+            .cloudevents_by_server(&ce)
+            .cloudevents_prefix_for("legacy", "cloudEvents_");
+        let document = asyncapi(&info).expect("consistent");
+        let doc = document.as_value();
+        let headers = &message(doc)["headers"];
+        assert_eq!(
+            headers["required"],
+            json!(["message-id", "event-type", "content-type", "event-version"])
+        );
+        let branches = headers["anyOf"].as_array().expect("a branch per layout");
+        let layouts: Vec<(&Value, &Value)> = branches
+            .iter()
+            .map(|b| (&b["required"][3], &b["x-outbox-servers"]))
+            .collect();
+        assert_eq!(
+            layouts,
+            [
+                (&json!("ce-type"), &json!(["nats"])),
+                (&json!("ce_type"), &json!(["kafka"])),
+                (&json!("cloudEvents:type"), &json!(["rabbit"])),
+                (&json!("cloudEvents_type"), &json!(["legacy"])),
+            ]
+        );
+        for prefix in ["ce_", "ce-", "cloudEvents:", "cloudEvents_"] {
+            assert_eq!(
+                headers["properties"][format!("{prefix}type")]["const"],
+                "com.example.shop.ContractOrderConfirmed.v3"
+            );
+        }
+        assert_eq!(
+            doc["x-outbox-cloudevents"],
+            json!({
+                "source": "/shop",
+                "typePrefix": "com.example.shop",
+                "servers": { "kafka": "ce_", "nats": "ce-", "rabbit": "cloudEvents:", "legacy": "cloudEvents_" },
+            })
+        );
+        // Read back, it writes the same document.
+        let again = Info::from_document(doc).expect("info");
+        assert_eq!(asyncapi(&again).expect("consistent").as_value(), doc);
+        // NATS in structured mode: a branch of its own, without attribute headers.
+        let structured =
+            asyncapi(&info.clone().cloudevents_structured_for("nats")).expect("consistent");
+        let headers = &message(structured.as_value())["headers"];
+        let branches = headers["anyOf"].as_array().expect("branches");
+        let of = |server: &str| {
+            branches
+                .iter()
+                .find(|b| b["x-outbox-servers"] == json!([server]))
+                .expect("a branch")
+        };
+        let branch = of("nats");
+        assert_eq!(
+            branch["properties"]["content-type"]["const"],
+            "application/cloudevents+json"
+        );
+        assert!(branch.get("required").is_none(), "{branch}");
+        assert!(headers["properties"].get("ce-type").is_none());
+        assert_eq!(
+            of("kafka")["properties"]["content-type"]["const"],
+            "application/json"
+        );
     }
 
     #[test]
