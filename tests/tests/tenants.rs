@@ -107,6 +107,15 @@ async fn flood(pool: &PgPool, outbox: &Outbox, subject: &str, n: i64) {
     .expect("flood a tenant");
 }
 
+/// Waits until message `id` reached the broker, within the wake-up [`BOUND`].
+async fn arrives(received: &Arc<Mutex<Received>>, id: String, what: &str) {
+    wait_until(what, BOUND, || {
+        let id = id.clone();
+        async move { received.lock().expect("received").at.contains_key(&id) }
+    })
+    .await;
+}
+
 /// Commits one event to `outbox`; returns its id and when the commit returned.
 async fn emit(outbox: &Outbox, subject: &str, n: usize) -> (String, Instant) {
     let mut tx = outbox.begin().await.expect("begin");
@@ -305,20 +314,9 @@ async fn parked_tenants_are_woken_again_after_their_connections_are_terminated()
         .spawn()
         .expect("spawn the relay");
 
-    let arrives = |id: String| {
-        let received = Arc::clone(&received);
-        async move {
-            wait_until("the event reaches the broker", BOUND, || {
-                let received = Arc::clone(&received);
-                let id = id.clone();
-                async move { received.lock().expect("received").at.contains_key(&id) }
-            })
-            .await;
-        }
-    };
     for (i, outbox) in outboxes.iter().enumerate() {
         let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
-        arrives(id).await;
+        arrives(&received, id, "the event reaches the broker").await;
     }
     // Every connection of the relay's goes: the control connection (with the parked
     // tenants' idle locks) and the session connections.
@@ -351,7 +349,7 @@ async fn parked_tenants_are_woken_again_after_their_connections_are_terminated()
     // Each parked tenant is woken by its next commit again.
     for (i, outbox) in outboxes.iter().enumerate() {
         let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 1).await;
-        arrives(id).await;
+        arrives(&received, id, "the event reaches the broker").await;
     }
     relay.shutdown().await;
     db.drop_tenants(TENANTS).await;
@@ -506,31 +504,21 @@ async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
         .outboxes(db.pool.clone(), names_of(&outboxes))
         .spawn()
         .expect("spawn the relay");
-    let arrives = |id: String, what: &'static str| {
-        let received = Arc::clone(&received);
-        async move {
-            wait_until(what, BOUND, || {
-                let received = Arc::clone(&received);
-                let id = id.clone();
-                async move { received.lock().expect("received").at.contains_key(&id) }
-            })
-            .await;
-        }
-    };
     for (i, outbox) in outboxes.iter().enumerate() {
         let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
-        arrives(id, "a first event of each tenant arrives").await;
+        arrives(&received, id, "a first event of each tenant arrives").await;
     }
     outboxes[1]
         .partition_by_time(PartitionInterval::Daily)
         .await
         .expect("partition tenant 1");
     // Each tenant, the converted one included, is woken by its commits again (the
-    // converted tenant re-registers on the new table first; give it the bound twice).
+    // converted tenant re-registers on the new table first), in three rounds.
     for round in 1..4 {
         for (i, outbox) in outboxes.iter().enumerate() {
             let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), round).await;
             arrives(
+                &received,
                 id,
                 "each tenant's event arrives within the wake-up bound after the conversion",
             )
