@@ -36,6 +36,8 @@ pub struct Proxy {
     addr: SocketAddr,
     state: Arc<watch::Sender<State>>,
     accepted: Arc<AtomicU64>,
+    /// Reads from clients that a stall held back (see [`Proxy::held`]).
+    held: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -67,17 +69,21 @@ impl Proxy {
         let shared = Arc::clone(&state);
         let accepted = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&accepted);
+        let held = Arc::new(AtomicU64::new(0));
+        let holding = Arc::clone(&held);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let number = counter.fetch_add(1, Ordering::SeqCst);
                 let state = shared.subscribe();
-                tokio::spawn(connection(client, upstream, state, number));
+                let holding = Arc::clone(&holding);
+                tokio::spawn(connection(client, upstream, state, number, holding));
             }
         });
         Proxy {
             addr,
             state,
             accepted,
+            held,
             task,
         }
     }
@@ -101,6 +107,14 @@ impl Proxy {
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// How many times a client's bytes arrived while the proxy stalled (or froze their
+    /// connection) and were held back: a client has sent a request into the stall and
+    /// waits for its answer. Unlike a count the client keeps, this cannot have been
+    /// taken for a request sent just before the stall began.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// Forwards or stalls from now on.
@@ -134,6 +148,7 @@ async fn connection(
     upstream: Option<SocketAddr>,
     mut state: watch::Receiver<State>,
     number: u64,
+    held: Arc<AtomicU64>,
 ) {
     let generation = state.borrow().generation;
     let reset = |state: &State| state.generation != generation;
@@ -153,8 +168,22 @@ async fn connection(
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pump(client_read, server_write, state.clone(), generation, number);
-    let down = pump(server_read, client_write, state.clone(), generation, number);
+    let up = pump(
+        client_read,
+        server_write,
+        state.clone(),
+        generation,
+        number,
+        Some(held),
+    );
+    let down = pump(
+        server_read,
+        client_write,
+        state.clone(),
+        generation,
+        number,
+        None,
+    );
     tokio::select! {
         _ = up => {}
         _ = down => {}
@@ -162,13 +191,15 @@ async fn connection(
     }
 }
 
-/// Copies `from` to `to` while the mode is `Forward`; holds the bytes while it is `Stall`.
+/// Copies `from` to `to` while the mode is `Forward`; holds the bytes while it is `Stall`
+/// (counting each held read in `held`, when given).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut state: watch::Receiver<State>,
     generation: u64,
     number: u64,
+    held: Option<Arc<AtomicU64>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -176,12 +207,15 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let forward = match state
-            .wait_for(|s| {
-                (s.mode == Mode::Forward && number >= s.frozen_before) || s.generation != generation
-            })
-            .await
-        {
+        let moves = |s: &State| {
+            (s.mode == Mode::Forward && number >= s.frozen_before) || s.generation != generation
+        };
+        if !moves(&state.borrow()) {
+            if let Some(held) = &held {
+                held.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let forward = match state.wait_for(moves).await {
             Ok(s) => s.generation == generation,
             Err(_) => false,
         };
