@@ -299,6 +299,12 @@ pub struct RelayConfig {
     /// (one with the publisher, the next one claimed), or `batches_in_flight` of them once
     /// caught up. Default 16 MiB.
     pub max_batch_bytes: usize,
+    /// WAL mode (`docs/wal.md`): the most payload and header bytes the relay holds in
+    /// memory, received from the slot and not yet acknowledged (beside the count bound,
+    /// `max(10 × batch_size, 10,000)` messages). Past either, the stream waits in the
+    /// slot. It may be passed by one message (the one that crossed it), and is never
+    /// below two batches (`2 × max_batch_bytes`). Default 256 MiB.
+    pub wal_buffer_bytes: usize,
     /// Once caught up with the writers, how many batches the relay may keep with the
     /// publisher at once (no key in two of them), at most 4 and at most what the
     /// publisher takes (`Publisher::max_batches_in_flight`).
@@ -368,6 +374,7 @@ impl Default for RelayConfig {
         RelayConfig {
             batch_size: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
+            wal_buffer_bytes: 256 * 1024 * 1024,
             batches_in_flight: 1,
             poll_interval: Duration::from_secs(5),
             max_attempts: 10,

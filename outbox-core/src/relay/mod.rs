@@ -144,6 +144,12 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.max_batch_bytes = n.max(1);
         self
     }
+    /// WAL mode: the most payload and header bytes held in memory between the slot and
+    /// the broker. See [`RelayConfig::wal_buffer_bytes`].
+    pub fn wal_buffer_bytes(mut self, n: usize) -> Self {
+        self.config.wal_buffer_bytes = n.max(1);
+        self
+    }
     /// Once caught up, how many batches may be with the publisher at once (1 to 4; the
     /// publisher's own limit applies too). See [`RelayConfig::batches_in_flight`].
     pub fn batches_in_flight(mut self, n: usize) -> Self {

@@ -6,6 +6,14 @@
 //! `search_path` (`?options=...` is not used): pass the schema as the URL's database
 //! is the test's database, and the schema as `OUTBOX_TEST_SCHEMA`. With
 //! `OUTBOX_TEST_WAL_SLOT` set, the PostgreSQL outbox is in WAL mode with that slot.
+//!
+//! A gate, for tests that freeze a relay in the middle of a publish (PostgreSQL): with
+//! `OUTBOX_TEST_GATED=<name>`, the relay of that name, given a message of type `Gated`,
+//! records `(name, 'reached')` in the table `gate (relay, stage)`, waits until the
+//! table holds a row of stage `open`, records `(name, 'answered')` and refuses the
+//! message for good (as a broker refuses a message whose delivery timed out).
+//! `OUTBOX_TEST_PUBLISH_TIMEOUT_MS` sets the relay's `publish_timeout` (default 2 s),
+//! `OUTBOX_TEST_BATCH_SIZE` its `batch_size` (default 1000).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -29,6 +37,10 @@ impl Publisher for Recorder {
         for record in batch {
             let id = record.id.to_string();
             let name = std::env::args().nth(3).unwrap_or_default();
+            if let (Recorder::Postgres(pool), true) = (self, gated(record, &name)) {
+                results.push(Err(gate(pool, &name).await));
+                continue;
+            }
             let done = match self {
                 Recorder::Postgres(pool) => {
                     sqlx::query("INSERT INTO published (id, relay) VALUES ($1, $2)")
@@ -53,11 +65,48 @@ impl Publisher for Recorder {
     }
 }
 
+/// `record` stops at the gate in the relay `name`.
+fn gated(record: &OutboxRecord, name: &str) -> bool {
+    record.event_type == "Gated" && std::env::var("OUTBOX_TEST_GATED").is_ok_and(|g| g == name)
+}
+
+/// Waits at the gate until it opens, then refuses the message for good.
+async fn gate(pool: &PgPool, name: &str) -> PublishError {
+    let record = |stage: &'static str| {
+        sqlx::query("INSERT INTO gate (relay, stage) VALUES ($1, $2)")
+            .bind(name.to_owned())
+            .bind(stage)
+            .execute(pool)
+    };
+    record("reached").await.expect("record the gate reached");
+    loop {
+        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM gate WHERE stage = 'open'")
+            .fetch_one(pool)
+            .await
+            .expect("look at the gate");
+        if open > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    record("answered").await.expect("record the answer");
+    PublishError::permanent("refused at the gate (its delivery timed out while frozen)")
+}
+
 fn relay<DB: Backend>(outbox: Outbox<DB>, publisher: Recorder, name: &str) -> Relay<Recorder, DB> {
+    let publish_timeout = std::env::var("OUTBOX_TEST_PUBLISH_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_secs(2), Duration::from_millis);
+    let batch_size = std::env::var("OUTBOX_TEST_BATCH_SIZE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
     Relay::builder(outbox, publisher)
+        .batch_size(batch_size)
         .application_name(name)
         .poll_interval(Duration::from_millis(200))
-        .publish_timeout(Duration::from_secs(2))
+        .publish_timeout(publish_timeout)
         .session_timeout(Duration::from_secs(10))
         .reconnect_delay(Duration::from_millis(200))
         .rebalance_interval(Duration::from_millis(200))

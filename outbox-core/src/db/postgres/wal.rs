@@ -541,7 +541,7 @@ fn percent_decode(text: &str) -> Option<String> {
 /// `retry_at`), with its attempts. Idempotent by id: after a restart the unconfirmed
 /// part of the stream comes again.
 async fn insert_row(
-    pool: &sqlx::PgPool,
+    conn: &mut PgConnection,
     t: &str,
     record: &OutboxRecord,
     error: Option<&str>,
@@ -567,9 +567,102 @@ async fn insert_row(
     .bind(record.attempts)
     .bind(error)
     .bind(retry_at)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Writes `records` into the outbox table in one statement per chunk, in their order
+/// (messages parked behind a dead letter, or set aside while they wait for a retry at
+/// their `retry_at`), with their attempts. Idempotent by id, like [`insert_row`].
+async fn insert_rows(
+    conn: &mut PgConnection,
+    t: &str,
+    records: &[(&OutboxRecord, Option<DateTime<Utc>>)],
+) -> sqlx::Result<u64> {
+    // Bounded statements: a chunk's arrays are sent as one message.
+    const ROWS: usize = 1000;
+    const BYTES: usize = 8 * 1024 * 1024;
+    let sql = format!(
+        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
+                          headers, created_at, attempts, next_attempt_at) \
+         SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
+                m.payload::jsonb, m.headers::jsonb, m.created_at, m.attempts, m.retry_at \
+         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], \
+                     $7::text[], $8::timestamptz[], $9::int4[], $10::timestamptz[]) \
+              WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, \
+                                   payload, headers, created_at, attempts, retry_at, ord) \
+         ORDER BY m.ord \
+         ON CONFLICT (id) DO NOTHING"
+    );
+    let mut statements = 0;
+    let mut rest = records;
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < rest.len() && n < ROWS && (n == 0 || bytes < BYTES) {
+            bytes += size_of_record(rest[n].0);
+            n += 1;
+        }
+        let (chunk, after) = rest.split_at(n);
+        rest = after;
+        let mut headers = Vec::with_capacity(chunk.len());
+        for (r, _) in chunk {
+            headers.push(
+                serde_json::to_string(&r.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?,
+            );
+        }
+        sqlx::query(&sql)
+            .bind(chunk.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(r, _)| r.event_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(r, _)| r.event_version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(r, _)| r.destination.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(r, _)| r.partition_key.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|(r, _)| r.payload.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(headers)
+            .bind(chunk.iter().map(|(r, _)| r.created_at).collect::<Vec<_>>())
+            .bind(chunk.iter().map(|(r, _)| r.attempts).collect::<Vec<_>>())
+            .bind(chunk.iter().map(|(_, at)| *at).collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
+        statements += 1;
+    }
+    Ok(statements)
+}
+
+/// The bytes of a message the memory bounds count: its payload and its headers.
+fn size_of_record(record: &OutboxRecord) -> usize {
+    record.payload.len()
+        + record
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
 }
 
 /// `due` as a wall-clock time.
@@ -597,7 +690,23 @@ struct Entry {
     /// Its key is parked behind a dead letter: the message goes into the outbox table,
     /// behind it, instead of to the broker.
     to_table: bool,
+    /// Its last attempt failed because the broker was unavailable (no attempt counted):
+    /// it waits in memory, never set aside into the table for that (an outage is not a
+    /// key that keeps failing).
+    outage: bool,
 }
+
+/// The advisory lock (one `bigint` key, `hashtext` of this) a relay holds while it writes
+/// the outbox table in WAL mode, and that a relay taking the slot waits for: a write
+/// checked while its relay held the slot is read by the next relay.
+fn fence_key(wal: &Wal) -> String {
+    format!("outbox:wal-fence:{}", wal.slot)
+}
+
+/// Messages the replication client reads ahead of the session (its event channel), on
+/// top of the session's own bounds (`RelayConfig::wal_buffer_bytes`, the count): what
+/// memory holds at most is those bounds plus this many messages.
+pub(crate) const READ_AHEAD: usize = 1024;
 
 /// How long a relay that stops waits for the server to show its last confirmation.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -631,6 +740,13 @@ pub struct WalSession<'a> {
     /// At most this many messages in memory: past it, the stream waits in the slot, and
     /// keys that wait for a retry are set aside into the outbox table.
     cap: usize,
+    /// The same in payload and header bytes (`RelayConfig::wal_buffer_bytes`).
+    cap_bytes: usize,
+    /// The payload and header bytes of the buffer's messages.
+    bytes: usize,
+    /// The server process streaming the slot to this relay (`active_pid` once it took
+    /// the slot): table writes check that it still holds the slot.
+    walsender: Option<i32>,
 }
 
 impl std::fmt::Debug for WalSession<'_> {
@@ -638,6 +754,8 @@ impl std::fmt::Debug for WalSession<'_> {
         f.debug_struct("WalSession")
             .field("slot", &self.wal.slot)
             .field("buffered", &self.buffer.len())
+            .field("buffered_bytes", &self.bytes)
+            .field("walsender", &self.walsender)
             .finish_non_exhaustive()
     }
 }
@@ -667,6 +785,10 @@ impl<'a> WalSession<'a> {
             .await
             .map_err(|e| SessionError::Refused(e.to_string()))?;
         let cap = (cx.config.batch_size.max(1) * 10).max(10_000);
+        let cap_bytes = cx
+            .config
+            .wal_buffer_bytes
+            .max(cx.config.max_batch_bytes.saturating_mul(2));
         Ok(WalSession {
             cx,
             wal,
@@ -682,6 +804,9 @@ impl<'a> WalSession<'a> {
             loaded: HashSet::new(),
             reload: false,
             cap,
+            cap_bytes,
+            bytes: 0,
+            walsender: None,
         })
     }
 
@@ -713,7 +838,7 @@ impl<'a> WalSession<'a> {
             SENDER_TIMEOUT.as_millis()
         ))
         .with_status_interval(Duration::from_millis(100))
-        .with_buffer_size(8192)
+        .with_buffer_size(READ_AHEAD)
     }
 
     /// Takes the slot if it is free: `Ok(false)` while another relay holds it.
@@ -726,6 +851,26 @@ impl<'a> WalSession<'a> {
             Err(_) => Err(SessionError::TimedOut(timeout)),
             Ok(Ok(())) => {
                 self.client = Some(client);
+                // The slot is ours now: its `active_pid` is the server process that
+                // streams it to us, what every table write checks.
+                self.cx.count_queries(1);
+                self.walsender = sqlx::query_scalar(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                )
+                .bind(&self.wal.slot)
+                .fetch_optional(self.cx.pool)
+                .await?
+                .flatten();
+                // A relay that lost the slot may be half-way through a table write it
+                // began while it still held it: wait for it (its fence lock), so that
+                // what it wrote is read below.
+                let mut barrier = self.cx.pool.begin().await?;
+                self.cx.count_queries(3);
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind(fence_key(self.wal))
+                    .execute(&mut *barrier)
+                    .await?;
+                barrier.commit().await?;
                 // Before the first message: which keys wait behind dead letters.
                 self.load_table().await?;
                 Ok(true)
@@ -763,12 +908,14 @@ impl<'a> WalSession<'a> {
                     .partition_key
                     .as_ref()
                     .is_some_and(|k| self.parked.contains(k));
+                self.bytes += size_of_record(&record);
                 self.buffer.push_back(Entry {
                     record,
                     sent: false,
                     due: None,
                     row: None,
                     to_table,
+                    outage: false,
                 });
             }
             // Everything decoded up to `wal_end` has been received: with nothing
@@ -788,7 +935,7 @@ impl<'a> WalSession<'a> {
     fn pull(&mut self, limit: usize) -> SessionResult<()> {
         use futures_util::FutureExt as _;
         let mut taken = 0;
-        while taken < limit && self.buffer.len() < self.cap {
+        while taken < limit && !self.full() {
             let Some(client) = self.client.as_mut() else {
                 return Ok(());
             };
@@ -805,6 +952,11 @@ impl<'a> WalSession<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The buffer holds its most messages or bytes: the stream waits in the slot.
+    fn full(&self) -> bool {
+        self.buffer.len() >= self.cap || self.bytes >= self.cap_bytes
     }
 
     fn ended(&mut self, e: Option<PgWireError>) -> SessionError {
@@ -825,7 +977,9 @@ impl<'a> WalSession<'a> {
     /// the first unacknowledged message.
     fn confirm(&mut self) {
         while self.buffer.front().is_some_and(|e| e.sent) {
-            self.buffer.pop_front();
+            if let Some(e) = self.buffer.pop_front() {
+                self.bytes = self.bytes.saturating_sub(size_of_record(&e.record));
+            }
         }
         let first_open = self.first_open().unwrap_or(self.next_seq);
         let mut lsn = None;
@@ -908,6 +1062,7 @@ impl<'a> WalSession<'a> {
         error: &str,
     ) -> SessionResult<()> {
         let t = self.cx.tables.outbox.quoted();
+        let mut tx = self.fenced().await?;
         self.cx.count_queries(1);
         match row {
             Some(seq) => {
@@ -917,11 +1072,14 @@ impl<'a> WalSession<'a> {
                 .bind(seq)
                 .bind(record.attempts)
                 .bind(error)
-                .execute(self.cx.pool)
+                .execute(&mut *tx)
                 .await?;
-                self.loaded.remove(&seq);
             }
-            None => insert_row(self.cx.pool, &t, record, Some(error), None).await?,
+            None => insert_row(&mut tx, &t, record, Some(error), None).await?,
+        }
+        tx.commit().await?;
+        if let Some(seq) = row {
+            self.loaded.remove(&seq);
         }
         tracing::error!(
             id = %record.id,
@@ -936,14 +1094,23 @@ impl<'a> WalSession<'a> {
     /// Moves the messages of parked keys into the outbox table, in order (a message
     /// waiting for a retry keeps its attempts and its due time there).
     async fn park(&mut self) -> SessionResult<()> {
+        let waiting: Vec<usize> = (0..self.buffer.len())
+            .filter(|&i| self.buffer[i].to_table && !self.buffer[i].sent)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
         let t = self.cx.tables.outbox.quoted();
-        for i in 0..self.buffer.len() {
-            let e = &self.buffer[i];
-            if e.to_table && !e.sent {
-                self.cx.count_queries(1);
-                insert_row(self.cx.pool, &t, &e.record, None, wall(e.due)).await?;
-                self.buffer[i].sent = true;
-            }
+        let mut tx = self.fenced().await?;
+        let records: Vec<(&OutboxRecord, Option<DateTime<Utc>>)> = waiting
+            .iter()
+            .map(|&i| (&self.buffer[i].record, wall(self.buffer[i].due)))
+            .collect();
+        let statements = insert_rows(&mut tx, &t, &records).await?;
+        self.cx.count_queries(statements);
+        tx.commit().await?;
+        for i in waiting {
+            self.buffer[i].sent = true;
         }
         Ok(())
     }
@@ -953,6 +1120,7 @@ impl<'a> WalSession<'a> {
     /// there (the one waiting for a retry keeps its attempts and due time), and the key's
     /// later messages follow them until none is left.
     async fn shelve(&mut self, key: &str) -> SessionResult<()> {
+        let mut kept = Vec::new();
         for i in 0..self.buffer.len() {
             let e = &self.buffer[i];
             if e.sent || e.record.partition_key.as_deref() != Some(key) {
@@ -965,35 +1133,86 @@ impl<'a> WalSession<'a> {
             };
             self.buffer[i].sent = true; // settled: it stays in the table
             if attempts > 0 {
-                self.keep_row(row, attempts, retry_at).await?;
+                kept.push((row, attempts, retry_at));
             } else {
                 self.loaded.remove(&row);
             }
         }
+        self.keep_rows(kept).await?;
         self.parked.insert(key.to_owned());
         Ok(())
     }
 
-    /// Leaves the table row `row` (read from the table, no longer in memory) there, with
-    /// the attempts and the due time it had in memory.
-    async fn keep_row(
+    /// Leaves the table rows `rows` (read from the table, no longer in memory) there,
+    /// each with the attempts and the due time it had in memory: `(seq, attempts,
+    /// retry_at)`.
+    async fn keep_rows(
         &mut self,
-        row: i64,
-        attempts: i32,
-        retry_at: Option<DateTime<Utc>>,
+        rows: Vec<(i64, i32, Option<DateTime<Utc>>)>,
     ) -> SessionResult<()> {
-        self.loaded.remove(&row);
+        if rows.is_empty() {
+            return Ok(());
+        }
         let t = self.cx.tables.outbox.quoted();
+        let mut tx = self.fenced().await?;
         self.cx.count_queries(1);
         sqlx::query(&format!(
-            "UPDATE {t} SET attempts = $2, next_attempt_at = $3 WHERE seq = $1"
+            "UPDATE {t} o SET attempts = u.attempts, next_attempt_at = u.retry_at \
+             FROM UNNEST($1::int8[], $2::int4[], $3::timestamptz[]) AS u(seq, attempts, retry_at) \
+             WHERE o.seq = u.seq"
         ))
-        .bind(row)
-        .bind(attempts)
-        .bind(retry_at)
-        .execute(self.cx.pool)
+        .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
+        for (row, _, _) in rows {
+            self.loaded.remove(&row);
+        }
         Ok(())
+    }
+
+    /// A transaction in which this relay may write the outbox table: it holds the slot's
+    /// fence lock (see [`fence_key`]) and has checked that the slot is still streamed to
+    /// this relay. A relay that lost the slot (frozen past `wal_sender_timeout`, the
+    /// server ended its replication connection and a standby took over) writes nothing
+    /// more: the standby may have published already what it was about to dead-letter or
+    /// set aside, and a dead letter there would park a key behind a delivered message.
+    async fn fenced(&mut self) -> SessionResult<sqlx::Transaction<'static, Postgres>> {
+        let mut tx = self.cx.pool.begin().await?;
+        self.cx.count_queries(4); // BEGIN, the lock, the check, COMMIT
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(fence_key(self.wal))
+            .execute(&mut *tx)
+            .await?;
+        let holder: Option<i32> =
+            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&self.wal.slot)
+                .fetch_optional(&mut *tx)
+                .await?
+                .flatten();
+        if holder.is_some() && holder == self.walsender {
+            return Ok(tx);
+        }
+        drop(tx); // rolled back
+        let ours = self.walsender.take();
+        self.client = None;
+        tracing::warn!(
+            slot = %self.wal.slot,
+            walsender = ours,
+            holder,
+            "outbox WAL relay: this relay lost its replication slot (its server process \
+             ended, likely after the relay stood still longer than wal_sender_timeout); it \
+             writes nothing into the outbox table and starts over"
+        );
+        Err(SessionError::Refused(format!(
+            "WAL relay: replication slot {:?} is no longer streamed to this relay (held by \
+             server process {}); nothing was written, the relay starts over (as a standby \
+             while another relay holds the slot)",
+            self.wal.slot,
+            holder.map_or_else(|| "none".to_owned(), |p| p.to_string())
+        )))
     }
 
     /// With the buffer full and nothing to send, the keys that wait for a retry go into
@@ -1003,11 +1222,14 @@ impl<'a> WalSession<'a> {
         let now = Instant::now();
         // Without a key, a waiting message holds nothing back: it goes alone (a row read
         // from the table stays there, with its attempts and due time).
+        // A message that waits because the broker is unavailable stays: during an outage
+        // the stream waits in the slot rather than pass through the table.
         let mut keyless = 0;
         let mut rows = Vec::new();
         for e in self.buffer.iter_mut() {
             if e.sent
                 || e.to_table
+                || e.outage
                 || e.record.partition_key.is_some()
                 || e.due.is_none_or(|d| d <= now)
             {
@@ -1022,13 +1244,11 @@ impl<'a> WalSession<'a> {
                 }
             }
         }
-        for (row, attempts, retry_at) in rows {
-            self.keep_row(row, attempts, retry_at).await?;
-        }
+        self.keep_rows(rows).await?;
         let waiting: Vec<String> = self
             .buffer
             .iter()
-            .filter(|e| !e.sent && !e.to_table && e.due.is_some_and(|d| d > now))
+            .filter(|e| !e.sent && !e.to_table && !e.outage && e.due.is_some_and(|d| d > now))
             .filter_map(|e| e.record.partition_key.clone())
             .collect::<HashSet<_>>()
             .into_iter()
@@ -1040,9 +1260,11 @@ impl<'a> WalSession<'a> {
             keys = waiting.len(),
             keyless,
             buffered = self.buffer.len(),
+            buffered_bytes = self.bytes,
             "outbox WAL relay: keys waiting for a retry are set aside into the outbox table \
-             (the relay holds at most {} messages in memory)",
-            self.cap
+             (the relay holds at most {} messages and {} bytes in memory)",
+            self.cap,
+            self.cap_bytes
         );
         for key in &waiting {
             self.shelve(key).await?;
@@ -1114,6 +1336,7 @@ impl<'a> WalSession<'a> {
             let row = record.seq;
             record.seq = self.next_seq;
             self.next_seq += 1;
+            self.bytes += size_of_record(&record);
             self.buffer.push_back(Entry {
                 record,
                 sent: false,
@@ -1123,6 +1346,7 @@ impl<'a> WalSession<'a> {
                     .map(|w| now + Duration::from_secs_f64(w.min(86_400.0))),
                 row: Some(row),
                 to_table: false,
+                outage: false,
             });
         }
         Ok(())
@@ -1188,7 +1412,7 @@ impl Session for WalSession<'_> {
         if self.claimable() {
             return Ok(());
         }
-        if self.buffer.len() >= self.cap {
+        if self.full() {
             // Nothing in flight now (the drain is over): the waiting keys can move.
             let before = self.buffer.len();
             self.spill().await?;
@@ -1255,8 +1479,10 @@ impl Session for WalSession<'_> {
                 }
                 crate::config::OnSent::Delete => format!("DELETE FROM {t} WHERE seq = ANY($1)"),
             };
+            let mut tx = self.fenced().await?;
             self.cx.count_queries(1);
-            sqlx::query(&sql).bind(&rows).execute(self.cx.pool).await?;
+            sqlx::query(&sql).bind(&rows).execute(&mut *tx).await?;
+            tx.commit().await?;
             for row in &rows {
                 self.loaded.remove(row);
             }
@@ -1278,6 +1504,7 @@ impl Session for WalSession<'_> {
         for (i, &seq) in outcome.failed_seq.iter().enumerate() {
             let unavailable = outcome.failed_unavailable[i];
             let Some(e) = self.entry(seq) else { continue };
+            e.outage = unavailable;
             if unavailable {
                 e.due = Some(now + outcome.unavailable_delay);
                 continue;
