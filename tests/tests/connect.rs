@@ -140,10 +140,18 @@ async fn a_relay_waiting_on_a_frozen_connection_shuts_down_within_its_bound() {
     // `stats().queries`: a statement counted just before the stall may be the one that
     // is stuck, and the count then never moves again.)
     proxy.set(Mode::Stall);
-    wait_until(
+    outbox_tests::wait_until_or(
         "the relay sent a statement into the stall",
         GUARD,
         || async { proxy.held() > 0 },
+        || {
+            format!(
+                "relay {:?}; proxy: {} connections accepted, {} reads held",
+                relay.stats(),
+                proxy.accepted(),
+                proxy.held()
+            )
+        },
     )
     .await;
     let started = Instant::now();
@@ -167,9 +175,18 @@ async fn a_relay_waiting_on_a_frozen_connection_shuts_down_within_its_bound() {
     .connect_timeout(Duration::from_millis(300))
     .reconnect_delay(Duration::from_millis(100))
     .spawn();
-    wait_until("connects time out and are retried", GUARD, || async {
-        relay.stats().reconnects >= 2
-    })
+    outbox_tests::wait_until_or(
+        "connects time out and are retried",
+        GUARD,
+        || async { relay.stats().reconnects >= 2 },
+        || {
+            format!(
+                "relay {:?}; proxy: {} connections accepted",
+                relay.stats(),
+                proxy.accepted()
+            )
+        },
+    )
     .await;
     tokio::time::timeout(GUARD, relay.shutdown())
         .await
