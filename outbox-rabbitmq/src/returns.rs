@@ -11,13 +11,16 @@
 //!
 //! [`Returns`] pairs them by the id each message carries instead (`message_id`, the
 //! outbox id), and tells a message's fate only once its return, if it has one, must have
-//! been seen: when every message published before its own confirm was seen has had its
-//! confirm seen too. Why that is enough: a message's return comes before its confirm,
-//! and lapin holds back at most as many returns as there are messages whose return came
-//! and whose confirm has not (each such confirm takes one when it resolves). So when a
-//! message's confirm resolves, its return is either already handed out, with a confirm
-//! seen before or at the same time, or waiting for one of the confirms still to come of
-//! the messages published so far, and taken by one of them at the latest.
+//! been seen: at the first moment after its confirm came when every message published
+//! so far has had its confirm seen. Why that is enough: a message's return comes before
+//! its confirm, and lapin holds back at most as many returns as there are messages
+//! whose return came and whose confirm has not resolved (each such confirm takes one
+//! when it resolves). With every confirm resolved and seen, lapin holds no return, and
+//! every return it handed out was seen with the confirm that carried it. A weaker wait,
+//! for the messages published before the message's confirm came, is not enough: a
+//! return still held when the last of them resolves may go to a message published
+//! later. In a batch of many keys this makes the keys go in rounds: every key's message
+//! in flight, then every fate at once when the last confirm comes.
 //!
 //! A key's next message goes out only after its message's fate is known
 //! ([`publish_in_chains`](outbox_core::publisher::publish_in_chains)), so an unroutable
@@ -46,9 +49,12 @@ struct State {
     next: u64,
     /// Messages published whose confirm has not been seen yet.
     open: BTreeSet<u64>,
-    /// The first message whose confirm will never be seen (the link failed): a return it
-    /// would have carried is lost.
-    lost: Option<u64>,
+    /// How many times `open` became empty: a message whose confirm was seen at `settled
+    /// == n` knows its fate once `settled > n`.
+    settled: u64,
+    /// A message whose confirm will never be seen (the link failed): a return it would
+    /// have carried, or that lapin would have handed to it, is lost.
+    lost: bool,
     /// Returns seen, by the `message_id` they carry: why the message came back.
     returned: HashMap<String, String>,
 }
@@ -124,13 +130,17 @@ impl Ticket<'_> {
     pub(crate) async fn confirmed(mut self, carried: Option<(String, String)>, id: &str) -> Fate {
         self.done = true;
         let returns = self.returns;
-        let horizon = {
+        let seen_at = {
             let mut state = returns.lock();
             if let Some((carried_id, why)) = carried {
                 state.returned.insert(carried_id, why);
             }
+            let seen_at = state.settled;
             state.open.remove(&self.number);
-            state.next
+            if state.open.is_empty() {
+                state.settled += 1;
+            }
+            seen_at
         };
         returns.changed.notify_waiters();
         loop {
@@ -139,17 +149,16 @@ impl Ticket<'_> {
             changed.as_mut().enable();
             {
                 let state = returns.lock();
-                if state.lost.is_some_and(|lost| lost < horizon) {
-                    return match state.returned.get(id) {
-                        Some(why) => Fate::Returned(why.clone()),
-                        None => Fate::Unknown,
-                    };
+                let returned = state.returned.get(id).cloned();
+                if let Some(why) = returned {
+                    // Seen: whatever comes later cannot undo it.
+                    return Fate::Returned(why);
                 }
-                if state.open.range(..horizon).next().is_none() {
-                    return match state.returned.get(id) {
-                        Some(why) => Fate::Returned(why.clone()),
-                        None => Fate::Routed,
-                    };
+                if state.lost {
+                    return Fate::Unknown;
+                }
+                if state.settled > seen_at {
+                    return Fate::Routed;
                 }
             }
             if tokio::time::timeout_at(returns.until, changed)
@@ -173,7 +182,7 @@ impl Drop for Ticket<'_> {
         {
             let mut state = self.returns.lock();
             state.open.remove(&self.number);
-            state.lost = Some(state.lost.map_or(self.number, |l| l.min(self.number)));
+            state.lost = true;
         }
         self.returns.changed.notify_waiters();
     }
@@ -207,15 +216,40 @@ mod tests {
         assert_eq!(a.await, Fate::Returned("a came back".to_owned()));
     }
 
-    /// A message published after a's confirm was seen cannot carry a's return: a does
-    /// not wait for it.
+    /// Alone in flight, a message knows its fate with its confirm.
     #[tokio::test]
-    async fn a_fate_waits_only_for_messages_published_before_its_confirm() {
+    async fn a_message_alone_in_flight_knows_its_fate_at_once() {
         let returns = Returns::new(Instant::now() + Duration::from_secs(5));
         let a = returns.publishing();
-        let fate = a.confirmed(None, "a").await;
-        let _later = returns.publishing();
-        assert_eq!(fate, Fate::Routed);
+        assert_eq!(a.confirmed(None, "a").await, Fate::Routed);
+        let b = returns.publishing();
+        assert_eq!(
+            b.confirmed(returned("b"), "b").await,
+            Fate::Returned("b came back".to_owned())
+        );
+    }
+
+    /// a's confirm came while b was in flight, and c was published after it: lapin may
+    /// still hold a's return when b's confirm resolves and hand it to c's. a's fate
+    /// waits for c too.
+    #[tokio::test]
+    async fn a_return_handed_to_a_message_published_later_is_still_waited_for() {
+        let returns = Returns::new(Instant::now() + Duration::from_secs(5));
+        let (a, b) = (returns.publishing(), returns.publishing());
+        let a = a.confirmed(None, "a");
+        tokio::pin!(a);
+        assert!(a.as_mut().now_or_never().is_none());
+        let c = returns.publishing();
+        let b = b.confirmed(None, "b");
+        tokio::pin!(b);
+        assert!(b.as_mut().now_or_never().is_none(), "c is in flight");
+        assert!(
+            a.as_mut().now_or_never().is_none(),
+            "c may carry a's return"
+        );
+        assert_eq!(c.confirmed(returned("a"), "c").await, Fate::Routed);
+        assert_eq!(a.await, Fate::Returned("a came back".to_owned()));
+        assert_eq!(b.await, Fate::Routed);
     }
 
     /// The link failed under b before its confirm came: a return it would have carried is
