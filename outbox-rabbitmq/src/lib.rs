@@ -663,8 +663,8 @@ impl RabbitPublisher {
             )),
             Fate::Unknown => Err((
                 PublishError::unavailable(
-                    "rabbitmq: the connection failed before the broker told whether the message was routed; \
-                     it is published again",
+                    "rabbitmq: the connection failed, or a confirm did not come in time, before the broker \
+                     told whether the message was routed; it is published again",
                 ),
                 true,
             )),
