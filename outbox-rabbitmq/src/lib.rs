@@ -28,8 +28,11 @@
 //!   naming the exchange and routing key), instead of being dropped silently. A
 //!   negative confirm (`nack`) is retried.
 //! - **Per-key order**: the messages of one partition key are published one after the
-//!   other, each after the broker confirmed the one before; messages of different keys
-//!   are all in flight at once on one channel. After a failure, the later messages of
+//!   other, each once the one before is known to be confirmed and routed; messages of
+//!   different keys are all in flight at once on one channel. lapin may hand a message's
+//!   return to another message's confirm: returns are matched to their messages by
+//!   `message_id`, and a message's fate is decided only when its return must have been
+//!   seen (the `returns` module says why). After a failure, the later messages of
 //!   that key in the batch are not attempted, so a key never reaches a queue out of
 //!   order. RabbitMQ keeps the order of one channel's messages in each queue; consumers
 //!   keep it with one consumer per queue (or a single active consumer). The cost: a
@@ -55,7 +58,7 @@
 //! (`traceparent`, ...): the broker-neutral names of `outbox_core::publisher::headers`,
 //! which `outbox-kafka` and `outbox-nats` write too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,8 +74,11 @@ use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 use tokio::time::Instant;
 
+use crate::returns::{Fate, Returns};
+
 pub mod cloudevents;
 mod consumer;
+mod returns;
 
 pub use cloudevents::CloudEventsHeaders;
 pub use consumer::{RabbitToken, RabbitTransport, RabbitTransportBuilder};
@@ -585,17 +591,14 @@ impl RabbitPublisher {
         }
     }
 
-    /// Publishes one message and waits for its confirm. `Err` with `true`: the link is
-    /// broken.
-    ///
-    /// lapin hands a returned message to whichever confirm it resolves next, not
-    /// necessarily its own (a `multiple` ack resolves several at once): a return is
-    /// recorded in `returned` under the id it carries, and counts for that message.
+    /// Publishes one message, waits for its confirm, then for its fate
+    /// ([`returns`]: a return lapin handed to another message's confirm
+    /// counts for its own message). `Err` with `true`: the link is broken.
     async fn publish_one(
         &self,
         channel: &Channel,
         record: &OutboxRecord,
-        returned: &std::sync::Mutex<HashMap<String, String>>,
+        returns: &Returns,
     ) -> Result<(), (PublishError, bool)> {
         let (exchange, routing_key) = route(&record.destination).map_err(|reason| {
             (
@@ -606,6 +609,8 @@ impl RabbitPublisher {
                 false,
             )
         })?;
+        // Before `basic_publish`: from now on this message's confirm may carry a return.
+        let ticket = returns.publishing();
         let send = async {
             channel
                 .basic_publish(
@@ -621,53 +626,70 @@ impl RabbitPublisher {
                 .await?
                 .await
         };
-        match tokio::time::timeout(self.inner.confirm_timeout, send).await {
-            Ok(Ok(Confirmation::Ack(carried))) => {
-                if let Some(message) = carried {
-                    let id = message
-                        .delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|id| id.to_string())
-                        .unwrap_or_default();
-                    let reason = format!(
-                        "rabbitmq: no queue is bound to exchange {:?} for routing key {:?} ({} {}); \
-                         bind one, then release the message",
-                        message.delivery.exchange.as_str(),
-                        message.delivery.routing_key.as_str(),
-                        message.reply_code,
-                        message.reply_text
-                    );
-                    lock(returned).insert(id, reason);
-                }
-                match lock(returned).get(&record.id.to_string()) {
-                    Some(reason) => Err((PublishError::permanent(reason.clone()), false)),
-                    None => Ok(()),
-                }
+        // On every early return below, the ticket is dropped: the message is lost to the
+        // batch's pairing, and the messages whose return it might have carried are not
+        // reported routed.
+        let (acked, carried) = match tokio::time::timeout(self.inner.confirm_timeout, send).await {
+            Ok(Ok(Confirmation::Ack(carried))) => (true, carried),
+            Ok(Ok(Confirmation::Nack(carried))) => (false, carried),
+            Ok(Ok(Confirmation::NotRequested)) => {
+                return Err((
+                    PublishError::unavailable(
+                        "rabbitmq: the channel is not in confirm mode; connecting again",
+                    ),
+                    true,
+                ));
             }
-            Ok(Ok(Confirmation::Nack(_))) => Err((
+            Ok(Err(e)) => return Err((transport(&e), true)),
+            Err(_) => {
+                return Err((
+                    PublishError::unavailable(format!(
+                        "rabbitmq: no confirm within {:?}; connecting again",
+                        self.inner.confirm_timeout
+                    )),
+                    true,
+                ));
+            }
+        };
+        let id = record.id.to_string();
+        match ticket.confirmed(carried.map(|m| returned(&m)), &id).await {
+            Fate::Returned(reason) => Err((PublishError::permanent(reason), false)),
+            Fate::Routed if acked => Ok(()),
+            Fate::Routed => Err((
                 PublishError::retryable(
                     "rabbitmq: the broker refused the message (basic.nack: an internal error of the queue)",
                 ),
                 false,
             )),
-            Ok(Ok(Confirmation::NotRequested)) => Err((
+            Fate::Unknown => Err((
                 PublishError::unavailable(
-                    "rabbitmq: the channel is not in confirm mode; connecting again",
+                    "rabbitmq: the connection failed, or a confirm did not come in time, before the broker \
+                     told whether the message was routed; it is published again",
                 ),
-                true,
-            )),
-            Ok(Err(e)) => Err((transport(&e), true)),
-            Err(_) => Err((
-                PublishError::unavailable(format!(
-                    "rabbitmq: no confirm within {:?}; connecting again",
-                    self.inner.confirm_timeout
-                )),
                 true,
             )),
         }
     }
+}
+
+/// A returned message: the id it carries, and why it came back.
+fn returned(message: &lapin::message::BasicReturnMessage) -> (String, String) {
+    let id = message
+        .delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    let reason = format!(
+        "rabbitmq: no queue is bound to exchange {:?} for routing key {:?} ({} {}); \
+         bind one, then release the message",
+        message.delivery.exchange.as_str(),
+        message.delivery.routing_key.as_str(),
+        message.reply_code,
+        message.reply_text
+    );
+    (id, reason)
 }
 
 impl Publisher for RabbitPublisher {
@@ -725,10 +747,12 @@ impl Publisher for RabbitPublisher {
 
         let deadline = Instant::now() + self.inner.batch_budget;
         let broken = AtomicBool::new(false);
-        let returned = std::sync::Mutex::new(HashMap::new());
-        let (channel, missing, broken_ref, returned_ref) =
-            (&link.channel, &missing, &broken, &returned);
-        let out = publish_in_chains(batch, deadline, |record| async move {
+        // Every confirm of the batch comes by then: the last message starts before the
+        // deadline and waits `confirm_timeout` at most.
+        let returns = Returns::new(deadline + self.inner.confirm_timeout);
+        let (channel, missing, broken_ref, returns_ref) =
+            (&link.channel, &missing, &broken, &returns);
+        let mut out = publish_in_chains(batch, deadline, |record| async move {
             if broken_ref.load(Ordering::Relaxed) {
                 // The link failed under another key: nothing more goes out on it.
                 return Err(PublishError::not_attempted());
@@ -741,7 +765,7 @@ impl Publisher for RabbitPublisher {
                         .unwrap_or_default()
                 )));
             }
-            self.publish_one(channel, record, returned_ref)
+            self.publish_one(channel, record, returns_ref)
                 .await
                 .map_err(|(e, gone)| {
                     if gone {
@@ -751,19 +775,21 @@ impl Publisher for RabbitPublisher {
                 })
         })
         .await;
-        // Every confirm of the batch has resolved: every return is recorded now. A
-        // message reported published whose return came with another's confirm fails
-        // after all (a dead letter, never a silent loss).
-        let returned = returned
-            .into_inner()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut out = out;
+        // Each message's fate was known before its key's next message went out. A return
+        // for a message reported routed would mean the broker confirmed a message before
+        // returning it: then it fails after all (a dead letter, never a silent loss).
+        let ids: HashSet<String> = batch.iter().map(|r| r.id.to_string()).collect();
         for (record, result) in batch.iter().zip(out.iter_mut()) {
             if result.is_ok() {
-                if let Some(reason) = returned.get(&record.id.to_string()) {
-                    tracing::warn!(id = %record.id, "outbox-rabbitmq: a message came back unroutable after later messages of its key went out");
-                    *result = Err(PublishError::permanent(reason.clone()));
+                if let Some(reason) = returns.returned(&record.id.to_string()) {
+                    tracing::error!(id = %record.id, "outbox-rabbitmq: a message came back unroutable after the broker confirmed it; it is a dead letter, and later messages of its key may have gone out before it");
+                    *result = Err(PublishError::permanent(reason));
                 }
+            }
+        }
+        for (id, reason) in returns.all_returned() {
+            if !ids.contains(&id) {
+                tracing::error!(message_id = %id, %reason, "outbox-rabbitmq: a message that is not in the batch came back unroutable (the broker returned it after confirming it); if it is an outbox message, it was reported sent and is lost");
             }
         }
         if broken.into_inner() {

@@ -1,7 +1,9 @@
 //! A small fault-injecting TCP proxy for tests: it forwards bytes between a client and a
 //! server and, on demand, stalls (connections stay open, nothing moves), resets (every
 //! open connection is closed), or, without a server behind it, is a black hole (it
-//! accepts connections and never answers, like a frozen server).
+//! accepts connections and never answers, like a frozen server). A proxy started with
+//! [`Proxy::start_rewriting`] also rewrites what the server sends ([`Rewrite`]), for faults
+//! of a protocol (the RabbitMQ tests coalesce the broker's confirms with it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +23,19 @@ pub enum Mode {
     Stall,
 }
 
+/// Rewrites what a server sends to its client, on one connection of a proxy started with
+/// [`Proxy::start_rewriting`].
+pub trait Rewrite: Send + 'static {
+    /// `bytes` came from the server; returns what to send the client now.
+    fn feed(&mut self, bytes: &[u8]) -> Vec<u8>;
+    /// Called at every tick of the proxy's interval: what to send the client now (for
+    /// what [`feed`](Self::feed) held back).
+    fn tick(&mut self) -> Vec<u8>;
+}
+
+/// Makes the [`Rewrite`] of each new connection.
+type Rewriter = Arc<dyn Fn() -> Box<dyn Rewrite> + Send + Sync>;
+
 #[derive(Debug)]
 struct State {
     mode: Mode,
@@ -36,7 +51,7 @@ pub struct Proxy {
     addr: SocketAddr,
     state: Arc<watch::Sender<State>>,
     accepted: Arc<AtomicU64>,
-    /// Reads from clients that a stall held back (see [`Proxy::held`]).
+    /// Reads that a stall held back, either way (see [`Proxy::held`]).
     held: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
@@ -44,16 +59,33 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy on a free local port in front of `upstream`.
     pub async fn start(upstream: SocketAddr) -> Proxy {
-        Proxy::listen(Some(upstream)).await
+        Proxy::listen(Some(upstream), None).await
+    }
+
+    /// A proxy in front of `upstream` that passes what the server sends through a
+    /// [`Rewrite`] made by `rewrite` for each connection, ticking it every `interval`.
+    pub async fn start_rewriting<R>(
+        upstream: SocketAddr,
+        interval: std::time::Duration,
+        rewrite: impl Fn() -> R + Send + Sync + 'static,
+    ) -> Proxy
+    where
+        R: Rewrite,
+    {
+        let rewriter: Rewriter = Arc::new(move || Box::new(rewrite()) as Box<dyn Rewrite>);
+        Proxy::listen(Some(upstream), Some((rewriter, interval))).await
     }
 
     /// A listener that accepts connections and never answers: a frozen server, or a
     /// proxy whose backend is gone.
     pub async fn black_hole() -> Proxy {
-        Proxy::listen(None).await
+        Proxy::listen(None, None).await
     }
 
-    async fn listen(upstream: Option<SocketAddr>) -> Proxy {
+    async fn listen(
+        upstream: Option<SocketAddr>,
+        rewriter: Option<(Rewriter, std::time::Duration)>,
+    ) -> Proxy {
         // A test with a proxy injects faults: its log is what a red run is read from.
         crate::init_tracing();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -75,8 +107,13 @@ impl Proxy {
             while let Ok((client, _)) = listener.accept().await {
                 let number = counter.fetch_add(1, Ordering::SeqCst);
                 let state = shared.subscribe();
+                let rewrite = rewriter
+                    .as_ref()
+                    .map(|(make, interval)| (make(), *interval));
                 let holding = Arc::clone(&holding);
-                tokio::spawn(connection(client, upstream, state, number, holding));
+                tokio::spawn(connection(
+                    client, upstream, state, number, holding, rewrite,
+                ));
             }
         });
         Proxy {
@@ -109,10 +146,11 @@ impl Proxy {
         self.accepted.load(Ordering::SeqCst)
     }
 
-    /// How many times a client's bytes arrived while the proxy stalled (or froze their
-    /// connection) and were held back: a client has sent a request into the stall and
-    /// waits for its answer. Unlike a count the client keeps, this cannot have been
-    /// taken for a request sent just before the stall began.
+    /// How many times bytes arrived, from a client or from the server, while the proxy
+    /// stalled (or froze their connection) and were held back: a client has sent a
+    /// request into the stall, or its answer is held there, and it waits. Unlike a count
+    /// the client keeps, this cannot miss a request sent just before the stall began
+    /// (its answer is held) nor count one that went through.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::SeqCst)
     }
@@ -149,6 +187,7 @@ async fn connection(
     mut state: watch::Receiver<State>,
     number: u64,
     held: Arc<AtomicU64>,
+    rewrite: Option<(Box<dyn Rewrite>, std::time::Duration)>,
 ) {
     let generation = state.borrow().generation;
     let reset = |state: &State| state.generation != generation;
@@ -174,7 +213,8 @@ async fn connection(
         state.clone(),
         generation,
         number,
-        Some(held),
+        Some(Arc::clone(&held)),
+        None,
     );
     let down = pump(
         server_read,
@@ -182,7 +222,8 @@ async fn connection(
         state.clone(),
         generation,
         number,
-        None,
+        Some(held),
+        rewrite,
     );
     tokio::select! {
         _ = up => {}
@@ -191,8 +232,8 @@ async fn connection(
     }
 }
 
-/// Copies `from` to `to` while the mode is `Forward`; holds the bytes while it is `Stall`
-/// (counting each held read in `held`, when given).
+/// Copies `from` to `to` (through `rewrite`, if any) while the mode is `Forward`; holds
+/// the bytes while it is `Stall` (counting each held read in `held`, when given).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -200,13 +241,37 @@ async fn pump(
     generation: u64,
     number: u64,
     held: Option<Arc<AtomicU64>>,
+    mut rewrite: Option<(Box<dyn Rewrite>, std::time::Duration)>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut ticks = rewrite
+        .as_ref()
+        .map(|(_, interval)| tokio::time::interval(*interval));
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let tick = async {
+            match ticks.as_mut() {
+                Some(ticks) => {
+                    ticks.tick().await;
+                }
+                None => std::future::pending().await,
+            }
         };
+        let out = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => match rewrite.as_mut() {
+                    Some((rewrite, _)) => rewrite.feed(&buf[..n]),
+                    None => buf[..n].to_vec(),
+                },
+            },
+            () = tick => match rewrite.as_mut() {
+                Some((rewrite, _)) => rewrite.tick(),
+                None => Vec::new(),
+            },
+        };
+        if out.is_empty() {
+            continue;
+        }
         let moves = |s: &State| {
             (s.mode == Mode::Forward && number >= s.frozen_before) || s.generation != generation
         };
@@ -222,7 +287,7 @@ async fn pump(
         if !forward {
             return;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        if to.write_all(&out).await.is_err() {
             return;
         }
     }

@@ -2,6 +2,7 @@
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`): each test declares an exchange and a queue
 //! of its own, and deletes them at the end.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -182,5 +183,166 @@ impl From<&lapin::message::Delivery> for Read {
             headers,
             body: String::from_utf8_lossy(&d.data).into_owned(),
         }
+    }
+}
+
+/// A [`Rewrite`](crate::proxy::Rewrite) of what RabbitMQ sends its client: the publisher
+/// confirms (`basic.ack`) of each channel are held and go out together at each tick of
+/// the proxy, as one `multiple` ack, while everything else, returned messages first of
+/// all, goes on at once. A broker that returns several messages and then confirms them
+/// with one ack, as RabbitMQ does when it coalesces confirms under load, every time.
+#[derive(Debug, Default)]
+pub struct CoalesceConfirms {
+    /// Bytes of a frame not complete yet.
+    partial: Vec<u8>,
+    /// Held confirms per channel.
+    channels: std::collections::HashMap<u16, HeldConfirms>,
+    /// Not AMQP frames (a protocol header): passed on as they come.
+    raw: bool,
+    counts: std::sync::Arc<Coalesced>,
+}
+
+/// What [`CoalesceConfirms`] did, over all its connections.
+#[derive(Debug, Default)]
+pub struct Coalesced {
+    /// `multiple` acks sent.
+    pub acks: AtomicU64,
+    /// The broker's confirms they stood for.
+    pub confirms: AtomicU64,
+}
+
+impl Coalesced {
+    /// `"A acks for C confirms"`, for a test's failure message.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} multiple acks for {} confirms",
+            self.acks.load(Ordering::Relaxed),
+            self.confirms.load(Ordering::Relaxed)
+        )
+    }
+}
+
+#[derive(Debug, Default)]
+struct HeldConfirms {
+    /// Every delivery tag up to this one was confirmed to the client.
+    done: u64,
+    /// Acked by the broker, not passed on yet.
+    held: std::collections::BTreeSet<u64>,
+    /// Passed on (a nack) above `done`.
+    passed: std::collections::BTreeSet<u64>,
+}
+
+impl CoalesceConfirms {
+    /// Counting what it does into `counts`.
+    pub fn new(counts: std::sync::Arc<Coalesced>) -> CoalesceConfirms {
+        CoalesceConfirms {
+            counts,
+            ..CoalesceConfirms::default()
+        }
+    }
+
+    /// The `basic.ack` frames for what is held: one `multiple` ack per channel for its
+    /// confirms without a gap below them.
+    fn flush(&mut self, out: &mut Vec<u8>) {
+        for (channel, c) in &mut self.channels {
+            let mut upto = c.done;
+            let mut count = 0;
+            while c.held.contains(&(upto + 1)) || c.passed.contains(&(upto + 1)) {
+                upto += 1;
+                if c.held.remove(&upto) {
+                    count += 1;
+                }
+                c.passed.remove(&upto);
+            }
+            c.done = upto;
+            if count == 0 {
+                continue;
+            }
+            self.counts.acks.fetch_add(1, Ordering::Relaxed);
+            self.counts.confirms.fetch_add(count, Ordering::Relaxed);
+            let mut payload = Vec::with_capacity(13);
+            payload.extend_from_slice(&60u16.to_be_bytes());
+            payload.extend_from_slice(&80u16.to_be_bytes());
+            payload.extend_from_slice(&upto.to_be_bytes());
+            payload.push(1); // multiple
+            out.push(1);
+            out.extend_from_slice(&channel.to_be_bytes());
+            out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            out.extend_from_slice(&payload);
+            out.push(0xCE);
+        }
+    }
+}
+
+impl crate::proxy::Rewrite for CoalesceConfirms {
+    fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        if self.raw || (self.partial.is_empty() && !matches!(bytes.first(), Some(1..=3 | 8))) {
+            self.raw = true;
+            return bytes.to_vec();
+        }
+        let mut partial = std::mem::take(&mut self.partial);
+        partial.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while partial.len() >= at + 7 {
+            let header = &partial[at..at + 7];
+            let channel = u16::from_be_bytes([header[1], header[2]]);
+            let size = u32::from_be_bytes([header[3], header[4], header[5], header[6]]) as usize;
+            let end = at + 7 + size + 1;
+            if partial.len() < end {
+                break;
+            }
+            let frame = &partial[at..end];
+            let payload = &frame[7..7 + size];
+            let method = (header[0] == 1 && size >= 4).then(|| {
+                (
+                    u16::from_be_bytes([payload[0], payload[1]]),
+                    u16::from_be_bytes([payload[2], payload[3]]),
+                )
+            });
+            match method {
+                // basic.ack: held.
+                Some((60, 80)) if size >= 13 => {
+                    let tag = u64::from_be_bytes(payload[4..12].try_into().expect("8 bytes"));
+                    let multiple = payload[12] & 1 == 1;
+                    let c = self.channels.entry(channel).or_default();
+                    if multiple {
+                        c.held
+                            .extend((c.done + 1..=tag).filter(|t| !c.passed.contains(t)));
+                    } else {
+                        c.held.insert(tag);
+                    }
+                }
+                // basic.nack: what is held goes first, then the nack as it is.
+                Some((60, 120)) if size >= 13 => {
+                    let tag = u64::from_be_bytes(payload[4..12].try_into().expect("8 bytes"));
+                    let multiple = payload[12] & 1 == 1;
+                    self.flush(&mut out);
+                    let c = self.channels.entry(channel).or_default();
+                    if multiple {
+                        c.passed.extend(c.done + 1..=tag);
+                    } else {
+                        c.passed.insert(tag);
+                    }
+                    out.extend_from_slice(frame);
+                }
+                // channel.open-ok, channel.close, channel.close-ok: its tags start again.
+                Some((20, 11 | 40 | 41)) => {
+                    self.channels.remove(&channel);
+                    out.extend_from_slice(frame);
+                }
+                _ => out.extend_from_slice(frame),
+            }
+            at = end;
+        }
+        partial.drain(..at);
+        self.partial = partial;
+        out
+    }
+
+    fn tick(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.flush(&mut out);
+        out
     }
 }

@@ -210,6 +210,177 @@ async fn returns_are_matched_to_their_own_messages() {
     db.cleanup().await;
 }
 
+/// Many keys in flight on one channel, each key over two routing keys of which one no
+/// queue is bound to (#33). RabbitMQ sends a message's return before its confirm, but
+/// it may return several messages and then confirm them with one `multiple` ack (it
+/// coalesces confirms under load; a proxy makes it do so every time), and lapin then
+/// hands the returns to the confirms it resolves in hash-map order: an unroutable
+/// message can look confirmed while its return rides with another key's confirm. The
+/// publisher must know each message's fate before its key's next message goes out: an
+/// unroutable message is a dead letter and the rest of its key waits behind it. After
+/// binding the routing key and releasing the dead letters, every key reaches the queue
+/// in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_message_never_lets_the_next_of_its_key_go_first() {
+    outbox_tests::init_tracing();
+    let topology = Topology::declare("bound").await;
+    let (bound, unbound) = (
+        format!("{}/bound", topology.exchange),
+        format!("{}/unbound", topology.exchange),
+    );
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    // Key k: messages n = 0, 1, 2; the one at n == k % 4 goes to the unbound routing key
+    // (k % 4 == 3: none does). Written round by round, so that a batch holds every key.
+    let (keys, per_key) = (400_usize, 3_usize);
+    let unroutable = |k: usize, n: usize| n == k % 4;
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..per_key {
+        for k in 0..keys {
+            let destination = if unroutable(k, n) { &unbound } else { &bound };
+            tx.emit_message(
+                OutboxMessage::new("E", destination.as_str(), format!(r#"{{"k":{k},"n":{n}}}"#))
+                    .with_key(format!("k{k}")),
+            )
+            .expect("emit");
+        }
+    }
+    tx.commit().await.expect("commit");
+    let expected_dead = (0..keys).filter(|k| k % 4 < 3).count() as i64;
+    let coalesced = Arc::new(outbox_tests::rabbitmq::Coalesced::default());
+    let counts = Arc::clone(&coalesced);
+    let proxy = Proxy::start_rewriting(rabbitmq_address(), Duration::from_millis(5), move || {
+        outbox_tests::rabbitmq::CoalesceConfirms::new(Arc::clone(&counts))
+    })
+    .await;
+    let publisher = RabbitPublisher::builder(proxy.url_for(&rabbitmq_url()))
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect("publisher");
+    let relay = Relay::builder(outbox.clone(), publisher).spawn();
+    let admin = Admin::new(outbox.clone());
+    // Every unroutable message is dead, and nothing but what waits behind one is left.
+    let claimable = "SELECT count(*) FROM outbox o WHERE o.sent_at IS NULL AND o.dead_at IS NULL \
+                     AND NOT EXISTS (SELECT 1 FROM outbox d WHERE d.partition_key = o.partition_key \
+                     AND d.seq < o.seq AND d.dead_at IS NOT NULL)";
+    let counts = || async {
+        let status = admin.status().await.expect("status");
+        let claimable: i64 = sqlx::query_scalar(claimable)
+            .fetch_one(&db.pool)
+            .await
+            .expect("claimable");
+        (status.dead, claimable, status.pending)
+    };
+    wait_until_or(
+        "every unroutable message is dead and the rest sent or waiting behind one",
+        WAIT,
+        || async {
+            let (dead, claimable, _) = counts().await;
+            dead == expected_dead && claimable == 0
+        },
+        || {
+            format!(
+                "expected {expected_dead} dead letters, 0 claimable; proxy: {}",
+                coalesced.summary()
+            )
+        },
+    )
+    .await;
+    let (_, _, waiting) = counts().await;
+    // Sent past its key's dead letter: what the contract forbids.
+    let sent_past: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox o WHERE o.sent_at IS NOT NULL AND EXISTS \
+         (SELECT 1 FROM outbox d WHERE d.partition_key = o.partition_key \
+          AND d.seq < o.seq AND d.dead_at IS NOT NULL)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("sent past a dead letter");
+
+    // Bind the routing key and release the dead letters: they go out before the rest of
+    // their keys.
+    let channel = topology.connection.create_channel().await.expect("channel");
+    channel
+        .queue_bind(
+            topology.queue.as_str().into(),
+            topology.exchange.as_str().into(),
+            "unbound".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("bind the unbound routing key");
+    let dead: Vec<uuid::Uuid> = admin
+        .dead(&ListFilter {
+            limit: keys as u32,
+            ..ListFilter::default()
+        })
+        .await
+        .expect("dead letters")
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(dead.len() as i64, expected_dead);
+    admin.release(&dead).await.expect("release");
+    wait_until_or(
+        "every message is sent after the release",
+        WAIT,
+        || async {
+            let (dead, _, pending) = counts().await;
+            dead == 0 && pending == 0
+        },
+        || format!("proxy: {}", coalesced.summary()),
+    )
+    .await;
+    relay.shutdown().await;
+
+    let read = topology.read(keys * per_key, WAIT).await;
+    let mut by_key: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for m in &read {
+        let body: serde_json::Value = serde_json::from_str(&m.body).expect("JSON body");
+        let (k, n) = (
+            body["k"].as_u64().expect("k"),
+            body["n"].as_u64().expect("n"),
+        );
+        by_key.entry(k).or_default().push(n);
+    }
+    let out_of_order: Vec<(u64, &Vec<u64>)> = by_key
+        .iter()
+        .filter(|(_, ns)| ns.as_slice() != [0, 1, 2])
+        .map(|(k, ns)| (*k, ns))
+        .collect();
+    let pairs: usize = by_key
+        .values()
+        .map(|ns| {
+            (0..ns.len())
+                .map(|i| (i + 1..ns.len()).filter(|&j| ns[i] > ns[j]).count())
+                .sum::<usize>()
+        })
+        .sum();
+    assert!(
+        out_of_order.is_empty() && sent_past == 0,
+        "{} of {keys} keys reached the queue out of order ({pairs} out-of-order pairs), e.g. {:?}; \
+         {sent_past} messages were sent past their key's dead letter ({waiting} waited behind one); \
+         proxy: {}",
+        out_of_order.len(),
+        &out_of_order[..out_of_order.len().min(5)],
+        coalesced.summary()
+    );
+    assert_eq!(by_key.len(), keys);
+    let (acks, confirms) = (
+        coalesced.acks.load(Ordering::Relaxed),
+        coalesced.confirms.load(Ordering::Relaxed),
+    );
+    assert!(
+        acks > 0 && confirms > acks,
+        "the proxy coalesced confirms: {}",
+        coalesced.summary()
+    );
+    topology.delete().await;
+    db.cleanup().await;
+}
+
 /// An exchange that does not exist when a message for it comes (created after start-up,
 /// or deleted since): publishing to it would close the channel, and with it the confirms
 /// of every other key in flight. The message fails alone, naming the exchange, and is a
