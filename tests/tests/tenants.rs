@@ -19,6 +19,11 @@ use sqlx::PgPool;
 /// flooded tenant's turn and one short turn of each other tenant.
 const BOUND: Duration = Duration::from_secs(3);
 
+/// Held by the tests that measure commit -> broker latency against a bound, one at a
+/// time: each one's 10 to 50 tenants and writers would load the 2 cores the others
+/// measure on.
+static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The discovery query for the tenants of `db`.
 fn discovery(db: &TestDb) -> String {
     format!(
@@ -163,6 +168,7 @@ fn config(app: &str, poll_interval: Duration) -> RelayConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
+    let _timed = TIMED.lock().await;
     const TENANTS: usize = 50;
     const FLOOD: i64 = 30_000;
     let (js, name, prefix) = fresh_stream().await;
@@ -589,6 +595,7 @@ async fn a_tenant_waiting_on_a_black_holed_broker_with_batches_side_by_side_hand
 }
 
 async fn one_tenant_black_holed(batches_in_flight: usize) {
+    let _timed = TIMED.lock().await;
     const TENANTS: usize = 10;
     let turn = Duration::from_millis(100);
     // A round of the queue: the 8 other healthy tenants' turns (at most `turn` each),
