@@ -4,6 +4,7 @@
 //! dead-letter failed rows.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -37,11 +38,22 @@ use crate::store::session::{Outcome, Session, SessionResult};
 /// Prefetching stops at shutdown and after `rebalance_interval`; the pipeline then
 /// empties (everything in flight is published and recorded) and this returns.
 /// Returns how many rows were claimed.
-pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
-    relay: &Relay<P, DB>,
+///
+/// A tenant of a shared relay (`turn`) does not wait for the broker on the hub's
+/// connection once its turn is over (its time is up and another tenant waits for a
+/// connection) and the broker has had its oldest batch out for the length of a turn:
+/// the batches still with the publisher are handed over
+/// ([`Drained::detached`]) and go on without the connection, and the drain returns.
+/// Nothing is claimed meanwhile (what was claimed ahead is dropped, unsent), and their
+/// outcomes are recorded, in send order, before the tenant's next claim
+/// ([`record_outcomes`]): rows are marked only once acknowledged, and a key's later rows
+/// are claimed only after its batch's outcome is written.
+pub(crate) async fn drain<'r, P: Publisher, DB: Backend, S: Session>(
+    relay: &'r Relay<P, DB>,
     store: &mut S,
     shutdown: &watch::Receiver<bool>,
-) -> SessionResult<Drained> {
+    turn: Option<Clock<'_>>,
+) -> SessionResult<Drained<'r>> {
     // A tenant of a shared relay hands its connection on after its turn.
     let prefetch_until = Instant::now()
         + relay
@@ -83,7 +95,7 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
                 most: side_by_side,
             };
             drained.claimed = claimed;
-            return live(relay, store, shutdown, caught_up, drained).await;
+            return live(relay, store, shutdown, caught_up, drained, turn).await;
         }
         let span = tracing::info_span!(
             "outbox.relay.batch",
@@ -91,15 +103,10 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
             first_seq = current.first().map(|r| r.seq),
             last_seq = after,
         );
-        let batch = &current;
-        let publish = async move {
-            if batch.is_empty() {
-                None
-            } else {
-                Some(publish(relay, batch).await)
-            }
-        }
-        .instrument(span);
+        let batch = std::mem::take(&mut current);
+        let sent_at = Instant::now();
+        let mut sending: Option<Sending<'r>> =
+            (!batch.is_empty()).then(|| Box::pin(send(relay, batch).instrument(span)) as _);
         let previous = unrecorded.take();
         let database = async {
             let Some(outcome) = previous else {
@@ -119,8 +126,51 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
             drained.retry_in = min_retry(drained.retry_in, retry_in);
             Ok(next)
         };
-        let (results, next) = tokio::join!(publish, database);
-        let (mut next, mut retrying) = next?;
+        // The database step, with the batch's publish polled beside it.
+        let mut back: Option<Sent> = None;
+        let next = match sending.as_mut() {
+            None => database.await,
+            Some(out) => {
+                tokio::pin!(database);
+                loop {
+                    tokio::select! {
+                        next = &mut database => break next,
+                        sent = &mut *out, if back.is_none() => back = Some(sent),
+                    }
+                }
+            }
+        };
+        if back.is_some() {
+            sending = None;
+        }
+        let (mut next, mut retrying) = match next {
+            Ok(next) => next,
+            Err(e) => {
+                // The publish call is not dropped half-way.
+                if let Some(out) = sending {
+                    out.await;
+                }
+                return Err(e);
+            }
+        };
+        if let Some(mut out) = sending {
+            // A tenant whose turn is over waits for the broker without the connection.
+            let over = async {
+                match turn {
+                    Some(turn) => turn.ends(sent_at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                sent = &mut out => back = Some(sent),
+                () = over => {
+                    drained.claimed = claimed;
+                    drained.detached = Some(Detached::new(out));
+                    return Ok(drained);
+                }
+            }
+        }
+        let results = back;
         if late && !*shutdown.borrow() {
             (next, retrying) = claim_next(store, after, blocked_loaded).await?;
         }
@@ -132,8 +182,8 @@ pub(crate) async fn drain<P: Publisher, DB: Backend, S: Session>(
             next.clear(); // claimed but not sent: left for the next relay
         }
         claimed += next.len();
-        if let Some(results) = results {
-            let mut outcome = outcome(&current, results);
+        if let Some((batch, results)) = results {
+            let mut outcome = outcome(&batch, results);
             outcome.unavailable_delay = outage_backoff(relay, &outcome);
             blocked.extend(outcome.failed_keys.iter().cloned());
             unrecorded = Some(outcome);
@@ -175,6 +225,129 @@ struct CaughtUp {
 /// One batch with the publisher, and its results.
 type Sent = (Vec<OutboxRecord>, Vec<Result<(), PublishError>>);
 
+/// A publish call under way, owning its batch.
+type Sending<'r> = futures_util::future::BoxFuture<'r, Sent>;
+
+/// Hands `batch` to the publisher ([`publish`]); the batch comes back with its results.
+async fn send<P: Publisher, DB: Backend>(relay: &Relay<P, DB>, batch: Vec<OutboxRecord>) -> Sent {
+    let results = publish(relay, &batch).await;
+    (batch, results)
+}
+
+/// A tenant's turn on a shared connection, as the drain sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock<'t> {
+    /// When the turn began.
+    pub(crate) started: Instant,
+    /// How long it lasts while other tenants wait.
+    pub(crate) quantum: Duration,
+    /// Whether another tenant waits for a connection.
+    pub(crate) contended: &'t (dyn Fn() -> bool + Send + Sync),
+}
+
+/// How often a tenant whose time is up, waiting for the broker on the connection, looks
+/// whether another tenant waits for one (a load of a counter).
+const CONTENTION_POLL: Duration = Duration::from_millis(2);
+
+impl Clock<'_> {
+    /// Whether the turn is over: its time is up and another tenant waits.
+    pub(crate) fn over(&self) -> bool {
+        self.started.elapsed() >= self.quantum && (self.contended)()
+    }
+
+    /// Resolves once the turn is over and the broker has had a batch sent at `sent_at`
+    /// for a whole `quantum` more: a batch a broker acknowledges in the usual time is
+    /// awaited on the connection (handed over, its outcome would wait for a turn of its
+    /// own), a broker that does not answer holds the connection at most that long.
+    async fn ends(self, sent_at: Instant) {
+        tokio::time::sleep_until(self.started.max(sent_at) + self.quantum).await;
+        while !(self.contended)() {
+            tokio::time::sleep(CONTENTION_POLL).await;
+        }
+    }
+}
+
+/// The batches a tenant left with the publisher when its turn ended: they go on without
+/// the connection; their outcomes are recorded at the start of the tenant's next turn
+/// ([`record_outcomes`]), in send order.
+pub(crate) struct Detached<'r> {
+    out: futures_util::stream::FuturesOrdered<Sending<'r>>,
+    back: Vec<Sent>,
+}
+
+impl fmt::Debug for Detached<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Detached")
+            .field("out", &self.out.len())
+            .field("back", &self.back.len())
+            .finish()
+    }
+}
+
+impl<'r> Detached<'r> {
+    fn new(out: Sending<'r>) -> Self {
+        Detached {
+            out: std::iter::once(out).collect(),
+            back: Vec::new(),
+        }
+    }
+
+    /// Batches handed over.
+    pub(crate) fn len(&self) -> usize {
+        self.out.len() + self.back.len()
+    }
+
+    /// Runs `step` (the session's hand-back) while the batches go on: a publish call
+    /// makes progress only while polled.
+    pub(crate) async fn beside<T>(&mut self, step: impl std::future::Future<Output = T>) -> T {
+        use futures_util::StreamExt;
+        tokio::pin!(step);
+        loop {
+            tokio::select! {
+                done = &mut step => return done,
+                Some(sent) = self.out.next(), if !self.out.is_empty() => self.back.push(sent),
+            }
+        }
+    }
+
+    /// Waits for every batch (each bounded by `publish_timeout`); their outcomes, in
+    /// send order.
+    pub(crate) async fn finish<P: Publisher, DB: Backend>(
+        mut self,
+        relay: &Relay<P, DB>,
+    ) -> Vec<Outcome> {
+        use futures_util::StreamExt;
+        while let Some(sent) = self.out.next().await {
+            self.back.push(sent);
+        }
+        self.back
+            .into_iter()
+            .map(|(batch, results)| {
+                let mut outcome = outcome(&batch, results);
+                outcome.unavailable_delay = outage_backoff(relay, &outcome);
+                outcome
+            })
+            .collect()
+    }
+}
+
+/// Records the outcomes of batches that came back while the tenant had no connection, in
+/// send order, each leaving `outcomes` once written (a failure leaves the rest for the
+/// next turn); returns when the earliest row it rescheduled may be due.
+pub(crate) async fn record_outcomes<P: Publisher, DB: Backend, S: Session>(
+    relay: &Relay<P, DB>,
+    store: &mut S,
+    outcomes: &mut std::collections::VecDeque<Outcome>,
+) -> SessionResult<Option<Duration>> {
+    let mut retry_in = None;
+    while let Some(outcome) = outcomes.front() {
+        let dead = store.record(outcome).await?;
+        retry_in = min_retry(retry_in, recorded(relay, outcome, dead));
+        outcomes.pop_front();
+    }
+    Ok(retry_in)
+}
+
 /// The drain once it has caught up, for a publisher that takes batches side by side
 /// ([`Publisher::max_batches_in_flight`] > 1): each claim goes to the publisher at once,
 /// beside up to `most - 1` batches still out, so a row committed while a batch is with
@@ -193,13 +366,14 @@ type Sent = (Vec<OutboxRecord>, Vec<Result<(), PublishError>>);
 ///
 /// After a claim that finds nothing while batches are out, the next look comes after
 /// [`LIVE_POLL_MIN`], doubling up to [`LIVE_POLL_MAX`], or as soon as a batch is back.
-async fn live<P: Publisher, DB: Backend, S: Session>(
-    relay: &Relay<P, DB>,
+async fn live<'r, P: Publisher, DB: Backend, S: Session>(
+    relay: &'r Relay<P, DB>,
     store: &mut S,
     shutdown: &watch::Receiver<bool>,
     caught_up: CaughtUp,
-    mut drained: Drained,
-) -> SessionResult<Drained> {
+    mut drained: Drained<'r>,
+    turn: Option<Clock<'_>>,
+) -> SessionResult<Drained<'r>> {
     use futures_util::StreamExt;
     use futures_util::stream::FuturesOrdered;
     let CaughtUp {
@@ -211,15 +385,15 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
         prefetch_until,
         most,
     } = caught_up;
-    let send = |batch: Vec<OutboxRecord>| async move {
-        let results = publish(relay, &batch).await;
-        (batch, results)
-    };
-    let mut out = FuturesOrdered::new();
+    let send = |batch: Vec<OutboxRecord>| -> Sending<'r> { Box::pin(send(relay, batch)) };
+    let mut out: FuturesOrdered<Sending<'r>> = FuturesOrdered::new();
+    // When each batch out (or back, not yet recorded) was sent, oldest first.
+    let mut sent_at: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
     // Keys of the batches out (each in one batch only).
     let mut busy: HashSet<String> = HashSet::new();
     busy.extend(current.iter().filter_map(|r| r.partition_key.clone()));
     out.push_back(send(current));
+    sent_at.push_back(Instant::now());
     // Polled once so the publisher has the batch while the outcome before is recorded.
     let mut back: std::collections::VecDeque<Sent> =
         out.next().now_or_never().flatten().into_iter().collect();
@@ -232,6 +406,7 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
     loop {
         // Outcomes first, in send order: a failed key is blocked before the next claim.
         while let Some((batch, results)) = back.pop_front() {
+            sent_at.pop_front();
             for record in &batch {
                 if let Some(key) = &record.partition_key {
                     busy.remove(key);
@@ -287,6 +462,7 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
                 (wait, poll) = (LIVE_POLL_MIN, LIVE_POLL_MIN);
                 busy.extend(rows.iter().filter_map(|r| r.partition_key.clone()));
                 out.push_back(send(rows));
+                sent_at.push_back(Instant::now());
                 back.extend(out.next().now_or_never().flatten());
                 if !back.is_empty() {
                     continue;
@@ -299,16 +475,35 @@ async fn live<P: Publisher, DB: Backend, S: Session>(
         if out.is_empty() {
             return Ok(drained);
         }
-        // A batch back or, while there is room for another, the next look.
-        let next = if claiming && out.len() < most {
-            tokio::select! {
-                sent = out.next() => sent,
-                () = tokio::time::sleep(wait) => None,
+        // A batch back or, while there is room for another, the next look; a tenant
+        // whose turn is over hands the batches out over instead of waiting on the
+        // connection.
+        let room = claiming && out.len() < most;
+        let look = async {
+            if room {
+                tokio::time::sleep(wait).await;
+            } else {
+                std::future::pending::<()>().await;
             }
-        } else {
-            out.next().await
         };
-        back.extend(next);
+        let oldest = sent_at.front().copied().unwrap_or_else(Instant::now);
+        let over = async {
+            match turn {
+                Some(turn) => turn.ends(oldest).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            sent = out.next() => back.extend(sent),
+            () = look => {}
+            () = over => {
+                drained.detached = Some(Detached {
+                    out,
+                    back: Vec::new(),
+                });
+                return Ok(drained);
+            }
+        }
     }
 }
 
@@ -366,10 +561,12 @@ async fn retrying_keys<S: Session>(
 
 /// What a drain did: rows claimed, and when the earliest row it rescheduled may be due.
 #[derive(Debug, Default)]
-pub(crate) struct Drained {
+pub(crate) struct Drained<'r> {
     pub(crate) claimed: usize,
     /// The loop wakes then instead of waiting for its next probe.
     pub(crate) retry_in: Option<std::time::Duration>,
+    /// A tenant's batches still with the publisher when its turn ended.
+    pub(crate) detached: Option<Detached<'r>>,
 }
 
 fn min_retry(

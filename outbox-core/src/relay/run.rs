@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::drain::drain;
+use super::drain::{Clock, Detached, drain};
 use super::{Relay, RelayStats};
 use crate::publisher::Publisher;
 use crate::store::Backend;
@@ -16,7 +16,7 @@ use crate::store::session::{Context, Session, SessionError, SessionResult};
 use crate::task::stopped;
 
 /// A tenant's turn on a shared connection ([`super::Tenants`]).
-pub(super) struct Turn<'t> {
+pub(super) struct Turn<'t, 'r> {
     /// When it began.
     pub(super) started: Instant,
     /// How long it lasts while other tenants wait.
@@ -27,12 +27,24 @@ pub(super) struct Turn<'t> {
     pub(super) next_probe: Instant,
     /// The tenant's next retry, carried from turn to turn.
     pub(super) retry_at: Option<Instant>,
+    /// The batches still with the publisher when the turn ended: they go on without the
+    /// connection.
+    pub(super) detached: Option<Detached<'r>>,
 }
 
-impl Turn<'_> {
+impl<'t> Turn<'t, '_> {
+    /// The turn's time, for the drain.
+    fn clock(&self) -> Clock<'t> {
+        Clock {
+            started: self.started,
+            quantum: self.quantum,
+            contended: self.contended,
+        }
+    }
+
     /// Whether the turn is over: its time is up and another tenant waits.
     fn over(&self) -> bool {
-        self.started.elapsed() >= self.quantum && (self.contended)()
+        self.clock().over()
     }
 
     /// Keeps the schedule for the tenant's next turn.
@@ -171,11 +183,11 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
 
     /// Drives `session` until shutdown or an error; in a tenant's `turn`, also until the
     /// tenant has nothing to do (it parks) or has had its turn while others wait.
-    pub(super) async fn work<S: Session>(
-        &self,
+    pub(super) async fn work<'r, S: Session>(
+        &'r self,
         session: &mut S,
         shutdown: &mut watch::Receiver<bool>,
-        mut turn: Option<&mut Turn<'_>>,
+        mut turn: Option<&mut Turn<'_, 'r>>,
     ) -> SessionResult<Exit> {
         // A tenant's schedule carries over from its turns before.
         let (mut next_probe, mut retry_at) = turn
@@ -220,10 +232,18 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 standby = false;
             }
             if !nothing_due {
-                let drained = drain(self, session, shutdown).await?;
+                let clock = turn.as_deref().map(Turn::clock);
+                let drained = drain(self, session, shutdown, clock).await?;
                 if let Some(retry_in) = drained.retry_in {
                     let due = Instant::now() + retry_in;
                     retry_at = Some(retry_at.map_or(due, |r| r.min(due)));
+                }
+                if let (Some(detached), Some(turn)) = (drained.detached, turn.as_deref_mut()) {
+                    // Its turn is over while the broker has its batches: the connection
+                    // goes to the next tenant now, not once the broker answers.
+                    turn.carry(next_probe, retry_at);
+                    turn.detached = Some(detached);
+                    return Ok(Exit::Yield);
                 }
                 if drained.claimed > 0 {
                     if let Some(turn) = turn.as_deref_mut().filter(|t| t.over()) {

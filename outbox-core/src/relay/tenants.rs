@@ -7,9 +7,12 @@
 //! hub's control connection wakes it on its next commit) or, while another tenant waits,
 //! until its `turn` is up (it yields and queues again at the back). So a database serves
 //! any number of tenants with `connections + 1` connections, and a flooded tenant holds
-//! one connection at a time, for one turn at a time.
+//! one connection at a time, for one turn at a time. A tenant whose turn is up while
+//! the broker has its batches does not wait for the broker on the connection: the
+//! publish goes on without it, and the tenant queues again to record the outcomes
+//! (before it claims anything) once the broker has answered.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,12 +21,13 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use super::drain::{Detached, record_outcomes};
 use super::run::{Exit, Turn};
 use super::{Relay, RelayStats, RelayStatsSnapshot};
 use crate::config::RelayConfig;
 use crate::publisher::Publisher;
 use crate::store::Backend;
-use crate::store::session::{Session, SessionError, SessionResult, Shared, Source};
+use crate::store::session::{Outcome, Session, SessionError, SessionResult, Shared, Source};
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox};
 
@@ -412,8 +416,20 @@ async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     }))
 }
 
+/// What a tenant keeps from one turn to the next.
+struct Kept {
+    /// Its next probe.
+    next_probe: Instant,
+    /// Its next retry.
+    retry_at: Option<Instant>,
+    /// The outcomes of batches that came back while it had no connection: its next turn
+    /// records them, in send order, before it claims.
+    unrecorded: VecDeque<Outcome>,
+}
+
 /// One tenant: parked until a commit, a retry or its probe is due; then a turn on a
-/// connection of the hub.
+/// connection of the hub. A turn that ended with batches still with the broker is
+/// followed by the wait for them, without a connection, and a turn to record them.
 async fn run_tenant<P: Publisher, DB: Backend + Shared>(
     relay: Relay<P, DB>,
     hub: Arc<DB::Hub>,
@@ -425,29 +441,40 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
     const FIRST_DELAY: Duration = Duration::from_millis(50);
     let mut delay = FIRST_DELAY;
     let mut ready_at = Instant::now();
-    // The tenant's schedule (next probe, next retry), kept across its turns.
-    let mut schedule = (Instant::now(), None);
+    let mut kept = Kept {
+        next_probe: Instant::now(),
+        retry_at: None,
+        unrecorded: VecDeque::new(),
+    };
     loop {
-        tokio::select! {
-            () = wake.notified() => {}
-            () = tokio::time::sleep_until(ready_at) => {}
-            () = stopped(&mut shutdown) => return,
+        if kept.unrecorded.is_empty() {
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep_until(ready_at) => {}
+                () = stopped(&mut shutdown) => return,
+            }
         }
         let contended = || <DB as Shared>::contended(&hub);
         let started = Instant::now();
         let result = relay
-            .turn(
-                &hub,
-                &wake,
-                &mut shutdown,
-                quantum,
-                &contended,
-                &mut schedule,
-            )
+            .turn(&hub, &wake, &mut shutdown, quantum, &contended, &mut kept)
             .await;
-        tracing::debug!(outbox = %tenant, took = ?started.elapsed(), exit = ?result.as_ref().ok(), "outbox relay: a tenant's turn ended");
+        tracing::debug!(outbox = %tenant, took = ?started.elapsed(), exit = ?result.as_ref().ok().map(|r| r.0), "outbox relay: a tenant's turn ended");
+        let result = match result {
+            Ok((exit, Some(detached))) => {
+                // The broker has its batches: it waits for them without a connection,
+                // then queues for one to record their outcomes.
+                let (waited, batches) = (Instant::now(), detached.len());
+                kept.unrecorded.extend(detached.finish(&relay).await);
+                tracing::debug!(outbox = %tenant, batches, took = ?waited.elapsed(), "outbox relay: a tenant's batches came back from the broker; it queues for a connection to record them");
+                Ok(exit)
+            }
+            Ok((exit, None)) => Ok(exit),
+            Err(e) => Err(e),
+        };
         match result {
-            Ok(Exit::Shutdown) => return,
+            Ok(Exit::Shutdown) if kept.unrecorded.is_empty() => return,
+            Ok(Exit::Shutdown) => {}
             Ok(Exit::Park(until)) => {
                 ready_at = until;
                 delay = FIRST_DELAY;
@@ -478,31 +505,60 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
 impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
     /// One turn: waits for a connection of the hub, then works until the tenant parks,
     /// yields, or shutdown.
-    async fn turn(
-        &self,
+    /// Outcomes in `kept.unrecorded` (batches that came back while the tenant had no
+    /// connection) are recorded first, also at shutdown. Returns the batches still with
+    /// the publisher when the turn ended, if any: they go on without the connection.
+    async fn turn<'r>(
+        &'r self,
         hub: &DB::Hub,
         wake: &Arc<Notify>,
         shutdown: &mut watch::Receiver<bool>,
         quantum: Duration,
         contended: &(dyn Fn() -> bool + Send + Sync),
-        schedule: &mut (Instant, Option<Instant>),
-    ) -> SessionResult<Exit> {
+        kept: &mut Kept,
+    ) -> SessionResult<(Exit, Option<Detached<'r>>)> {
+        // As `run`: a batch in flight at shutdown gets its time (here: the wait for a
+        // connection to record its outcome, then the recording), then the session is
+        // dropped.
+        let grace = self.config.publish_timeout + self.config.connect_timeout;
         let t0 = Instant::now();
-        let mut session = tokio::select! {
-            opened = <DB as Shared>::open_shared(hub, self.context(), Arc::clone(wake)) => opened?,
-            () = stopped(shutdown) => return Ok(Exit::Shutdown),
+        let open = <DB as Shared>::open_shared(hub, self.context(), Arc::clone(wake));
+        let mut session = if kept.unrecorded.is_empty() {
+            tokio::select! {
+                opened = open => opened?,
+                () = stopped(shutdown) => return Ok((Exit::Shutdown, None)),
+            }
+        } else {
+            let mut asked = shutdown.clone();
+            tokio::select! {
+                opened = open => opened?,
+                () = async {
+                    stopped(&mut asked).await;
+                    tokio::time::sleep(grace).await;
+                } => {
+                    tracing::warn!(batches = kept.unrecorded.len(), ?grace, "outbox relay: no connection to record a tenant's batches came in time at shutdown; the next relay publishes them again");
+                    kept.unrecorded.clear();
+                    return Ok((Exit::Shutdown, None));
+                }
+            }
         };
         tracing::trace!(waited = ?t0.elapsed(), "outbox relay: a tenant's session opened");
+        if !kept.unrecorded.is_empty() {
+            if let Some(retry_in) =
+                record_outcomes(self, &mut session, &mut kept.unrecorded).await?
+            {
+                let due = Instant::now() + retry_in;
+                kept.retry_at = Some(kept.retry_at.map_or(due, |r| r.min(due)));
+            }
+        }
         let mut turn = Turn {
             started: Instant::now(),
             quantum,
             contended,
-            next_probe: schedule.0,
-            retry_at: schedule.1,
+            next_probe: kept.next_probe,
+            retry_at: kept.retry_at,
+            detached: None,
         };
-        // As `run`: a batch in flight at shutdown gets its time, then the session is
-        // dropped.
-        let grace = self.config.publish_timeout + self.config.connect_timeout;
         let mut asked = shutdown.clone();
         let exit = tokio::select! {
             exit = self.work(&mut session, shutdown, Some(&mut turn)) => exit?,
@@ -511,10 +567,11 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
                 tokio::time::sleep(grace).await;
             } => {
                 tracing::warn!(?grace, "outbox relay: the database did not let the tenant's session end in time; dropping it");
-                return Ok(Exit::Shutdown);
+                return Ok((Exit::Shutdown, None));
             }
         };
-        *schedule = (turn.next_probe, turn.retry_at);
+        (kept.next_probe, kept.retry_at) = (turn.next_probe, turn.retry_at);
+        let mut detached = turn.detached.take();
         let timeout = self.config.connect_timeout;
         match exit {
             Exit::Park(_) => {
@@ -529,9 +586,17 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
                 }
             }
             Exit::Yield | Exit::Shutdown => {
-                let _ = tokio::time::timeout(timeout, session.close()).await;
+                let close = tokio::time::timeout(timeout, session.close());
+                match detached.as_mut() {
+                    Some(out) => {
+                        let _ = out.beside(close).await;
+                    }
+                    None => {
+                        let _ = close.await;
+                    }
+                }
             }
         }
-        Ok(exit)
+        Ok((exit, detached))
     }
 }
