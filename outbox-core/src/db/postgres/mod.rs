@@ -3,6 +3,7 @@
 //! the relay session (`session.rs`, with its publish horizon in `horizon.rs`).
 
 mod horizon;
+mod lease;
 mod ops;
 mod partitions;
 mod session;

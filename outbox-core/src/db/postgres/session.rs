@@ -258,7 +258,7 @@ pub struct PgSession<'a> {
     wake: Wake,
     /// The hub's connection it works on, in a relay of many outboxes: handed back at
     /// `close`.
-    lease: Option<super::tenants::Lease<'a>>,
+    lease: Option<super::lease::Lease<'a>>,
     sql: Sql,
     table_key: i32,
     slot: i32,
@@ -390,10 +390,7 @@ impl<'a> PgSession<'a> {
         cx: Context<'a, Postgres>,
         mut conn: PgConnection,
         options: sqlx::postgres::PgConnectOptions,
-        shared: Option<(
-            std::sync::Arc<tokio::sync::Notify>,
-            super::tenants::Lease<'a>,
-        )>,
+        shared: Option<(std::sync::Arc<tokio::sync::Notify>, super::lease::Lease<'a>)>,
     ) -> SessionResult<PgSession<'a>> {
         let tables = cx.tables;
         let (seq_name, cache): (Option<String>, Option<i64>) = sqlx::query_as(
@@ -949,7 +946,7 @@ impl Session for PgSession<'_> {
     async fn close(self) {
         if let Some(lease) = self.lease {
             // Its locks go; the connection goes back to the hub for the next tenant.
-            let carry = super::tenants::Carried {
+            let carry = super::lease::Carried {
                 horizon: self.horizon,
                 held_since: self.held_since,
                 held_reported: self.held_reported,

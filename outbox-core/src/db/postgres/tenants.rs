@@ -24,8 +24,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Executor, PgConnection, PgPool, Postgres};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tokio::time::Instant;
 
+use super::lease::{Handover, Lease};
 use super::locks;
 use super::session::{Either, PgSession, connect_configured};
 use crate::config::{RelayConfig, Tables};
@@ -38,13 +38,8 @@ pub struct PgHub {
     permits: Arc<Semaphore>,
     /// Tenants waiting for a permit.
     waiting: AtomicUsize,
-    /// Connections handed back, with when.
-    idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
-    /// Notified when a tenant starts waiting for a connection: a tenant that waits for
-    /// writers on a connection of the hub then looks at its turn.
-    asked: Notify,
-    /// What a tenant's session knows that outlives it, by outbox (its table's oid).
-    carried: std::sync::Mutex<HashMap<i32, Carried>>,
+    /// What passes from one tenant's session to the next: connections, notices, state.
+    handover: Handover,
     control: mpsc::UnboundedSender<Command>,
     /// How long the control task may take per command.
     timeout: Duration,
@@ -56,58 +51,6 @@ impl std::fmt::Debug for PgHub {
             .field("free", &self.permits.available_permits())
             .field("waiting", &self.waiting.load(Ordering::Relaxed))
             .finish_non_exhaustive()
-    }
-}
-
-/// What a tenant's session hands to its next one: the publish horizon (its samples stay
-/// valid: the writer lock is the server's, not the session's) and how long writers have
-/// held it back.
-#[derive(Debug, Default)]
-pub(super) struct Carried {
-    pub(super) horizon: super::horizon::Horizon,
-    pub(super) held_since: Option<Instant>,
-    pub(super) held_reported: bool,
-}
-
-/// A tenant's hold on one of the hub's connections, for one turn.
-pub(super) struct Lease<'a> {
-    hub: &'a PgHub,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Lease<'_> {
-    /// What the tenant's last session left for this one.
-    pub(super) fn carried(&self, key: i32) -> Carried {
-        self.hub
-            .carried
-            .lock()
-            .ok()
-            .and_then(|mut c| c.remove(&key))
-            .unwrap_or_default()
-    }
-
-    /// The hub's notice that a tenant waits for a connection.
-    pub(super) fn asked(&self) -> &Notify {
-        &self.hub.asked
-    }
-
-    /// Gives the connection back: without its advisory locks, ready for another tenant.
-    /// A connection that fails this is closed (the server then drops its locks). `carry`
-    /// is kept for the tenant's next session.
-    pub(super) async fn give_back(self, mut conn: PgConnection, key: i32, carry: Carried) {
-        if let Ok(mut carried) = self.hub.carried.lock() {
-            carried.insert(key, carry);
-        }
-        match conn.execute("SELECT pg_advisory_unlock_all()").await {
-            Ok(_) => {
-                if let Ok(mut idle) = self.hub.idle.lock() {
-                    idle.push((conn, Instant::now()));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "outbox relay: closing a hub connection that failed");
-            }
-        }
     }
 }
 
@@ -497,7 +440,7 @@ impl PgHub {
         reuse: bool,
     ) -> SessionResult<(PgConnection, bool)> {
         let fresh_for = config.effective_session_timeout() / 2;
-        let reused = self.idle.lock().ok().and_then(|mut idle| {
+        let reused = self.handover.idle.lock().ok().and_then(|mut idle| {
             idle.retain(|(_, since)| since.elapsed() < fresh_for);
             if reuse { idle.pop() } else { None }
         });
@@ -516,7 +459,7 @@ impl PgHub {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _waiting = Waiting(&self.waiting);
         if self.permits.available_permits() == 0 {
-            self.asked.notify_waiters();
+            self.handover.asked.notify_waiters();
         }
         Arc::clone(&self.permits)
             .acquire_owned()
@@ -570,9 +513,7 @@ impl Shared for Postgres {
             options,
             permits: Arc::new(Semaphore::new(permits)),
             waiting: AtomicUsize::new(0),
-            idle: std::sync::Mutex::new(Vec::new()),
-            asked: Notify::new(),
-            carried: std::sync::Mutex::new(HashMap::new()),
+            handover: Handover::default(),
             control: tx,
             timeout: config.connect_timeout,
         })
@@ -606,10 +547,7 @@ impl Shared for Postgres {
         let session = loop {
             let permit = hub.permit().await?;
             let (conn, reused) = hub.connection(cx.config, reuse).await?;
-            let lease = Lease {
-                hub,
-                _permit: permit,
-            };
+            let lease = Lease::new(&hub.handover, permit);
             let shared = Some((Arc::clone(&wake), lease));
             match tokio::time::timeout(
                 timeout,
