@@ -1,6 +1,6 @@
 //! Compile-time behaviour of the macros: what compiles (`ui/pass`) and the errors users
 //! see when they get something wrong (`ui/derive`, `ui/transactional`). Regenerate the
-//! expected `.stderr` files with `TRYBUILD=overwrite cargo test -p outbox-tests --test ui`
+//! expected `.stderr` files with `TRYBUILD=overwrite cargo test -p outbox-macros-ui --test ui`
 //! and read every one: the message must tell a user what to do.
 
 #[test]
