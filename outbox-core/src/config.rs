@@ -425,6 +425,27 @@ pub fn percent_decoded(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `text` with every non-empty secret of `secrets` replaced by `***`; if a secret shows
+/// even so (a `***` next to a secret's `*` can rebuild it: `a*` in `aa**` becomes
+/// `a****`), the whole text is withheld. Shared by the transports' redaction; not part
+/// of the API.
+#[doc(hidden)]
+pub fn mask_secrets<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str> + Clone) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets.clone() {
+        if !secret.is_empty() {
+            out = out.replace(secret, "***");
+        }
+    }
+    if secrets
+        .into_iter()
+        .any(|secret| !secret.is_empty() && out.contains(secret))
+    {
+        return "<text withheld: it held a secret that could not be masked>".to_owned();
+    }
+    out
+}
+
 /// Whether a message that failed after `attempts` earlier failures is dead-lettered now,
 /// and otherwise the delay before its next attempt: `backoff_base * 2^attempts`, capped at
 /// `backoff_cap`, with ±25% jitter. PostgreSQL computes the same rule in its failure

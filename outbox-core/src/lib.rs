@@ -134,6 +134,18 @@ mod trace;
 mod transactional;
 mod tx;
 
+/// The parsers of untrusted input, for the fuzz targets in `fuzz/`. Not a public API:
+/// it changes without notice.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    #[cfg(feature = "postgres")]
+    pub use crate::db::mask_literals;
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub use crate::db::redact_url;
+    pub use crate::trace::{TraceParent, traceparent};
+}
+
 pub use catalog::EventInfo;
 pub use config::{TableName, Tables};
 pub use error::{Error, Result};

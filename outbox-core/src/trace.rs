@@ -42,34 +42,68 @@ pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn capture(_headers: &mut BTreeMap<String, String>) {}
 
+/// The fields of a `traceparent` header value.
+#[cfg(any(feature = "opentelemetry", feature = "fuzzing", test))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// The trace id (never 0).
+    pub trace_id: u128,
+    /// The parent span id (never 0).
+    pub span_id: u64,
+    /// The trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+/// Reads a `traceparent` header value (bytes from a broker: anything may arrive) as W3C
+/// Trace Context (Level 1, section 3.2) defines it: `version-traceid-parentid-flags`,
+/// lower-case hex of 2, 32, 16 and 2 digits, surrounded by nothing but spaces and tabs;
+/// not version `ff`, not an all-zero id; after the flags nothing for version `00`, and
+/// for a later version nothing or what it adds after a `-`.
+#[cfg(any(feature = "opentelemetry", feature = "fuzzing", test))]
+pub fn traceparent(value: &str) -> Option<TraceParent> {
+    let value = value.trim_matches([' ', '\t']).as_bytes();
+    let field = |from: usize, len: usize| -> Option<&str> {
+        let digits = value.get(from..from + len)?;
+        digits
+            .iter()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            .then(|| std::str::from_utf8(digits).ok())?
+    };
+    let version = field(0, 2)?;
+    let dashes = [2, 35, 52].iter().all(|&i| value.get(i) == Some(&b'-'));
+    let end = match (version, value.get(55)) {
+        ("ff", _) => return None,
+        (_, None) => true,
+        ("00", Some(_)) => false,
+        (_, Some(next)) => *next == b'-',
+    };
+    if !dashes || !end {
+        return None;
+    }
+    let parent = TraceParent {
+        trace_id: u128::from_str_radix(field(3, 32)?, 16).ok()?,
+        span_id: u64::from_str_radix(field(36, 16)?, 16).ok()?,
+        flags: u8::from_str_radix(field(53, 2)?, 16).ok()?,
+    };
+    (parent.trace_id != 0 && parent.span_id != 0).then_some(parent)
+}
+
 /// The span context a `traceparent` (and `tracestate`) header names, if valid.
 #[cfg(feature = "opentelemetry")]
 fn remote(headers: &BTreeMap<String, String>) -> Option<opentelemetry::trace::SpanContext> {
     use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
-    let parent = headers.get(TRACEPARENT)?;
-    let mut parts = parent.trim().split('-');
-    let (version, trace, span, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version.len() != 2
-        || version == "ff"
-        || trace.len() != 32
-        || span.len() != 16
-        || flags.len() != 2
-    {
-        return None;
-    }
+    let parent = traceparent(headers.get(TRACEPARENT)?)?;
     let state = headers
         .get(TRACESTATE)
         .and_then(|s| s.parse::<TraceState>().ok())
         .unwrap_or_default();
-    let context = SpanContext::new(
-        TraceId::from_hex(trace).ok()?,
-        SpanId::from_hex(span).ok()?,
-        TraceFlags::new(u8::from_str_radix(flags, 16).ok()?),
+    Some(SpanContext::new(
+        TraceId::from(parent.trace_id),
+        SpanId::from(parent.span_id),
+        TraceFlags::new(parent.flags),
         true,
         state,
-    );
-    context.is_valid().then_some(context)
+    ))
 }
 
 /// Links `span` to the trace context in `headers`, if any.
@@ -84,10 +118,47 @@ pub(crate) fn link(span: &tracing::Span, headers: &BTreeMap<String, String>) {
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn link(_span: &tracing::Span, _headers: &BTreeMap<String, String>) {}
 
-#[cfg(all(test, feature = "opentelemetry"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Found by the `traceparent` fuzz target (docs/reliability.md): values W3C Trace
+    /// Context does not allow were read (`+` before a hex number, upper-case hex, a
+    /// version that is not hex, data after a version 00, a line break around it).
+    #[test]
+    fn a_traceparent_is_read_exactly_as_w3c_defines_it() {
+        let (trace, span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+        let valid = TraceParent {
+            trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,
+            span_id: 0x00f067aa0ba902b7,
+            flags: 1,
+        };
+        for good in [
+            format!("00-{trace}-{span}-01"),
+            format!(" \t00-{trace}-{span}-01\t "),
+            format!("01-{trace}-{span}-01"),
+            format!("01-{trace}-{span}-01-what-a-later-version-adds"),
+        ] {
+            assert_eq!(traceparent(&good), Some(valid), "{good:?}");
+        }
+        for bad in [
+            format!("\r01-{trace}-{span}-01-"),
+            format!("00-{trace}-{span}-01\n"),
+            format!("00-+{}-{span}-01", &trace[1..]),
+            format!("00-{trace}-+{}-01", &span[1..]),
+            format!("00-{trace}-{span}-+1"),
+            format!("00-{}-{span}-01", trace.to_uppercase()),
+            format!("00-{trace}-{span}-0A"),
+            format!("zz-{trace}-{span}-01"),
+            format!("0A-{trace}-{span}-01"),
+            format!("00-{trace}-{span}-01-extra"),
+            format!("01-{trace}-{span}-01x"),
+        ] {
+            assert_eq!(traceparent(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[cfg(feature = "opentelemetry")]
     #[test]
     fn a_traceparent_is_read_back_and_bad_ones_are_ignored() {
         let mut headers = BTreeMap::new();
@@ -117,6 +188,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "opentelemetry")]
     #[test]
     fn nothing_is_captured_outside_an_opentelemetry_span() {
         let mut headers = BTreeMap::new();

@@ -2,7 +2,7 @@
 //! stores a message's offset for commit only once the message and every earlier one of
 //! its partition were handled, and writes dead letters to a topic.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -272,16 +272,13 @@ impl Transport for KafkaTransport {
                     continue;
                 }
             };
-            let mut all = BTreeMap::new();
-            if let Some(h) = message.headers() {
-                for header in h.iter() {
-                    let value = header
-                        .value
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                        .unwrap_or_default();
-                    all.insert(header.key.to_owned(), value);
-                }
-            }
+            let all = headers::decode(
+                message
+                    .headers()
+                    .into_iter()
+                    .flat_map(|h| h.iter())
+                    .map(|header| (header.key, header.value)),
+            );
             let (topic, partition, offset) =
                 (message.topic(), message.partition(), message.offset());
             tracing::trace!(topic, partition, offset, "outbox-kafka: received");

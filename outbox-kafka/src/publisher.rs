@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use futures_util::future::{BoxFuture, Shared};
-use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
+use outbox_core::publisher::cloudevents::CloudEvents;
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -454,42 +454,9 @@ fn is_unavailable(code: RDKafkaErrorCode) -> bool {
 }
 
 fn kafka_headers(record: &OutboxRecord, cloudevents: Option<&CloudEvents>) -> OwnedHeaders {
-    let id = record.id.to_string();
-    let version = record.event_version.map(|v| v.to_string());
-    let mut h = OwnedHeaders::new_with_capacity(9 + record.headers.len())
-        .insert(Header {
-            key: headers::MESSAGE_ID,
-            value: Some(id.as_str()),
-        })
-        .insert(Header {
-            key: headers::EVENT_TYPE,
-            value: Some(record.event_type.as_str()),
-        })
-        .insert(Header {
-            key: headers::CONTENT_TYPE,
-            value: Some(headers::JSON),
-        });
-    if let Some(version) = &version {
-        h = h.insert(Header {
-            key: headers::EVENT_VERSION,
-            value: Some(version.as_str()),
-        });
-    }
-    if let Some(ce) = cloudevents {
-        for (name, value) in ce.attributes(record) {
-            h = h.insert(Header {
-                key: &format!("{}{name}", headers::CLOUDEVENTS_PREFIX),
-                value: Some(value.as_str()),
-            });
-        }
-    }
-    for (key, value) in &record.headers {
-        let attribute =
-            cloudevents.is_some() && is_attribute_header(key, headers::CLOUDEVENTS_PREFIX);
-        if headers::RESERVED.contains(&key.as_str()) || attribute {
-            tracing::debug!(id = %record.id, header = %key, "row header shadows a reserved header; not copied");
-            continue;
-        }
+    let pairs = headers::encode(record, cloudevents);
+    let mut h = OwnedHeaders::new_with_capacity(pairs.len());
+    for (key, value) in &pairs {
         h = h.insert(Header {
             key,
             value: Some(value.as_str()),

@@ -256,7 +256,7 @@ fn subject_matches(filter: &str, subject: &str) -> bool {
 
 /// The headers as text; a header sent twice: its last value. CloudEvents attributes
 /// (`ce-*`) are percent-decoded once, as the NATS binding's draft says.
-fn text_headers(headers: Option<&HeaderMap>) -> BTreeMap<String, String> {
+pub(crate) fn text_headers(headers: Option<&HeaderMap>) -> BTreeMap<String, String> {
     let mut all = BTreeMap::new();
     for (name, values) in headers.into_iter().flat_map(HeaderMap::iter) {
         if let Some(value) = values.last() {

@@ -56,6 +56,44 @@ mod consumer;
 
 pub use consumer::{NatsTransport, NatsTransportBuilder};
 
+/// The parsers of untrusted input, for the fuzz targets in `fuzz/`. Not a public API:
+/// it changes without notice.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::collections::BTreeMap;
+
+    use async_nats::HeaderMap;
+    use outbox_core::publisher::cloudevents::CloudEvents;
+    use outbox_core::publisher::{OutboxRecord, PublishError};
+
+    use crate::{CloudEventsMode, Credentials};
+
+    /// The URLs without their credentials, and the credentials found: the user and
+    /// password, or (user `None`) the token.
+    pub fn split_credentials(urls: &str) -> (String, Option<(Option<String>, String)>) {
+        let (clean, found) = crate::split_credentials(urls);
+        let found = found.map(|c| match c {
+            Credentials::UserPassword(user, pass) => (Some(user), pass),
+            Credentials::Token(token) => (None, token),
+        });
+        (clean, found)
+    }
+
+    /// The headers the publisher gives `record`.
+    pub fn headers(
+        record: &OutboxRecord,
+        cloudevents: Option<(CloudEvents, CloudEventsMode)>,
+    ) -> Result<HeaderMap, PublishError> {
+        crate::nats_headers(record, cloudevents.as_ref())
+    }
+
+    /// The headers the consumer reads from a message's.
+    pub fn text_headers(headers: Option<&HeaderMap>) -> BTreeMap<String, String> {
+        crate::consumer::text_headers(headers)
+    }
+}
+
 /// How the publisher writes CloudEvents ([`NatsPublisherBuilder::cloudevents_mode`]).
 /// The consumer ([`NatsTransport`]) reads both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -165,9 +203,17 @@ fn split_credentials(urls: &str) -> (String, Option<Credentials>) {
         .split(',')
         .map(|url| {
             let url = url.trim();
+            // A scheme is a letter, then letters, digits, `+`, `-`, `.` (RFC 3986): a
+            // `://` after anything else is in a password (`user:pa://ss@host`).
+            let scheme_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
             let (scheme, rest) = match url.split_once("://") {
-                Some((scheme, rest)) => (Some(scheme), rest),
-                None => (None, url),
+                Some((scheme, rest))
+                    if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && scheme.chars().all(scheme_char) =>
+                {
+                    (Some(scheme), rest)
+                }
+                _ => (None, url),
             };
             // The user information ends at the last `@` (a password may hold `/`, `?`
             // or `@` unencoded; a host never holds `@`).
@@ -660,6 +706,23 @@ mod tests {
             !shown.contains("hunter2") && shown.contains("nats://nats:4222"),
             "{shown}"
         );
+    }
+
+    /// Found by the `nats_credentials` fuzz target (docs/reliability.md): in a URL
+    /// without a scheme, a `://` in the password was taken for the scheme's, and the
+    /// part of the password before it shown.
+    #[test]
+    fn a_password_holding_a_scheme_separator_is_taken_whole() {
+        let (clean, found) = split_credentials("bob:pa://ss@nats:4222");
+        assert_eq!(clean, "nats:4222");
+        match found {
+            Some(Credentials::UserPassword(user, pass)) => {
+                assert_eq!((user.as_str(), pass.as_str()), ("bob", "pa://ss"));
+            }
+            _ => panic!("user and password expected"),
+        }
+        let (clean, _) = split_credentials("nats://bob:pa://ss@nats:4222");
+        assert_eq!(clean, "nats://nats:4222");
     }
 
     #[test]

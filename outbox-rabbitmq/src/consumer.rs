@@ -17,6 +17,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox_core::config::mask_secrets;
 use outbox_core::consumer::{BoxError, Delivery, Origin, Transport, dead_letter_headers};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -35,6 +36,19 @@ fn password(url: &str) -> Option<String> {
     let (userinfo, _) = rest.rsplit_once('@')?;
     let (_, password) = userinfo.split_once(':')?;
     Some(password.to_owned())
+}
+
+/// `text` (an error of lapin's, a log line) without `url` or its password, as written
+/// or percent-decoded.
+pub(crate) fn redact_text(url: &str, text: &str) -> String {
+    let text = text.replace(url, &redacted(url));
+    match password(url) {
+        Some(password) => {
+            let decoded = outbox_core::config::percent_decoded(&password);
+            mask_secrets(&text, [password.as_str(), decoded.as_str()])
+        }
+        None => text,
+    }
 }
 
 /// What [`RabbitTransport`] needs to acknowledge a delivery.
@@ -456,7 +470,7 @@ fn value_text(value: &AMQPValue) -> Option<String> {
 
 /// The headers as text; the `message_id` and `type` properties stand in for absent
 /// `message-id` and `event-type` headers (a producer other than ours).
-fn text_headers(properties: &BasicProperties) -> BTreeMap<String, String> {
+pub(crate) fn text_headers(properties: &BasicProperties) -> BTreeMap<String, String> {
     let mut all = BTreeMap::new();
     if let Some(table) = properties.headers() {
         for (name, value) in table.inner() {
@@ -719,15 +733,6 @@ impl Transport for RabbitTransport {
     }
 
     fn redact(&self, text: &str) -> String {
-        let mut text = text.replace(&self.url, &redacted(&self.url));
-        if let Some(password) = password(&self.url) {
-            let decoded = outbox_core::config::percent_decoded(&password);
-            for secret in [password, decoded] {
-                if !secret.is_empty() {
-                    text = text.replace(&secret, "***");
-                }
-            }
-        }
-        text
+        redact_text(&self.url, text)
     }
 }

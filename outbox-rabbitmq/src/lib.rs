@@ -83,6 +83,44 @@ mod returns;
 pub use cloudevents::CloudEventsHeaders;
 pub use consumer::{RabbitToken, RabbitTransport, RabbitTransportBuilder};
 
+/// The parsers of untrusted input, for the fuzz targets in `fuzz/`. Not a public API:
+/// it changes without notice.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::collections::BTreeMap;
+
+    use lapin::BasicProperties;
+    use outbox_core::OutboxRecord;
+    use outbox_core::publisher::cloudevents::CloudEvents;
+
+    use crate::CloudEventsHeaders;
+
+    /// The URL as errors, logs and `Debug` show it.
+    pub fn redacted(url: &str) -> String {
+        crate::redacted(url)
+    }
+
+    /// `text` as the consumer's `Transport::redact` leaves it, for a transport on `url`.
+    pub fn redact_text(url: &str, text: &str) -> String {
+        crate::consumer::redact_text(url, text)
+    }
+
+    /// The properties the publisher gives `record`.
+    pub fn properties(
+        record: &OutboxRecord,
+        cloudevents: Option<(CloudEvents, CloudEventsHeaders)>,
+    ) -> BasicProperties {
+        let cloudevents = cloudevents.map(|(ce, headers)| (ce, headers.prefix()));
+        crate::properties(record, cloudevents.as_ref())
+    }
+
+    /// The headers the consumer reads from a delivery's properties.
+    pub fn text_headers(properties: &BasicProperties) -> BTreeMap<String, String> {
+        crate::consumer::text_headers(properties)
+    }
+}
+
 /// The headers this publisher writes.
 pub mod headers {
     pub use outbox_core::publisher::headers::{
@@ -528,13 +566,18 @@ fn properties(
         }
         table.insert(ShortString::from(key.as_str()), text(value));
     }
-    BasicProperties::default()
+    let properties = BasicProperties::default()
         .with_message_id(ShortString::from(id.as_str()))
-        .with_type(ShortString::from(record.event_type.as_str()))
         .with_content_type(headers::JSON.into())
         .with_delivery_mode(2)
         .with_timestamp(u64::try_from(record.created_at.timestamp()).unwrap_or(0))
-        .with_headers(table)
+        .with_headers(table);
+    // The `type` property is a short string (at most 255 bytes; `ShortString::from`
+    // panics beyond): a longer event type goes in the `event-type` header alone.
+    match ShortString::try_new(record.event_type.as_str()) {
+        Ok(kind) => properties.with_type(kind),
+        Err(_) => properties,
+    }
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -854,6 +897,50 @@ mod tests {
         );
         let builder = RabbitPublisher::builder("amqp://svc:hunter2@rabbit:5672/%2f");
         assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+
+    /// Found by the `headers_rabbitmq` fuzz target (docs/reliability.md): an event type
+    /// over 255 bytes panicked in lapin's `ShortString::from` (the `type` property),
+    /// in the relay's publish. The property is left out; the `event-type` header (a long
+    /// string) carries the type, and the consumer reads it from there.
+    #[test]
+    fn an_event_type_over_255_bytes_is_sent_in_its_header_not_a_panic() {
+        let event_type = "E".repeat(300);
+        let record = OutboxRecord {
+            seq: 1,
+            id: uuid::Uuid::now_v7(),
+            event_type: event_type.clone(),
+            event_version: None,
+            destination: "orders".to_owned(),
+            partition_key: None,
+            payload: "{}".to_owned(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        };
+        let p = properties(&record, None);
+        assert_eq!(*p.kind(), None);
+        let read = consumer::text_headers(&p);
+        assert_eq!(read.get(headers::EVENT_TYPE), Some(&event_type));
+    }
+
+    /// Found by the `redact_amqp` fuzz target (docs/reliability.md): a password with a
+    /// `*` was rebuilt by the `***` put in its place (`a*` in `aa**` became `a****`).
+    #[test]
+    fn a_redacted_text_never_holds_the_password() {
+        let (nul8, nul32) = ("\0".repeat(8), "\0".repeat(32));
+        for (password, text) in [
+            (format!("{nul8}*"), format!("{nul32}*\0\0*A\0Q\0\0\0\0\0")),
+            ("a*".to_owned(), "aa**".to_owned()),
+        ] {
+            let url = format!("amqp://svc:{password}@rabbit/vh");
+            let out = consumer::redact_text(&url, &text);
+            assert!(!out.contains(&password), "{text:?} -> {out:?}");
+        }
+        assert_eq!(
+            consumer::redact_text("amqp://svc:hunter2@rabbit/vh", "login hunter2 refused"),
+            "login *** refused"
+        );
     }
 
     #[test]

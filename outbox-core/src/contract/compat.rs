@@ -15,7 +15,7 @@
 //! | a new event type, a new optional field | compatible |
 //! | a schema changed together with a version bump | compatible |
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use serde_json::Value;
@@ -339,16 +339,16 @@ impl<'a> Schemas<'a> {
     /// position: a removed alternative breaks readers of the old messages, an added one
     /// breaks consumers that handle every alternative.
     fn compare_branches(&mut self, path: &str, old: &'a [Value], new: &'a [Value]) {
-        let old_ids: Vec<String> = old
-            .iter()
-            .enumerate()
-            .map(|(i, b)| branch_id(self.baseline, b, i))
-            .collect();
-        let new_ids: Vec<String> = new
-            .iter()
-            .enumerate()
-            .map(|(i, b)| branch_id(self.current, b, i))
-            .collect();
+        let old_ids = numbered(
+            old.iter()
+                .enumerate()
+                .map(|(i, b)| branch_id(self.baseline, b, i)),
+        );
+        let new_ids = numbered(
+            new.iter()
+                .enumerate()
+                .map(|(i, b)| branch_id(self.current, b, i)),
+        );
         for (id, branch) in old_ids.iter().zip(old) {
             match new_ids.iter().position(|n| n == id) {
                 Some(j) => self.compare(path, branch, &new[j]),
@@ -470,12 +470,16 @@ impl<'a> Schemas<'a> {
     /// A short description of a schema's type: `string (uuid)`, `integer or null`,
     /// `object`, `array of string`.
     fn kind(&self, schema: &Value, document: &Value) -> String {
-        self.kind_at(schema, document, 0)
+        self.kind_at(schema, document, 0, &mut 0)
     }
 
-    fn kind_at(&self, schema: &Value, document: &Value, depth: usize) -> String {
+    /// `seen`: schemas described so far. Alternatives of alternatives multiply (a
+    /// `oneOf` of 10 references to itself is 10^8 schemas at depth 8), so a description
+    /// stops at 256 schemas: the same document is described the same way every time.
+    fn kind_at(&self, schema: &Value, document: &Value, depth: usize, seen: &mut usize) -> String {
         let schema = resolve(document, schema);
-        if depth > 8 {
+        *seen += 1;
+        if depth > 8 || *seen > 256 {
             return "…".to_owned();
         }
         let mut kinds: Vec<String> = match schema.get("type") {
@@ -492,7 +496,7 @@ impl<'a> Schemas<'a> {
                 if let Some(Value::Array(options)) = schema.get(keyword) {
                     kinds = options
                         .iter()
-                        .map(|o| self.kind_at(o, document, depth + 1))
+                        .map(|o| self.kind_at(o, document, depth + 1, seen))
                         .collect();
                 }
             }
@@ -516,7 +520,10 @@ impl<'a> Schemas<'a> {
             match schema.get("items") {
                 Some(Value::Array(items)) => out = format!("tuple of {}", items.len()),
                 Some(items) => {
-                    out = format!("array of {}", self.kind_at(items, document, depth + 1));
+                    out = format!(
+                        "array of {}",
+                        self.kind_at(items, document, depth + 1, seen)
+                    );
                 }
                 None => {}
             }
@@ -597,6 +604,22 @@ fn first_ref(mut schema: &Value) -> Option<&str> {
         schema = lone_all_of(schema)?;
     }
     None
+}
+
+/// `ids` made unique by numbering a repeated one (`x`, `x (#2 of that name)`, ...), so
+/// that alternatives standing for the same thing pair in order, not all with the first.
+fn numbered(ids: impl Iterator<Item = String>) -> Vec<String> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    ids.map(|id| {
+        let n = seen.entry(id.clone()).or_default();
+        *n += 1;
+        if *n == 1 {
+            id
+        } else {
+            format!("{id} (#{n} of that name)")
+        }
+    })
+    .collect()
 }
 
 /// What an alternative of `oneOf`/`anyOf` stands for: `null`, a constant (a unit
@@ -710,6 +733,42 @@ mod tests {
 
     fn report(new: Value) -> String {
         check(&base(), &new).to_string()
+    }
+
+    /// Found by the `contract_compat` fuzz target (docs/reliability.md), a time-out: a
+    /// type whose alternatives refer to itself was described by walking every path 8
+    /// levels deep (10 alternatives: 10^8 schemas), for minutes.
+    #[test]
+    fn a_type_made_of_references_to_itself_is_compared_at_once() {
+        let mut document = v1(json!({ "$ref": "#/components/schemas/Tree" }));
+        let branches: Vec<Value> = (0..10)
+            .map(|_| json!({ "$ref": "#/components/schemas/Tree" }))
+            .collect();
+        document["components"]["schemas"]["Tree"] = json!({ "oneOf": branches });
+        let started = std::time::Instant::now();
+        let same = check(&document, &document);
+        assert!(same.changes().is_empty(), "{same}");
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
+    }
+
+    /// Found by the `contract_compat` fuzz target (docs/reliability.md): alternatives
+    /// that stand for the same thing (here: both named by an empty string) were all
+    /// paired with the first of them, so a document differed from itself.
+    #[test]
+    fn alternatives_of_the_same_name_are_paired_in_order() {
+        let document = v1(json!({ "oneOf": [
+            { "$ref": "" },
+            { "enum": [] },
+        ]}));
+        let same = check(&document, &document);
+        assert!(same.changes().is_empty(), "{same}");
+        let document = v1(json!({ "oneOf": [
+            { "const": "a", "type": "string" },
+            { "const": "a", "type": "integer" },
+        ]}));
+        let same = check(&document, &document);
+        assert!(same.changes().is_empty(), "{same}");
     }
 
     #[test]

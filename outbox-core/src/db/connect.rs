@@ -97,47 +97,125 @@ fn connect_timeout(url: &str) -> Result<(String, Duration)> {
 }
 
 /// Removes the password from a database URL so it can be shown in an error or a log line.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+///
+/// The user information ends at the last `@` (a password may hold `/`, `?` or `@`
+/// unencoded; a host never holds `@`), unless that `@` is in a query parameter's value
+/// (`?password=p@ss`). So the URL is read every way (user information up to each `@`,
+/// or none), and shown the likeliest way that shows no secret of any other reading;
+/// `scheme://<redacted>` if there is none.
+pub fn redact_url(url: &str) -> String {
+    // A scheme is a letter, then letters, digits, `+`, `-`, `.` (RFC 3986): a `://`
+    // after anything else (a libpq `key=value` string with one in its password) is not
+    // a URL's, and nothing of the text is shown.
+    let scheme_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
+    let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| {
+        s.starts_with(|c: char| c.is_ascii_alphabetic()) && s.chars().all(scheme_char)
+    }) else {
         return "<unparseable url>".to_owned();
     };
-    // The user information ends at the last `@`: a password may hold `/`, `?` or `@`
-    // unencoded, a host never holds `@`. (An `@` in the query makes the host look like
-    // user information: shown redacted rather than risk showing a password.)
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
+    // Every reading: the user information up to each `@` (the last first), and none;
+    // none first if the last `@` comes after a `?` (it is likelier the query's).
+    let mut readings: Vec<Reading<'_>> = rest
+        .rmatch_indices('@')
+        .map(|(at, _)| Reading::new(scheme, Some(&rest[..at]), &rest[at + 1..]))
+        .collect();
+    let none = Reading::new(scheme, None, rest);
+    match rest.rfind('@') {
+        Some(at) if rest[..at].contains('?') => readings.insert(0, none),
+        _ => readings.push(none),
+    }
+    // The first reading that shows no byte of a secret of another.
+    let span = |part: &str| {
+        let start = part.as_ptr() as usize - rest.as_ptr() as usize;
+        start..start + part.len()
     };
-    let (host, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    // Query parameters can carry secrets too (`?password=...`, `?sslpassword=...`).
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, value)) if is_secret_parameter(name) && !value.is_empty() => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
+    let hides_all = |i: usize| {
+        let secrets = readings.iter().flat_map(|r| &r.secrets);
+        secrets.filter(|s| !s.is_empty()).all(|secret| {
+            let secret = span(secret);
+            readings[i]
+                .shown
+                .iter()
+                .filter(|p| !p.is_empty())
+                .all(|part| {
+                    let part = span(part);
+                    part.end <= secret.start || secret.end <= part.start
                 })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
+        })
     };
-    match userinfo {
-        Some(userinfo) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{tail}")
-            } else {
-                format!("{scheme}://{user}@{host}{tail}")
+    // A `***` next to shown text can rebuild a secret with a `*` in it.
+    let rebuilds = |text: &str| {
+        readings
+            .iter()
+            .flat_map(|r| &r.secrets)
+            .any(|secret| secret.contains('*') && text.contains(secret))
+    };
+    match (0..readings.len()).find(|&i| hides_all(i) && !rebuilds(&readings[i].text)) {
+        Some(i) => readings.swap_remove(i).text,
+        None => format!("{scheme}://<redacted>"),
+    }
+}
+
+/// A way to read `scheme://rest`.
+struct Reading<'a> {
+    /// The URL without its password and the values of its secret query parameters.
+    text: String,
+    /// The parts of `rest` in `text`.
+    shown: Vec<&'a str>,
+    /// The parts of `rest` this reading calls secrets.
+    secrets: Vec<&'a str>,
+}
+
+impl<'a> Reading<'a> {
+    /// `scheme://[userinfo@]rest`.
+    fn new(scheme: &str, userinfo: Option<&'a str>, rest: &'a str) -> Reading<'a> {
+        let (mut shown, mut secrets) = (Vec::new(), Vec::new());
+        let (host, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        shown.push(host);
+        // Query parameters can carry secrets too (`?password=...`, `?sslpassword=...`).
+        let tail = match tail.split_once('?') {
+            Some((path, query)) => {
+                shown.push(path);
+                let query: Vec<String> = query
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some((name, value)) if is_secret_parameter(name) && !value.is_empty() => {
+                            shown.push(name);
+                            secrets.push(value);
+                            format!("{name}=***")
+                        }
+                        _ => {
+                            shown.push(pair);
+                            pair.to_owned()
+                        }
+                    })
+                    .collect();
+                format!("{path}?{}", query.join("&"))
             }
+            None => {
+                shown.push(tail);
+                tail.to_owned()
+            }
+        };
+        let text = match userinfo {
+            Some(userinfo) => match userinfo.split_once(':') {
+                Some((user, password)) => {
+                    shown.push(user);
+                    secrets.push(password);
+                    format!("{scheme}://{user}:***@{host}{tail}")
+                }
+                None => {
+                    shown.push(userinfo);
+                    format!("{scheme}://{userinfo}@{host}{tail}")
+                }
+            },
+            None => format!("{scheme}://{host}{tail}"),
+        };
+        Reading {
+            text,
+            shown,
+            secrets,
         }
-        None => format!("{scheme}://{host}{tail}"),
     }
 }
 
@@ -213,6 +291,41 @@ mod tests {
         ] {
             assert_eq!(redact_url(url), shown);
             assert!(!redact_url(url).contains("ss@"), "{url}");
+        }
+    }
+
+    /// Found by the `redact_url` fuzz target (docs/reliability.md): an `@` in a query
+    /// parameter's value was taken for the end of the user information, and the query
+    /// shown as a user name, password included; a `://` inside a libpq `key=value`
+    /// string was taken for a scheme's, and what came before it shown.
+    #[test]
+    fn a_password_never_shows_whatever_surrounds_it() {
+        for (url, secret, shown) in [
+            (
+                "postgres://db/app?password=p@ss",
+                "p@ss",
+                "postgres://db/app?password=***",
+            ),
+            (
+                "postgres://bob@db/app?sslmode=require&password=p:x@y",
+                "p:x@y",
+                "postgres://bob@db/app?sslmode=require&password=***",
+            ),
+            (
+                "postgres://:@db/?pwd=@/x:3",
+                "@/x:3",
+                "postgres://<redacted>",
+            ),
+            ("f://:*@/x@/?N@/x=", "*@/x", "f://<redacted>"),
+            (
+                "host=db user=bob password=pa://ss",
+                "pa://ss",
+                "<unparseable url>",
+            ),
+        ] {
+            let redacted = redact_url(url);
+            assert!(!redacted.contains(secret), "{url} -> {redacted}");
+            assert_eq!(redacted, shown, "{url}");
         }
     }
 }

@@ -19,3 +19,9 @@ mod connect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod lite;
 mod rows;
+
+// For the fuzz targets (`crate::fuzzing`).
+#[cfg(all(feature = "fuzzing", any(feature = "postgres", feature = "mysql")))]
+pub use connect::redact_url;
+#[cfg(all(feature = "fuzzing", feature = "postgres"))]
+pub use postgres::mask_literals;

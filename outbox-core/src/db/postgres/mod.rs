@@ -179,7 +179,7 @@ where
 /// `E'...'` with backslash escapes, dollar-quoted `$tag$...$tag$`) become `'…'` or `$…$`,
 /// numeric constants `?`, comments are dropped; keywords, identifiers (`"quoted"` ones
 /// too) and parameters (`$1`) stay. What a writer was doing, without what it wrote.
-pub(crate) fn mask_literals(query: &str, max: usize) -> String {
+pub fn mask_literals(query: &str, max: usize) -> String {
     let chars: Vec<char> = query.chars().collect();
     let n = chars.len();
     let at = |i: usize| chars.get(i).copied();
