@@ -143,14 +143,18 @@ pub fn redact_url(url: &str) -> String {
                 })
         })
     };
-    // A `***` next to shown text can rebuild a secret with a `*` in it.
-    let rebuilds = |text: &str| {
-        readings
-            .iter()
-            .flat_map(|r| &r.secrets)
-            .any(|secret| secret.contains('*') && text.contains(secret))
+    // What a reading adds between its parts (`:***@`, `=***`, the `@` and `?` of the
+    // form) can join shown text into a secret of another reading, or rebuild one with a
+    // `*` in it: a secret in the text that no shown part holds by itself.
+    let rebuilds = |i: usize| {
+        let reading = &readings[i];
+        readings.iter().flat_map(|r| &r.secrets).any(|secret| {
+            !secret.is_empty()
+                && reading.text.contains(secret)
+                && !reading.shown.iter().any(|part| part.contains(secret))
+        })
     };
-    match (0..readings.len()).find(|&i| hides_all(i) && !rebuilds(&readings[i].text)) {
+    match (0..readings.len()).find(|&i| hides_all(i) && !rebuilds(i)) {
         Some(i) => readings.swap_remove(i).text,
         None => format!("{scheme}://<redacted>"),
     }
@@ -321,6 +325,19 @@ mod tests {
                 "host=db user=bob password=pa://ss",
                 "pa://ss",
                 "<unparseable url>",
+            ),
+            // Found by the fuzz target in a fresh-clone CI run (2026-12-02): the reading
+            // with user information up to the last `@` wrote `:***@` and the `?` after it,
+            // which spell the `password` value of the reading without user information.
+            (
+                "F://___t_h\0o\0/?@@@@=@&H@z=&=/:&PASSWORD=@?",
+                "@?",
+                "F://<redacted>",
+            ),
+            (
+                "postgres://db/app?x=/:&password=@?",
+                "@?",
+                "postgres://<redacted>",
             ),
         ] {
             let redacted = redact_url(url);

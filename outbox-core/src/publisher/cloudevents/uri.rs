@@ -254,7 +254,8 @@ fn ipv6(s: &[u8]) -> bool {
             if right.windows(2).any(|w| w == b"::") {
                 return false;
             }
-            match (pieces(left, right.is_empty()), pieces(right, true)) {
+            // An IPv4 tail comes last: after the `::`, or in the form without one.
+            match (pieces(left, false), pieces(right, true)) {
                 (Some(l), Some(r)) => l + r <= 7,
                 _ => false,
             }
@@ -266,6 +267,16 @@ fn ipv6(s: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `cloudevents_source` fuzz target (CI, 2026-12-02): an IPv4 part before
+    /// a closing `::` was taken for the address's IPv4 tail.
+    #[test]
+    fn an_ipv4_part_before_a_closing_double_colon_is_not_an_ipv6_address() {
+        for bad in ["//[2.112.122.1::]", "//[1::2.3.4.5::]", "//[a:1.2.3.4::]"] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(check("//[a::1.2.3.4]"), Ok(()));
+    }
 
     #[test]
     fn uri_references_are_accepted() {
