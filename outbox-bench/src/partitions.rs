@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use outbox_core::config::PartitionInterval;
+use outbox_core::postgres::PartitionInterval;
 use outbox_core::relay::Relay;
 use outbox_core::retention::Retention;
 use outbox_core::{OutboxMessage, sqlx};

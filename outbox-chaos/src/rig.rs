@@ -742,10 +742,9 @@ async fn run_one(
         .stop_all();
     if slot.is_some() {
         // A slot left behind would keep WAL on this server forever.
-        let admin = Admin::new(run.outbox.clone());
         let dropped = tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                match admin.drop_slot().await {
+                match outbox_core::postgres::Slot::drop(&run.outbox).await {
                     Ok(_) => return Ok(()),
                     // Its relay's connection may still be closing.
                     Err(e) if e.to_string().contains("streams from") => {

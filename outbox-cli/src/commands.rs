@@ -1,64 +1,21 @@
 //! What each command does: connect, call `outbox_core::admin` (or migrate, or retention),
 //! print the result.
 
-use std::fmt;
 use std::future::Future;
 use std::io::{self, Write};
 use std::path::Path;
 
-use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, SlotStatus, Status};
+use outbox_core::admin::{Admin, ListFilter, MessageInfo, MessageState, Status};
 use outbox_core::config::percent_decoded;
 use outbox_core::doctor::{Doctor, Limits, Report};
+use outbox_core::postgres::SlotStatus;
 use outbox_core::retention::Retention;
 use outbox_core::sqlx::{Database as _, MySql, Postgres, Sqlite};
 use outbox_core::{Backend, Outbox, OutboxBuilder, TableName};
 
 use crate::cli::{Cli, Command, Filter, SlotCommand};
+use crate::failure::{Failure, Result};
 use outbox_core::admin::human_duration as human;
-
-/// Why a command failed. Displayed on one line.
-#[derive(Debug)]
-pub enum Failure {
-    /// From the library; its message says what to do.
-    Outbox(outbox_core::Error),
-    /// Found by the tool itself.
-    Message(String),
-    /// Standard output could not be written.
-    Output(io::Error),
-    /// `doctor` found something that needs action (the report is on standard output).
-    NeedsAction,
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Outbox(e) => write!(f, "{e}"),
-            Failure::Message(m) => f.write_str(m),
-            Failure::Output(e) => write!(f, "cannot write the output: {e}"),
-            Failure::NeedsAction => f.write_str("something needs action"),
-        }
-    }
-}
-
-impl From<outbox_core::Error> for Failure {
-    fn from(e: outbox_core::Error) -> Self {
-        Failure::Outbox(e)
-    }
-}
-
-impl From<io::Error> for Failure {
-    fn from(e: io::Error) -> Self {
-        Failure::Output(e)
-    }
-}
-
-impl From<serde_json::Error> for Failure {
-    fn from(e: serde_json::Error) -> Self {
-        Failure::Output(e.into())
-    }
-}
-
-pub type Result<T = ()> = std::result::Result<T, Failure>;
 
 /// Runs the command, writing its output to `out`: connects to the database the URL's
 /// scheme names, then does the same on each.
@@ -416,8 +373,8 @@ async fn partition_command(
 ) -> Result {
     let table = outbox.tables().outbox.clone();
     let interval = match interval {
-        crate::cli::Interval::Hour => outbox_core::config::PartitionInterval::Hourly,
-        crate::cli::Interval::Day => outbox_core::config::PartitionInterval::Daily,
+        crate::cli::Interval::Hour => outbox_core::postgres::PartitionInterval::Hourly,
+        crate::cli::Interval::Day => outbox_core::postgres::PartitionInterval::Daily,
     };
     if !yes {
         confirm(
@@ -479,7 +436,7 @@ async fn slot_command(
                     "dropped",
                 )?;
             }
-            let slot = admin.drop_slot().await?;
+            let slot = outbox_core::postgres::Slot::drop(admin.outbox()).await?;
             writeln!(
                 out,
                 "dropped replication slot {} and its publication ({} not confirmed by a relay); \

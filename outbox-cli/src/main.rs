@@ -6,6 +6,7 @@
 
 mod cli;
 mod commands;
+mod failure;
 mod serve;
 mod time;
 
@@ -40,10 +41,10 @@ fn main() -> ExitCode {
             Err(e) => fail(&format!("cannot write the output: {e}")),
         },
         // The reader went away (`outbox dead | head`): not an error of ours.
-        Err(commands::Failure::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+        Err(failure::Failure::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
         }
-        Err(commands::Failure::NeedsAction) => {
+        Err(failure::Failure::NeedsAction) => {
             let _ = out.flush();
             ExitCode::from(3)
         }

@@ -28,7 +28,7 @@ use outbox_core::{Backend, Outbox};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::commands::{Failure, Result};
+use crate::failure::{Failure, Result};
 
 /// How long the dead letters grouped by error are reused (the grouping reads every
 /// dead letter).

@@ -30,22 +30,30 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fmt;
 
 use chrono::{DateTime, Utc};
 use sqlx::Transaction;
 use uuid::Uuid;
 
-use crate::model::Which;
+use crate::model::{Change, SentWindow, Which};
 pub use crate::model::{
-    DeadGroup, DestinationStatus, ListFilter, MessageInfo, MessageState, OpenWriter, PurgeReport,
-    SlotStatus, Status, human_duration,
+    DeadGroup, DestinationStatus, ListFilter, MessageInfo, MessageState, PurgeReport, Status,
+    human_duration,
 };
+
 use crate::store::ops::Behind;
 use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
 
+moved! {
+    #[cfg(feature = "postgres")]
+    OpenWriter => postgres, "moved to `outbox_core::postgres::OpenWriter`";
+    #[cfg(feature = "postgres")]
+    SlotStatus => postgres, "moved to `outbox_core::postgres::SlotStatus`";
+}
+
 /// Operations on the stored messages of one outbox. See the [module](self).
+#[derive(Debug)]
 pub struct Admin<DB: Backend = DefaultBackend> {
     pub(crate) outbox: Outbox<DB>,
 }
@@ -58,11 +66,15 @@ impl<DB: Backend> Clone for Admin<DB> {
     }
 }
 
-impl<DB: Backend> fmt::Debug for Admin<DB> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Admin")
-            .field("outbox", &self.outbox)
-            .finish()
+#[cfg(feature = "postgres")]
+impl Admin<sqlx::Postgres> {
+    /// Drops the outbox's replication slot and its publication (WAL mode).
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `outbox_core::postgres::Slot::drop(&outbox)`"
+    )]
+    pub async fn drop_slot(&self) -> Result<crate::postgres::SlotStatus> {
+        crate::postgres::Slot::drop(&self.outbox).await
     }
 }
 
@@ -89,9 +101,13 @@ impl<DB: Backend> Admin<DB> {
     /// age of the oldest pending message and the number of connected relays. Reads only
     /// the pending and dead-letter rows, never the history.
     pub async fn status(&self) -> Result<Status> {
-        let mut status = DB::status(self.outbox.pool(), self.outbox.tables())
-            .await
-            .map_err(self.err("reading the outbox status"))?;
+        let mut status = DB::status(
+            self.outbox.pool(),
+            self.outbox.tables(),
+            self.outbox.options(),
+        )
+        .await
+        .map_err(self.err("reading the outbox status"))?;
         status.table = self.table();
         Ok(status)
     }
@@ -155,10 +171,10 @@ impl<DB: Backend> Admin<DB> {
         until: DateTime<Utc>,
         destination: Option<&str>,
     ) -> Result<u64> {
-        check_window(since, until)?;
+        let window = window(since, until, destination)?;
         let context = "re-queuing sent messages";
         let mut tx = self.begin(context).await?;
-        let n = DB::requeue_sent_between(&mut tx, self.outbox.tables(), since, until, destination)
+        let n = DB::requeue_sent(&mut tx, self.outbox.tables(), window, false)
             .await
             .map_err(self.err(context))?;
         self.wake_and_commit(tx, n > 0, context).await?;
@@ -173,16 +189,17 @@ impl<DB: Backend> Admin<DB> {
         until: DateTime<Utc>,
         destination: Option<&str>,
     ) -> Result<u64> {
-        check_window(since, until)?;
-        DB::count_sent_between(
-            self.outbox.pool(),
-            self.outbox.tables(),
-            since,
-            until,
-            destination,
-        )
-        .await
-        .map_err(self.err("counting the sent messages to re-queue"))
+        let window = window(since, until, destination)?;
+        let context = "counting the sent messages to re-queue";
+        let mut conn = self
+            .outbox
+            .pool()
+            .acquire()
+            .await
+            .map_err(self.err(context))?;
+        DB::requeue_sent(&mut conn, self.outbox.tables(), window, true)
+            .await
+            .map_err(self.err(context))
     }
 
     /// Returns the **dead-lettered** messages `ids` to pending, with attempts and errors
@@ -218,9 +235,15 @@ impl<DB: Backend> Admin<DB> {
         DB::unpark(&mut tx, self.outbox.tables(), Behind::Ids(ids))
             .await
             .map_err(self.err(context))?;
-        let n = DB::delete_ids(&mut tx, self.outbox.tables(), ids, Which::Dead)
-            .await
-            .map_err(self.err(context))?;
+        let n = DB::change_ids(
+            &mut tx,
+            self.outbox.tables(),
+            ids,
+            Which::Dead,
+            Change::Delete,
+        )
+        .await
+        .map_err(self.err(context))?;
         self.wake_and_commit(tx, n > 0, context).await?;
         Ok(n)
     }
@@ -309,7 +332,7 @@ impl<DB: Backend> Admin<DB> {
                 .await
                 .map_err(self.err(context))?;
         }
-        let n = DB::requeue_ids(&mut tx, self.outbox.tables(), ids, from)
+        let n = DB::change_ids(&mut tx, self.outbox.tables(), ids, from, Change::Requeue)
             .await
             .map_err(self.err(context))?;
         self.wake_and_commit(tx, n > 0, context).await?;
@@ -376,13 +399,21 @@ impl<DB: Backend> Admin<DB> {
     }
 }
 
-/// A replay window must not be empty.
-fn check_window(since: DateTime<Utc>, until: DateTime<Utc>) -> Result<()> {
+/// The replay window, which must not be empty.
+fn window(
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    destination: Option<&str>,
+) -> Result<SentWindow<'_>> {
     if since >= until {
         return Err(Error::InvalidArgument(Cow::Owned(format!(
             "the replay window is empty: since ({since}) is not before until ({until}); \
              give an earlier --since or a later --until"
         ))));
     }
-    Ok(())
+    Ok(SentWindow {
+        since,
+        until,
+        destination,
+    })
 }

@@ -110,7 +110,11 @@
 //!   message id (a UUIDv7).
 #![warn(missing_docs)]
 
+#[macro_use]
+mod macros;
+
 pub mod admin;
+pub mod backoff;
 pub mod catalog;
 pub mod config;
 pub mod consumer;
@@ -125,6 +129,8 @@ mod key;
 pub mod migrate;
 mod model;
 mod outbox;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod publisher;
 pub mod relay;
 pub mod retention;

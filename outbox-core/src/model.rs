@@ -175,9 +175,11 @@ pub struct Status {
     /// relay publishes nothing written after it began until it commits or rolls back, so
     /// an old one here (idle in transaction, or a prepared transaction) stalls every key.
     /// `None` when no writer is open (and on MySQL/SQLite, whose writers commit in order).
-    pub oldest_writer: Option<OpenWriter>,
+    #[cfg(feature = "postgres")]
+    pub oldest_writer: Option<crate::postgres::OpenWriter>,
     /// WAL mode (PostgreSQL): the replication slot the relay reads. `None` in table mode.
-    pub slot: Option<SlotStatus>,
+    #[cfg(feature = "postgres")]
+    pub slot: Option<crate::postgres::SlotStatus>,
     /// The highest `seq` in the table (read from its primary key's index), `None` when it
     /// is empty: two samples tell how many messages were written in between.
     pub last_seq: Option<i64>,
@@ -193,117 +195,6 @@ pub struct DeadGroup {
     pub count: i64,
     /// The first of them (lowest `seq`).
     pub first_seq: i64,
-}
-
-/// The replication slot of an outbox in WAL mode; see [`Status::slot`] and `docs/wal.md`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct SlotStatus {
-    /// The slot's name.
-    pub name: String,
-    /// The slot exists. A missing slot means the relay cannot start (`migrate` creates
-    /// it; see "A lost or invalidated slot" in `docs/wal.md` if it existed before).
-    pub exists: bool,
-    /// The server process of the relay streaming from it; `None` when no relay is.
-    pub active_pid: Option<i32>,
-    /// `pg_replication_slots.wal_status`: `reserved`, `extended`, `unreserved`, or `lost`
-    /// (invalidated: the relay refuses to read it).
-    pub wal_status: Option<String>,
-    /// WAL written since the relay's last confirmation (bytes): what the relay has not
-    /// yet confirmed as published, plus other activity it has not read past yet.
-    pub unconfirmed_bytes: Option<i64>,
-    /// WAL the slot keeps on disk (bytes from its `restart_lsn`); bounded by
-    /// `max_slot_wal_keep_size`.
-    pub retained_bytes: Option<i64>,
-    /// How long ago the oldest commit not yet confirmed was written: from the
-    /// stream's first commit when no relay runs, from the server's flush lag of the
-    /// relay's connection when one does. `None` when there is none (or it is unknown).
-    pub oldest_unconfirmed_age_seconds: Option<f64>,
-}
-
-/// A transaction holding the outbox's writer lock; see [`Status::oldest_writer`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct OpenWriter {
-    /// Its server process (`pg_stat_activity.pid`); `None` for a prepared (two-phase)
-    /// transaction, which no session holds: `COMMIT PREPARED` or `ROLLBACK PREPARED` ends it.
-    pub pid: Option<i32>,
-    /// How long ago its transaction began (or was prepared).
-    pub age_seconds: f64,
-    /// `pg_stat_activity.state` (`idle in transaction`, `active`...), or `prepared`.
-    pub state: String,
-    /// Its last statement (`pg_stat_activity.query`), with string literals masked as
-    /// `'…'` and cut to 300 characters; `None` for a prepared transaction.
-    pub query: Option<String>,
-}
-
-/// What the database says about the outbox's own health, for `outbox doctor`
-/// (the `doctor` module): PostgreSQL only (`None` elsewhere).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct Health {
-    /// The outbox table with its indexes and TOAST, in bytes.
-    pub table_bytes: i64,
-    /// Live rows (`pg_stat_user_tables.n_live_tup`, an estimate).
-    pub live_rows: i64,
-    /// Dead row versions not vacuumed yet (`n_dead_tup`).
-    pub dead_rows: i64,
-    /// The last vacuum of the table, by autovacuum or by hand.
-    pub last_vacuum: Option<DateTime<Utc>>,
-    /// The table's storage parameters (`autovacuum_vacuum_scale_factor=0.01`...).
-    pub storage_parameters: Vec<String>,
-    /// Whether autovacuum may visit the table (its `autovacuum_enabled` parameter).
-    pub table_autovacuum: bool,
-    /// Dead rows past which autovacuum visits the table: `autovacuum_vacuum_threshold`
-    /// plus `autovacuum_vacuum_scale_factor` times the row estimate (the table's own
-    /// settings first).
-    pub vacuum_trigger_rows: f64,
-    /// The server is a standby (in recovery): relays and writers run on the primary.
-    pub in_recovery: bool,
-    /// Whether autovacuum runs on this server (`autovacuum` and `track_counts`).
-    pub autovacuum_on: bool,
-    /// The `seq` column's sequence, and its cache size (the relay needs 1).
-    pub sequence: Option<String>,
-    /// See [`sequence`](Self::sequence).
-    pub sequence_cache: Option<i64>,
-    /// The relays connected now, each with the partitions it holds.
-    pub relays: Vec<RelayInstance>,
-    /// The partition counts relays registered (one, unless relays disagree).
-    pub partition_counts: Vec<i32>,
-    /// Partitions held by a session that is not a relay of this outbox.
-    pub partitions_held_by_others: Vec<i32>,
-    /// The logical replication slots of this database.
-    pub slots: Vec<ReplicationSlot>,
-}
-
-/// A relay connected to the outbox, as the server sees it; see [`Health::relays`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct RelayInstance {
-    /// Its connection's server process.
-    pub pid: i32,
-    /// `application_name` (`RelayConfig::application_name`).
-    pub application_name: String,
-    /// The client's address, when it connects over TCP.
-    pub client: Option<String>,
-    /// How long it has been connected.
-    pub connected_seconds: f64,
-    /// The partitions it publishes.
-    pub partitions: Vec<i32>,
-}
-
-/// A logical replication slot; see [`Health::slots`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct ReplicationSlot {
-    /// Its name.
-    pub name: String,
-    /// Whether a client streams from it now.
-    pub active: bool,
-    /// WAL it keeps on disk (bytes from its `restart_lsn`).
-    pub retained_bytes: Option<i64>,
-    /// `wal_status` (`reserved`, `extended`, `unreserved`, `lost`).
-    pub wal_status: Option<String>,
 }
 
 /// What `Admin::purge` deleted, or would delete.
@@ -366,6 +257,43 @@ impl Which {
             _ => "sent_at = NULL",
         }
     }
+}
+
+/// What [`Ops::change_ids`](crate::store::ops::Ops::change_ids) does to the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Delete them (discard).
+    Delete,
+    /// Return them to pending, attempts and errors reset (replay, release).
+    Requeue,
+}
+
+impl Change {
+    /// The statement that changes the rows of `outbox` whose `id` passes `ids` (`= ANY($1)`,
+    /// `IN (?, ?)`) and that are in state `from`; `now` is the database's clock.
+    pub(crate) fn sql(self, outbox: &str, ids: &str, from: Which, now: &str) -> String {
+        let state = from.condition();
+        match self {
+            Change::Delete => format!("DELETE FROM {outbox} WHERE id {ids} AND {state}"),
+            Change::Requeue => format!(
+                "UPDATE {outbox} SET {set}, {reset} WHERE id {ids} AND {state}",
+                set = from.requeue_set(),
+                reset = requeue_reset(now),
+            ),
+        }
+    }
+}
+
+/// The messages sent in `[since, until)`, of one destination or of all: what
+/// `Admin::replay_sent_between` re-queues.
+#[derive(Debug, Clone, Copy)]
+pub struct SentWindow<'a> {
+    /// From this `sent_at` on.
+    pub since: DateTime<Utc>,
+    /// Before this `sent_at`.
+    pub until: DateTime<Utc>,
+    /// Only this destination, if set.
+    pub destination: Option<&'a str>,
 }
 
 /// What re-queuing (replay, release) sets besides the state column: attempts and error
@@ -506,33 +434,4 @@ mod human_tests {
         assert_eq!(human_duration(3.0 * 3600.0 + 120.0), "3h 2m");
         assert_eq!(human_duration(3.0 * 86_400.0 + 4.0 * 3600.0), "3d 4h");
     }
-}
-
-/// What [`Outbox::partition_by_time`](crate::Outbox) did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Partitioned {
-    /// Rows copied from the plain table (0 when the table was already partitioned).
-    pub rows_copied: u64,
-    /// The partitions created (the default partition aside).
-    pub partitions: Vec<String>,
-    /// Relay sessions disconnected so that they register on the new table.
-    pub relays_disconnected: u64,
-}
-
-/// What retention did to the partitions of a time-partitioned outbox.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PartitionReport {
-    /// Partitions created ahead.
-    pub created: Vec<String>,
-    /// Rows moved from the default partition into a partition created for them.
-    pub moved_from_default: u64,
-    /// Partitions dropped: wholly older than the cutoff, with no pending or dead row.
-    pub dropped: Vec<String>,
-    /// Partitions older than the cutoff kept for their pending or dead-lettered rows
-    /// (their sent rows are deleted row by row).
-    pub kept: Vec<String>,
-    /// Partitions left for the next run: their lock was not free within 2 s.
-    pub busy: Vec<String>,
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::config::{TableName, Tables};
 use crate::error::DbContext;
 use crate::store::schema::Schema;
-use crate::store::{Backend, Write};
+use crate::store::{Backend, Database, Write};
 use crate::{OutboxEvent, OutboxMessage, OutboxTx, Result};
 
 /// The entry point: a database pool and where the outbox lives in it.
@@ -33,6 +33,7 @@ pub struct Outbox<DB: Backend = crate::store::DefaultBackend> {
 struct Inner<DB: Backend> {
     pool: Pool<DB>,
     tables: Tables,
+    options: DB::Options,
 }
 
 impl<DB: Backend> Clone for Outbox<DB> {
@@ -47,6 +48,7 @@ impl<DB: Backend> fmt::Debug for Outbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbox")
             .field("tables", &self.inner.tables)
+            .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +60,7 @@ impl<DB: Backend> Outbox<DB> {
             inner: Arc::new(Inner {
                 pool,
                 tables: Tables::default(),
+                options: DB::Options::default(),
             }),
         }
     }
@@ -68,7 +71,7 @@ impl<DB: Backend> Outbox<DB> {
             pool,
             outbox: None,
             processed: None,
-            wal: None,
+            options: DB::Options::default(),
         }
     }
 
@@ -82,12 +85,19 @@ impl<DB: Backend> Outbox<DB> {
         &self.inner.tables
     }
 
+    /// The database's own options, beside its [`tables`](Self::tables): on PostgreSQL,
+    /// [`postgres::Options`](crate::postgres::Options) (whether the outbox is in WAL
+    /// mode, and its slot); `()` on MySQL and SQLite.
+    pub fn options(&self) -> &DB::Options {
+        &self.inner.options
+    }
+
     /// Creates or upgrades the outbox tables. Safe to call at every start-up and from
     /// several processes at once: applied migrations are skipped.
     ///
     /// Returns the versions applied by this call (empty when already up to date).
     pub async fn migrate(&self) -> Result<Vec<i64>> {
-        <DB as Schema>::migrate(&self.inner.pool, &self.inner.tables).await
+        <DB as Schema>::migrate(&self.inner.pool, &self.inner.tables, &self.inner.options).await
     }
 
     /// Starts a transaction. Do your business writes through it, [`emit`](OutboxTx::emit)
@@ -144,7 +154,7 @@ impl<DB: Backend> Outbox<DB> {
         messages: &[OutboxMessage],
     ) -> Result<()> {
         let span = tracing::debug_span!("outbox.write", count = messages.len());
-        <DB as Write>::insert_messages(conn, &self.inner.tables, messages)
+        <DB as Write>::insert_messages(conn, &self.inner.tables, &self.inner.options, messages)
             .instrument(span)
             .await
     }
@@ -157,8 +167,8 @@ pub struct OutboxBuilder<DB: Backend = crate::store::DefaultBackend> {
     pub(crate) pool: Pool<DB>,
     outbox: Option<String>,
     processed: Option<String>,
-    /// WAL mode (PostgreSQL only): the slot name asked for, and the password.
-    pub(crate) wal: Option<(Option<String>, Option<crate::config::Secret>)>,
+    /// The database's own options (PostgreSQL: WAL mode, set by `wal`, `wal_slot`...).
+    pub(crate) options: DB::Options,
 }
 
 impl<DB: Backend> OutboxBuilder<DB> {
@@ -185,15 +195,13 @@ impl<DB: Backend> OutboxBuilder<DB> {
         if let Some(name) = &self.processed {
             tables.processed = TableName::parse("processed-messages table name", name)?;
         }
-        if let Some((slot, password)) = self.wal {
-            let mut wal = crate::config::Wal::new(&tables.outbox, slot.as_deref())?;
-            wal.password = password;
-            tables.wal = Some(wal);
-        }
+        let mut options = self.options;
+        <DB as Database>::resolve(&mut options, &tables)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 tables,
+                options,
             }),
         })
     }

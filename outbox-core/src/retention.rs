@@ -64,10 +64,16 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::error::DbContext;
-pub use crate::model::{PartitionReport, Partitioned};
 use crate::store::{Backend, DefaultBackend};
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
+
+moved! {
+    #[cfg(feature = "postgres")]
+    PartitionReport => postgres, "moved to `outbox_core::postgres::PartitionReport`";
+    #[cfg(feature = "postgres")]
+    Partitioned => postgres, "moved to `outbox_core::postgres::Partitioned`";
+}
 
 /// Retention settings. Every field has a documented default.
 #[derive(Debug, Clone)]
@@ -121,7 +127,8 @@ pub struct RetentionReport {
     pub interrupted: bool,
     /// On a time-partitioned outbox (PostgreSQL): the partitions created, dropped, kept
     /// and left for the next run. `None` for a plain table.
-    pub partitions: Option<PartitionReport>,
+    #[cfg(feature = "postgres")]
+    pub partitions: Option<crate::postgres::PartitionReport>,
 }
 
 impl fmt::Display for RetentionReport {
@@ -135,6 +142,7 @@ impl fmt::Display for RetentionReport {
             self.elapsed,
             self.longest_batch
         )?;
+        #[cfg(feature = "postgres")]
         if let Some(p) = &self.partitions {
             write!(
                 f,
@@ -160,39 +168,26 @@ pub struct RetentionBuilder<DB: Backend = DefaultBackend> {
 }
 
 impl<DB: Backend> RetentionBuilder<DB> {
-    /// Delete sent messages once they have been sent for longer than `age`.
-    pub fn sent_older_than(mut self, age: Duration) -> Self {
-        self.config.sent_older_than = Some(age);
-        self
+    setters! { config:
+        /// Delete sent messages once they have been sent for longer than `age`.
+        sent_older_than(age: Duration) => Some(age);
+        /// Delete processed-message ids recorded longer than `age` ago.
+        processed_older_than(age: Duration) => Some(age);
+        /// Rows per `DELETE` (at least 1).
+        batch_size(n: usize) => n.max(1);
+        /// Pause between batches.
+        batch_pause(d: Duration);
+        /// Time between runs of a spawned task.
+        interval(d: Duration);
     }
     /// Never delete sent messages.
     pub fn keep_sent(mut self) -> Self {
         self.config.sent_older_than = None;
         self
     }
-    /// Delete processed-message ids recorded longer than `age` ago.
-    pub fn processed_older_than(mut self, age: Duration) -> Self {
-        self.config.processed_older_than = Some(age);
-        self
-    }
     /// Never delete processed-message ids.
     pub fn keep_processed(mut self) -> Self {
         self.config.processed_older_than = None;
-        self
-    }
-    /// Rows per `DELETE` (at least 1).
-    pub fn batch_size(mut self, n: usize) -> Self {
-        self.config.batch_size = n.max(1);
-        self
-    }
-    /// Pause between batches.
-    pub fn batch_pause(mut self, d: Duration) -> Self {
-        self.config.batch_pause = d;
-        self
-    }
-    /// Time between runs of a spawned task.
-    pub fn interval(mut self, d: Duration) -> Self {
-        self.config.interval = d;
         self
     }
     /// Replaces the whole configuration.
@@ -321,29 +316,32 @@ impl<DB: Backend> Retention<DB> {
             // ones whole; the row-by-row deletes below then skip what remains of them.
             // Its failure (a second retention process racing, a deadlock, a lock that
             // was not free) leaves the partitions for the next run; the deletes go on.
-            report.partitions = match DB::maintain_partitions(
-                self.outbox.pool(),
-                self.outbox.tables(),
-                report.sent_cutoff,
-            )
-            .await
+            #[cfg(feature = "postgres")]
             {
-                Ok(partitions) => partitions,
-                Err(e) => {
-                    tracing::error!(error = %e, "outbox retention could not maintain the outbox's partitions; trying at the next run");
-                    metrics::counter!("outbox_retention_failures_total").increment(1);
-                    None
-                }
-            };
-            if let Some(p) = &report.partitions {
-                for name in &p.dropped {
-                    tracing::info!(partition = %name, "outbox retention dropped a partition");
-                }
-                for name in &p.created {
-                    tracing::info!(partition = %name, "outbox retention created a partition");
-                }
-                for name in &p.busy {
-                    tracing::warn!(partition = %name, "outbox retention could not lock the outbox within 2 s to add or drop this partition; trying at the next run");
+                report.partitions = match DB::maintain_partitions(
+                    self.outbox.pool(),
+                    self.outbox.tables(),
+                    report.sent_cutoff,
+                )
+                .await
+                {
+                    Ok(partitions) => partitions,
+                    Err(e) => {
+                        tracing::error!(error = %e, "outbox retention could not maintain the outbox's partitions; trying at the next run");
+                        metrics::counter!("outbox_retention_failures_total").increment(1);
+                        None
+                    }
+                };
+                if let Some(p) = &report.partitions {
+                    for name in &p.dropped {
+                        tracing::info!(partition = %name, "outbox retention dropped a partition");
+                    }
+                    for name in &p.created {
+                        tracing::info!(partition = %name, "outbox retention created a partition");
+                    }
+                    for name in &p.busy {
+                        tracing::warn!(partition = %name, "outbox retention could not lock the outbox within 2 s to add or drop this partition; trying at the next run");
+                    }
                 }
             }
             if let Some(cutoff) = report.sent_cutoff {
@@ -451,19 +449,13 @@ pub struct RetentionHandle {
 }
 
 impl RetentionHandle {
-    /// Asks the task to stop after its current batch and waits until it has.
-    pub async fn shutdown(self) {
-        self.task.shutdown().await;
-    }
-
-    /// Stops the task at once. A batch in flight is rolled back by the database.
-    pub fn abort(&self) {
-        self.task.abort();
-    }
-
-    /// Whether the task has ended.
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+    controls_task! {
+        /// Asks the task to stop after its current batch and waits until it has.
+        shutdown;
+        /// Stops the task at once. A batch in flight is rolled back by the database.
+        abort;
+        /// Whether the task has ended.
+        is_finished;
     }
 
     /// The report of the last run that completed, if any.

@@ -150,9 +150,11 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     pub async fn commit(mut self) -> Result<()> {
         let count = self.pending.len();
         let span = tracing::debug_span!("outbox.commit", events = count);
-        let tables = self.outbox.tables().clone();
+        // A handle (one `Arc`), so that its names and options outlive the borrows below.
+        let outbox = self.outbox.clone();
+        let (tables, options) = (outbox.tables(), outbox.options());
         if self.own {
-            let done = DB::write_commit_and_begin(&mut self.tx, &tables, &self.pending)
+            let done = DB::write_commit_and_begin(&mut self.tx, tables, options, &self.pending)
                 .instrument(span.clone())
                 .await?;
             if done {
@@ -166,7 +168,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             // Nothing to write, which would have found out: a `COMMIT` alone does not
             // fail on a transaction that can no longer commit (PostgreSQL answers it
             // with a silent rollback; MySQL has nothing left to commit).
-            DB::check_open(&mut self.tx, &tables, self.wrote).await?;
+            DB::check_open(&mut self.tx, tables, options, self.wrote).await?;
         } else {
             self.flush().instrument(span).await?;
         }

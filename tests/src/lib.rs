@@ -8,6 +8,7 @@
 pub mod consumers;
 pub mod kafka;
 pub mod logs;
+pub mod metrics;
 pub mod nats;
 pub mod order;
 pub mod process;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_core::config::PartitionInterval;
+use outbox_core::postgres::PartitionInterval;
 use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::relay::Relay;
 use outbox_core::retention::Retention;

@@ -495,7 +495,7 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
 /// channel, or the tenant's commits wait for its poll (#33: they did).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
-    use outbox_core::config::PartitionInterval;
+    use outbox_core::postgres::PartitionInterval;
     const TENANTS: usize = 3;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;

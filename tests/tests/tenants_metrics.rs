@@ -5,48 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use outbox_core::OutboxMessage;
 use outbox_core::relay::{RelayConfig, Tenants};
 use outbox_nats::NatsPublisher;
+use outbox_tests::metrics::Seen;
 use outbox_tests::nats::{fresh_stream, nats_url};
 use outbox_tests::{TestDb, wait_until};
-
-/// Every metric seen so far, by name and `tenant` label: counters summed (a snapshot
-/// takes what was counted since the one before), gauges as last set.
-#[derive(Default)]
-struct Seen(BTreeMap<(String, String), f64>);
-
-impl Seen {
-    fn take(&mut self, snapshotter: &Snapshotter) {
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let tenant = key
-                .key()
-                .labels()
-                .find(|l| l.key() == "tenant")
-                .map(|l| l.value().to_owned())
-                .unwrap_or_else(|| "<none>".to_owned());
-            let entry = self
-                .0
-                .entry((key.key().name().to_owned(), tenant))
-                .or_default();
-            match value {
-                DebugValue::Counter(c) => *entry += c as f64,
-                DebugValue::Gauge(g) => *entry = g.into_inner(),
-                DebugValue::Histogram(h) => *entry += h.len() as f64,
-            }
-        }
-    }
-
-    /// `name`'s values by tenant.
-    fn by_tenant(&self, name: &str) -> BTreeMap<String, f64> {
-        self.0
-            .iter()
-            .filter(|((n, _), _)| n == name)
-            .map(|((_, t), v)| (t.clone(), *v))
-            .collect()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
@@ -83,12 +48,12 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
         .outboxes(db.pool.clone(), names.clone())
         .spawn()
         .expect("spawn the relay");
-    let seen = std::sync::Mutex::new(Seen::default());
+    let seen = std::sync::Mutex::new(Seen::by("tenant"));
     wait_until("every event is published", Duration::from_secs(30), || {
         let mut seen = seen.lock().expect("seen");
         seen.take(&snapshotter);
         let done = seen
-            .by_tenant("outbox_published_total")
+            .by_label("outbox_published_total")
             .values()
             .sum::<f64>()
             >= 15.0;
@@ -100,7 +65,7 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
     seen.take(&snapshotter);
 
     // Tenants start in the order given: the first three are labelled.
-    let published = seen.by_tenant("outbox_published_total");
+    let published = seen.by_label("outbox_published_total");
     let expected: BTreeMap<String, f64> = [
         (names[0].clone(), 1.0),
         (names[1].clone(), 2.0),
@@ -110,7 +75,7 @@ async fn the_first_tenants_get_a_label_of_their_own_and_the_rest_share_other() {
     .into();
     assert_eq!(published, expected, "outbox_published_total by tenant");
     // The gauges come with each tenant's probe, at the start of its first turn.
-    let pending = seen.by_tenant("outbox_pending");
+    let pending = seen.by_label("outbox_pending");
     assert!(
         !pending.contains_key("other") && !pending.contains_key("<none>"),
         "gauges of tenants past the labelled ones are not reported: {pending:?}"

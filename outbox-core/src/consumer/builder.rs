@@ -7,17 +7,16 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
 
+use crate::backoff::Backoff;
 use crate::event::OutboxEvent;
 use crate::inbox::Inbox;
 use crate::store::{Backend, DefaultBackend};
-use crate::tx::OutboxTx;
 
 use super::dispatch::{Dispatch, Typed};
 use super::handle::Shared;
-use super::{BoxError, Consumer, ConsumerStats, Error, Policy, Received, Transport};
+use super::{Consumer, ConsumerStats, Error, Handler, Policy, Transport};
 
 /// Configures a [`Consumer`]; start with [`Consumer::builder`].
 pub struct ConsumerBuilder<T: Transport, DB: Backend = DefaultBackend> {
@@ -27,7 +26,7 @@ pub struct ConsumerBuilder<T: Transport, DB: Backend = DefaultBackend> {
     errors: Vec<Error>,
     unknown: Policy,
     undecodable: Policy,
-    retry_backoff: (Duration, Duration),
+    retry_backoff: Backoff,
     handler_attempts: Option<(u32, Policy)>,
     concurrency: usize,
     max_in_flight: Option<usize>,
@@ -68,7 +67,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
             errors: Vec::new(),
             unknown: Policy::Skip,
             undecodable: Policy::Stop,
-            retry_backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            retry_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
             handler_attempts: None,
             concurrency: 8,
             max_in_flight: None,
@@ -86,13 +85,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     pub fn on<E, F>(mut self, handler: F) -> Self
     where
         E: OutboxEvent + DeserializeOwned + Send + 'static,
-        F: for<'t> Fn(
-                &'t mut OutboxTx<'static, DB>,
-                Received<E>,
-            ) -> BoxFuture<'t, Result<(), BoxError>>
-            + Send
-            + Sync
-            + 'static,
+        F: Handler<DB, E>,
     {
         let names = catalog_names::<E>();
         if names.is_empty() {
@@ -116,13 +109,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     pub fn on_event_type<E, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
     where
         E: DeserializeOwned + Send + 'static,
-        F: for<'t> Fn(
-                &'t mut OutboxTx<'static, DB>,
-                Received<E>,
-            ) -> BoxFuture<'t, Result<(), BoxError>>
-            + Send
-            + Sync
-            + 'static,
+        F: Handler<DB, E>,
     {
         let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
             handler,
@@ -160,7 +147,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     /// consumer is shut down, so later messages of its key wait (per-key order is kept);
     /// other keys go on.
     pub fn retry_backoff(mut self, first: Duration, cap: Duration) -> Self {
-        self.retry_backoff = (first, cap.max(first));
+        self.retry_backoff = Backoff::new(first, cap.max(first));
         self
     }
 
@@ -175,31 +162,25 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
         self
     }
 
-    /// How many keys are handled at once (default 8, at least 1). Each holds one database
-    /// connection while its handler runs, so keep it below the pool's size. `1` handles
-    /// every message one after the other, in the order received.
-    pub fn concurrency(mut self, keys: usize) -> Self {
-        self.concurrency = keys.max(1);
-        self
-    }
+    setters! {
+        /// How many keys are handled at once (default 8, at least 1). Each holds one
+        /// database connection while its handler runs, so keep it below the pool's size.
+        /// `1` handles every message one after the other, in the order received.
+        concurrency(keys: usize) => keys.max(1);
 
-    /// How many received messages may wait for their handler (default 32 × concurrency).
-    /// When a key's handler is retried for long, its later messages wait here; once the
-    /// bound is reached the consumer stops receiving until something finishes.
-    pub fn max_in_flight(mut self, messages: usize) -> Self {
-        self.max_in_flight = Some(messages.max(1));
-        self
-    }
+        /// How many received messages may wait for their handler (default 32 ×
+        /// concurrency). When a key's handler is retried for long, its later messages wait
+        /// here; once the bound is reached the consumer stops receiving until something
+        /// finishes.
+        max_in_flight(messages: usize) => Some(messages.max(1));
 
-    /// How long the consumer may make no progress while it has work before it says so in
-    /// a warning (default 60 s): no message finished while messages are in hand (a
-    /// handler or an acknowledgement that does not end), or nothing received while the
-    /// broker reports messages waiting ([`Transport::backlog`]). The warning names what
-    /// it waits for and the transport's [`state`](Transport::state), and is repeated
-    /// every such period for as long as it lasts.
-    pub fn stall_warning(mut self, after: Duration) -> Self {
-        self.stall_warning = after.max(Duration::from_millis(100));
-        self
+        /// How long the consumer may make no progress while it has work before it says so
+        /// in a warning (default 60 s): no message finished while messages are in hand (a
+        /// handler or an acknowledgement that does not end), or nothing received while the
+        /// broker reports messages waiting ([`Transport::backlog`]). The warning names
+        /// what it waits for and the transport's [`state`](Transport::state), and is
+        /// repeated every such period for as long as it lasts.
+        stall_warning(after: Duration) => after.max(Duration::from_millis(100));
     }
 
     /// Checks the configuration and creates the consumer.

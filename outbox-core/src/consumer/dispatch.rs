@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use crate::store::Backend;
 use crate::tx::OutboxTx;
 
-use super::{BoxError, Received};
+use super::{BoxError, Handler, Received};
 
 /// A decoded message, ready to be handled: calls the handler with the event, in the
 /// inbox's transaction.
@@ -36,13 +36,7 @@ pub(super) struct Typed<T, F> {
 impl<DB: Backend, T, F> Dispatch<DB> for Typed<T, F>
 where
     T: DeserializeOwned + Send + 'static,
-    F: for<'t> Fn(
-            &'t mut OutboxTx<'static, DB>,
-            Received<T>,
-        ) -> BoxFuture<'t, Result<(), BoxError>>
-        + Send
-        + Sync
-        + 'static,
+    F: Handler<DB, T>,
 {
     fn decode(
         self: Arc<Self>,

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::backoff::Backoff;
 use crate::inbox::{Inbox, InboxError, Processed};
 use crate::publisher::cloudevents::{self, split_type};
 use crate::publisher::headers;
@@ -27,7 +28,7 @@ pub(super) struct Shared<T: Transport, DB: Backend> {
     pub(super) handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,
     pub(super) unknown: Policy,
     pub(super) undecodable: Policy,
-    pub(super) retry_backoff: (Duration, Duration),
+    pub(super) retry_backoff: Backoff,
     pub(super) handler_attempts: Option<(u32, Policy)>,
     /// How long without progress before a warning (see `ConsumerBuilder::stall_warning`).
     pub(super) stall_warning: Duration,
@@ -206,7 +207,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     .await;
             }
         };
-        let mut delay = self.retry_backoff.0;
+        let mut backoff = self.retry_backoff;
         let mut attempts = 0_u32;
         loop {
             // The first attempt uses the event decoded above; a retry decodes it again.
@@ -231,7 +232,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                             format!("the handler panicked: {text}").into(),
                         ))
                     });
-            match outcome {
+            let delay = match outcome {
                 Ok(Processed::Handled(())) => {
                     self.stats.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("outbox_consumer_handled_total", "transport" => T::NAME)
@@ -271,15 +272,16 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                         };
                         return self.policy(delivery, then, failure, shutdown).await;
                     }
+                    let delay = backoff.next();
                     tracing::warn!(%id, %event_type, %origin, transport = T::NAME, error = %error, retry_in = ?delay,
                         "outbox consumer: handler failed; nothing recorded, retrying");
+                    delay
                 }
-            }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stopped(shutdown) => return Ok(Step::Interrupted),
             }
-            delay = (delay * 2).min(self.retry_backoff.1);
         }
     }
 

@@ -63,16 +63,41 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::store::{Backend, DefaultBackend};
 use crate::task::TaskHandle;
+use crate::tx::OutboxTx;
 
 pub use builder::ConsumerBuilder;
 
 /// The error a handler returns; anything that converts with `?` will do.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A handler of the events of type `E` ([`ConsumerBuilder::on`]): a function of the inbox
+/// transaction and the decoded message that returns a boxed future,
+/// `|tx, msg| Box::pin(async move { ...; Ok(()) })`. Every such closure or function is
+/// one.
+pub trait Handler<DB: Backend, E>:
+    for<'t> Fn(&'t mut OutboxTx<'static, DB>, Received<E>) -> BoxFuture<'t, Result<(), BoxError>>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<DB: Backend, E, F> Handler<DB, E> for F where
+    F: for<'t> Fn(
+            &'t mut OutboxTx<'static, DB>,
+            Received<E>,
+        ) -> BoxFuture<'t, Result<(), BoxError>>
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// What the consumer does with a message it cannot handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -124,7 +124,7 @@ impl Statements {
     }
 }
 
-pub(crate) use crate::config::retry_plan;
+pub(crate) use super::retry::retry_plan;
 
 /// Ids per `IN (?, ...)` list: well under both databases' placeholder limits.
 pub(crate) const IDS_PER_STATEMENT: usize = 500;
@@ -166,10 +166,10 @@ macro_rules! lite_backend {
 
         use $crate::config::Tables;
         use $crate::db::lite::{IDS_PER_STATEMENT, Lite, placeholders, sent_window};
-        use $crate::db::rows::{message, message_columns, uuid};
+        use $crate::db::rows::{dead_group, message, message_columns, uuid};
         use $crate::model::{
-            DestinationStatus, ListFilter, MessageInfo, MessageState, SentBatch, Status, Which,
-            count, requeue_reset, total,
+            Change, ListFilter, MessageInfo, MessageState, SentBatch, SentWindow, Status, Which,
+            count, requeue_reset,
         };
         use $crate::store::ops::{Behind, Ops, SqlResult};
 
@@ -301,7 +301,7 @@ macro_rules! lite_backend {
                 })
             }
 
-            fn status<'c>(pool: &'c Pool, tables: &'c Tables) -> BoxFuture<'c, SqlResult<Status>> {
+            fn status<'c>(pool: &'c Pool, tables: &'c Tables, _options: &'c ()) -> BoxFuture<'c, SqlResult<Status>> {
                 Box::pin(async move {
                     let t = <$db as Lite>::quote(&tables.outbox);
                     let mut conn = pool.acquire().await?;
@@ -325,20 +325,11 @@ macro_rules! lite_backend {
                     ))
                     .fetch_all(&mut *conn)
                     .await?;
-                    let mut status = Status::default();
-                    for row in &rows {
+                    let mut status = $crate::db::rows::status(&rows, |row| {
                         let oldest: Option<DateTime<Utc>> = row.try_get("oldest")?;
                         let now: DateTime<Utc> = row.try_get("now")?;
-                        status.destinations.push(DestinationStatus {
-                            destination: row.try_get("destination")?,
-                            pending: row.try_get("pending")?,
-                            in_retry: row.try_get("in_retry")?,
-                            dead: row.try_get("dead")?,
-                            oldest_pending_age_seconds: oldest
-                                .map(|o| (now - o).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6),
-                        });
-                    }
-                    total(&mut status);
+                        Ok(oldest.map(|o| (now - o).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6))
+                    })?;
                     let (relays, rows_estimate) = <$db as Lite>::relays_and_rows(&mut conn, tables).await?;
                     status.relays = relays;
                     status.rows_estimate = rows_estimate;
@@ -364,10 +355,7 @@ macro_rules! lite_backend {
                     .bind(i64::from(limit))
                     .fetch_all(pool)
                     .await?;
-                    Ok(rows
-                        .into_iter()
-                        .map(|(error, count, first_seq)| $crate::model::DeadGroup { error, count, first_seq })
-                        .collect())
+                    Ok(rows.into_iter().map(dead_group).collect())
                 })
             }
 
@@ -453,77 +441,45 @@ macro_rules! lite_backend {
                 })
             }
 
-            fn delete_ids<'c>(
+            fn change_ids<'c>(
                 conn: &'c mut Conn,
                 tables: &'c Tables,
                 ids: &'c [Uuid],
                 from: Which,
+                change: Change,
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 let t = <$db as Lite>::quote(&tables.outbox);
                 Box::pin(by_id_chunks(conn, ids, move |list| {
-                    format!("DELETE FROM {t} WHERE id IN ({list}) AND {}", from.condition())
+                    change.sql(&t, &format!("IN ({list})"), from, <$db as Lite>::NOW)
                 }))
             }
 
-            fn requeue_ids<'c>(
+            fn requeue_sent<'c>(
                 conn: &'c mut Conn,
                 tables: &'c Tables,
-                ids: &'c [Uuid],
-                from: Which,
-            ) -> BoxFuture<'c, SqlResult<u64>> {
-                let t = <$db as Lite>::quote(&tables.outbox);
-                Box::pin(by_id_chunks(conn, ids, move |list| {
-                    format!(
-                        "UPDATE {t} SET {set}, {reset} WHERE id IN ({list}) AND {state}",
-                        reset = requeue_reset(<$db as Lite>::NOW),
-                        set = from.requeue_set(),
-                        state = from.condition(),
-                    )
-                }))
-            }
-
-            fn requeue_sent_between<'c>(
-                conn: &'c mut Conn,
-                tables: &'c Tables,
-                since: DateTime<Utc>,
-                until: DateTime<Utc>,
-                destination: Option<&'c str>,
+                window: SentWindow<'c>,
+                dry_run: bool,
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
-                    let sql = format!(
-                        "UPDATE {} SET sent_at = NULL, {} WHERE {}",
-                        <$db as Lite>::quote(&tables.outbox),
-                        requeue_reset(<$db as Lite>::NOW),
-                        sent_window(destination),
-                    );
-                    let mut query = sqlx::query(&sql).bind(<$db as Lite>::ts(since)).bind(<$db as Lite>::ts(until));
-                    if let Some(d) = destination {
+                    let t = <$db as Lite>::quote(&tables.outbox);
+                    let sent = sent_window(window.destination);
+                    let sql = if dry_run {
+                        format!("SELECT COUNT(*) FROM {t} WHERE {sent}")
+                    } else {
+                        let reset = requeue_reset(<$db as Lite>::NOW);
+                        format!("UPDATE {t} SET sent_at = NULL, {reset} WHERE {sent}")
+                    };
+                    let mut query = sqlx::query(&sql)
+                        .bind(<$db as Lite>::ts(window.since))
+                        .bind(<$db as Lite>::ts(window.until));
+                    if let Some(d) = window.destination {
                         query = query.bind(d);
                     }
-                    Ok(query.execute(conn).await?.rows_affected())
-                })
-            }
-
-            fn count_sent_between<'c>(
-                pool: &'c Pool,
-                tables: &'c Tables,
-                since: DateTime<Utc>,
-                until: DateTime<Utc>,
-                destination: Option<&'c str>,
-            ) -> BoxFuture<'c, SqlResult<u64>> {
-                Box::pin(async move {
-                    let sql = format!(
-                        "SELECT count(*) FROM {} WHERE {}",
-                        <$db as Lite>::quote(&tables.outbox),
-                        sent_window(destination),
-                    );
-                    let mut query = sqlx::query_scalar::<_, i64>(&sql)
-                        .bind(<$db as Lite>::ts(since))
-                        .bind(<$db as Lite>::ts(until));
-                    if let Some(d) = destination {
-                        query = query.bind(d);
+                    if dry_run {
+                        Ok(count(query.fetch_one(conn).await?.try_get(0)?))
+                    } else {
+                        Ok(query.execute(conn).await?.rows_affected())
                     }
-                    Ok(count(query.fetch_one(pool).await?))
                 })
             }
 
@@ -820,25 +776,25 @@ macro_rules! lite_backend {
             ) -> $crate::store::session::SessionResult<u64> {
                 use sqlx::Connection as _;
                 let mut dead = 0;
-                self.cx.count_queries(outcome.failed_seq.len() as u64 + 2);
+                self.cx.count_queries(outcome.failed.len() as u64 + 2);
                 let mut tx = self.conn.begin().await?;
-                for (i, seq) in outcome.failed_seq.iter().enumerate() {
+                for failure in &outcome.failed {
                     // A failure of the broker keeps `attempts` and never dead-letters.
-                    let unavailable = outcome.failed_unavailable[i];
+                    let unavailable = failure.unavailable;
                     let (is_dead, delay) = if unavailable {
                         (false, outcome.unavailable_delay.as_secs_f64())
                     } else {
                         $crate::db::lite::retry_plan(
                             self.cx.config,
-                            outcome.failed_attempts[i],
-                            outcome.failed_permanent[i],
+                            failure.attempts,
+                            failure.permanent,
                         )
                     };
                     dead += u64::from(is_dead);
-                    let query = sqlx::query(&self.sql.fail).bind(&outcome.failed_error[i]);
+                    let query = sqlx::query(&self.sql.fail).bind(&failure.error);
                     <$db as Lite>::bind_plan(query, is_dead, delay)
                         .bind(i32::from(!unavailable))
-                        .bind(seq)
+                        .bind(failure.seq)
                         .execute(&mut *tx)
                         .await?;
                 }

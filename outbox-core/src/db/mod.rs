@@ -10,7 +10,7 @@
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -18,7 +18,11 @@ mod sqlite;
 mod connect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod lite;
+mod retry;
 mod rows;
+
+#[cfg(feature = "postgres")]
+pub(crate) use retry::retry_plan;
 
 // For the fuzz targets (`crate::fuzzing`).
 #[cfg(all(feature = "fuzzing", any(feature = "postgres", feature = "mysql")))]

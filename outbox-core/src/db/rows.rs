@@ -1,14 +1,14 @@
 //! What every database's SQL shares: the claim's byte budget, and decoding rows into
-//! [`OutboxRecord`] and [`MessageInfo`] (one decoder each, for every database: ids,
-//! payloads and headers are selected as text).
+//! [`OutboxRecord`], [`MessageInfo`], a [`Status`] and [`DeadGroup`]s (one decoder each,
+//! for every database: ids, payloads and headers are selected as text).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Row, Type};
 use uuid::Uuid;
 
-use crate::model::{MessageInfo, MessageState};
+use crate::model::{DeadGroup, DestinationStatus, MessageInfo, MessageState, Status, total};
 use crate::publisher::OutboxRecord;
 
 type SqlResult<T> = Result<T, sqlx::Error>;
@@ -45,64 +45,114 @@ pub(crate) fn message_columns(text: impl Fn(&str) -> String) -> String {
 }
 
 /// One claimed row (selected with [`claim_columns`]) as a record.
-pub(crate) fn record<R>(row: &R) -> SqlResult<OutboxRecord>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    DateTime<Utc>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
-    let seq: i64 = row.try_get("seq")?;
-    Ok(OutboxRecord {
-        seq,
-        id: uuid(&row.try_get::<String, _>("id")?)?,
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        payload: row.try_get("payload")?,
-        headers: headers(seq, &row.try_get::<String, _>("headers")?),
-        created_at: row.try_get("created_at")?,
-        attempts: row.try_get("attempts")?,
-    })
+pub(crate) fn record<R: Decode>(row: &R) -> SqlResult<OutboxRecord> {
+    row.to_record()
 }
 
 /// One listed row (selected with [`message_columns`]).
-pub(crate) fn message<R>(row: &R) -> SqlResult<MessageInfo>
+pub(crate) fn message<R: Decode>(row: &R) -> SqlResult<MessageInfo> {
+    row.to_message()
+}
+
+/// The rows of a status query, one per destination (`destination`, `pending`,
+/// `in_retry`, `dead`), as a [`Status`] with its totals; `oldest_age` reads a row's age
+/// of its oldest pending message (seconds).
+pub(crate) fn status<R: Decode>(
+    rows: &[R],
+    oldest_age: impl Fn(&R) -> SqlResult<Option<f64>>,
+) -> SqlResult<Status> {
+    let mut status = Status::default();
+    for row in rows {
+        status
+            .destinations
+            .push(row.to_destination(oldest_age(row)?)?);
+    }
+    total(&mut status);
+    Ok(status)
+}
+
+/// A row of the dead letters grouped by error: (error, count, lowest `seq`).
+pub(crate) fn dead_group((error, count, first_seq): (String, i64, i64)) -> DeadGroup {
+    DeadGroup {
+        error,
+        count,
+        first_seq,
+    }
+}
+
+/// The decoders, for a row of any database that decodes the outbox's column types: a
+/// trait with one blanket impl, so that sqlx's bounds are written once (bounds in a
+/// `where` clause are not implied where a function uses them).
+pub(crate) trait Decode: Row {
+    /// See [`record`].
+    fn to_record(&self) -> SqlResult<OutboxRecord>;
+    /// See [`message`].
+    fn to_message(&self) -> SqlResult<MessageInfo>;
+    /// One row of [`status`].
+    fn to_destination(&self, oldest_age: Option<f64>) -> SqlResult<DestinationStatus>;
+}
+
+impl<R> Decode for R
 where
     R: Row,
     &'static str: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    DateTime<Utc>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    DateTime<Utc>: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
 {
-    let sent_at: Option<DateTime<Utc>> = row.try_get("sent_at")?;
-    let dead_at: Option<DateTime<Utc>> = row.try_get("dead_at")?;
-    let attempts: i32 = row.try_get("attempts")?;
-    let last_error: Option<String> = row.try_get("last_error")?;
-    // Failed before: `model::state::FAILED`.
-    let failed = attempts > 0 || last_error.is_some();
-    Ok(MessageInfo {
-        seq: row.try_get("seq")?,
-        id: uuid(&row.try_get::<String, _>("id")?)?,
-        state: MessageState::of(sent_at.is_some(), dead_at.is_some(), failed),
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        destination: row.try_get("destination")?,
-        partition_key: row.try_get("partition_key")?,
-        created_at: row.try_get("created_at")?,
-        sent_at,
-        attempts,
-        next_attempt_at: row.try_get("next_attempt_at")?,
-        last_error,
-        dead_at,
-        payload: json(&row.try_get::<String, _>("payload")?)?,
-        headers: json(&row.try_get::<String, _>("headers")?)?,
-        held_back: row.try_get("held_back")?,
-    })
+    fn to_record(&self) -> SqlResult<OutboxRecord> {
+        let seq: i64 = self.try_get("seq")?;
+        Ok(OutboxRecord {
+            seq,
+            id: uuid(&self.try_get::<String, _>("id")?)?,
+            event_type: self.try_get("event_type")?,
+            event_version: self.try_get("event_version")?,
+            destination: self.try_get("destination")?,
+            partition_key: self.try_get("partition_key")?,
+            payload: self.try_get("payload")?,
+            headers: headers(seq, &self.try_get::<String, _>("headers")?),
+            created_at: self.try_get("created_at")?,
+            attempts: self.try_get("attempts")?,
+        })
+    }
+
+    fn to_message(&self) -> SqlResult<MessageInfo> {
+        let sent_at: Option<DateTime<Utc>> = self.try_get("sent_at")?;
+        let dead_at: Option<DateTime<Utc>> = self.try_get("dead_at")?;
+        let attempts: i32 = self.try_get("attempts")?;
+        let last_error: Option<String> = self.try_get("last_error")?;
+        // Failed before: `model::state::FAILED`.
+        let failed = attempts > 0 || last_error.is_some();
+        Ok(MessageInfo {
+            seq: self.try_get("seq")?,
+            id: uuid(&self.try_get::<String, _>("id")?)?,
+            state: MessageState::of(sent_at.is_some(), dead_at.is_some(), failed),
+            event_type: self.try_get("event_type")?,
+            event_version: self.try_get("event_version")?,
+            destination: self.try_get("destination")?,
+            partition_key: self.try_get("partition_key")?,
+            created_at: self.try_get("created_at")?,
+            sent_at,
+            attempts,
+            next_attempt_at: self.try_get("next_attempt_at")?,
+            last_error,
+            dead_at,
+            payload: json(&self.try_get::<String, _>("payload")?)?,
+            headers: json(&self.try_get::<String, _>("headers")?)?,
+            held_back: self.try_get("held_back")?,
+        })
+    }
+
+    fn to_destination(&self, oldest_age: Option<f64>) -> SqlResult<DestinationStatus> {
+        Ok(DestinationStatus {
+            destination: self.try_get("destination")?,
+            pending: self.try_get("pending")?,
+            in_retry: self.try_get("in_retry")?,
+            dead: self.try_get("dead")?,
+            oldest_pending_age_seconds: oldest_age,
+        })
+    }
 }
 
 /// A message id stored or selected as text.

@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -15,9 +14,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{Relay, RelayStats};
+use crate::backoff::Backoff;
 use crate::publisher::{OutboxRecord, PublishError, PublishErrorKind, Publisher};
 use crate::store::Backend;
-use crate::store::session::{Outcome, Session, SessionResult};
+use crate::store::session::{Failure, Outcome, Session, SessionResult};
 
 /// Publishes until nothing is claimable, pipelined: while batch N is with the
 /// publisher, the results of batch N-1 are recorded, and, when N is full (a backlog),
@@ -59,7 +59,7 @@ pub(crate) async fn drain<'r, P: Publisher, DB: Backend, S: Session>(
         + relay
             .config
             .rebalance_interval
-            .min(relay.turn.unwrap_or(Duration::MAX));
+            .min(turn.map_or(Duration::MAX, |t| t.quantum));
     let mut current = store.claim(None).await?;
     let mut drained = Drained::default();
     if current.is_empty() {
@@ -402,7 +402,7 @@ async fn live<'r, P: Publisher, DB: Backend, S: Session>(
         drained.retry_in = min_retry(drained.retry_in, recorded(relay, &outcome, dead));
     }
     let mut backlog = false;
-    let mut poll = LIVE_POLL_MIN;
+    let mut poll = Backoff::new(LIVE_POLL_MIN, LIVE_POLL_MAX);
     loop {
         // Outcomes first, in send order: a failed key is blocked before the next claim.
         while let Some((batch, results)) = back.pop_front() {
@@ -420,7 +420,8 @@ async fn live<'r, P: Publisher, DB: Backend, S: Session>(
         }
         let claiming = !backlog && !*shutdown.borrow() && Instant::now() < prefetch_until;
         let room = claiming && out.len() < most;
-        let mut wait = poll;
+        // How long until the next look; set by the claim (unused without room for one).
+        let mut wait = LIVE_POLL_MIN;
         if room {
             let (mut rows, retrying) = beside(
                 claim_next(store, after, blocked_loaded),
@@ -457,9 +458,10 @@ async fn live<'r, P: Publisher, DB: Backend, S: Session>(
                     .is_none_or(|k| !blocked.contains(k))
             });
             if rows.is_empty() {
-                poll = (poll * 2).min(LIVE_POLL_MAX);
+                wait = poll.next();
             } else {
-                (wait, poll) = (LIVE_POLL_MIN, LIVE_POLL_MIN);
+                poll.reset();
+                wait = LIVE_POLL_MIN;
                 busy.extend(rows.iter().filter_map(|r| r.partition_key.clone()));
                 out.push_back(send(rows));
                 sent_at.push_back(Instant::now());
@@ -593,10 +595,10 @@ fn recorded<P: Publisher, DB: Backend>(
         RelayStats::add(&stats.published, n);
         relay.counter("outbox_published_total").increment(n);
     }
-    if outcome.failed_seq.is_empty() {
+    if outcome.failed.is_empty() {
         return None;
     }
-    let failed = outcome.failed_seq.len() as u64;
+    let failed = outcome.failed.len() as u64;
     RelayStats::add(&stats.failed, failed);
     RelayStats::add(&stats.dead, dead);
     relay.counter("outbox_failed_total").increment(failed);
@@ -609,8 +611,8 @@ fn recorded<P: Publisher, DB: Backend>(
     }
     // The earliest a rescheduled row can be due: the outage delay, or a message's
     // first backoff (-25% jitter); a later one is found by the next look.
-    let broker = outcome.failed_unavailable.iter().any(|u| *u);
-    let own = outcome.failed_unavailable.iter().any(|u| !*u);
+    let broker = outcome.failed.iter().any(|f| f.unavailable);
+    let own = outcome.failed.iter().any(|f| !f.unavailable);
     let first_backoff = relay.config.backoff_base.mul_f64(0.75);
     min_retry(
         broker.then_some(outcome.unavailable_delay),
@@ -771,17 +773,22 @@ fn whole_batch_failures(
     results
 }
 
-/// When rows that failed as unavailable are due again: `backoff_base * 2^n` for the n-th
-/// batch in a row with such failures, capped at `backoff_cap` and [`OUTAGE_CAP`], with
-/// ±25% jitter; a batch
-/// that publishes without them ends the outage. Logged when an outage starts and ends,
-/// and exposed as `outbox_relay_broker_unavailable` (1 during an outage).
+/// When rows that failed as unavailable are due again: the next delay of the relay's
+/// [`outage_backoff_for`], one step for each batch in a row with such failures; a batch
+/// that publishes without them ends the outage (and the backoff starts afresh). Logged
+/// when an outage starts and ends, and exposed as `outbox_relay_broker_unavailable` (1
+/// during an outage).
 fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> std::time::Duration {
-    let unavailable = outcome.failed_unavailable.iter().filter(|u| **u).count() as u64;
+    let unavailable = outcome.failed.iter().filter(|f| f.unavailable).count() as u64;
     if unavailable == 0 {
-        if !outcome.sent.is_empty() && relay.outage_rounds.swap(0, Ordering::Relaxed) > 0 {
-            tracing::info!("outbox relay: the broker is publishing again");
-            relay.gauge("outbox_relay_broker_unavailable", 0.0);
+        if !outcome.sent.is_empty() {
+            let mut outage = lock_outage(relay);
+            if outage.attempts() > 0 {
+                outage.reset();
+                drop(outage);
+                tracing::info!("outbox relay: the broker is publishing again");
+                relay.gauge("outbox_relay_broker_unavailable", 0.0);
+            }
         }
         return std::time::Duration::ZERO;
     }
@@ -789,8 +796,11 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
     relay
         .counter("outbox_publish_unavailable_total")
         .increment(unavailable);
-    let rounds = relay.outage_rounds.fetch_add(1, Ordering::Relaxed);
-    if rounds == 0 {
+    let (starts, delay) = {
+        let mut outage = lock_outage(relay);
+        (outage.attempts() == 0, outage.next())
+    };
+    if starts {
         tracing::warn!(
             messages = unavailable,
             "outbox relay: the broker is unavailable; retrying with backoff for as long as it \
@@ -798,16 +808,22 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
         );
         relay.gauge("outbox_relay_broker_unavailable", 1.0);
     }
-    outage_delay(&relay.config, rounds)
+    delay
 }
 
-/// The `rounds`-th outage round's delay: `backoff_base` doubling, capped at
+/// The relay's outage backoff (a panic elsewhere while it was held leaves it usable).
+fn lock_outage<P, DB: Backend>(relay: &Relay<P, DB>) -> std::sync::MutexGuard<'_, Backoff> {
+    relay
+        .outage
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The outage backoff of a relay with `config`: `backoff_base` doubling, capped at
 /// `backoff_cap` and at [`OUTAGE_CAP`], with ±25% jitter.
-fn outage_delay(config: &crate::config::RelayConfig, rounds: u32) -> std::time::Duration {
-    let exp = 2f64.powi(i32::try_from(rounds.min(62)).unwrap_or(62));
-    let cap = config.backoff_cap.min(OUTAGE_CAP).as_secs_f64();
-    let secs = (config.backoff_base.as_secs_f64() * exp).min(cap);
-    std::time::Duration::from_secs_f64(secs * (0.75 + crate::config::jitter() * 0.5))
+pub(super) fn outage_backoff_for(config: &crate::config::RelayConfig) -> Backoff {
+    let cap = config.backoff_cap.min(OUTAGE_CAP);
+    Backoff::new(config.backoff_base.min(cap), cap).with_jitter(0.25)
 }
 
 /// The longest wait between two tries during an outage: publishing resumes within about
@@ -848,15 +864,13 @@ fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Ou
                     outcome.failed_keys.insert(key.to_owned());
                 }
                 tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
-                outcome.failed_seq.push(record.seq);
-                outcome.failed_attempts.push(record.attempts);
-                outcome
-                    .failed_permanent
-                    .push(e.kind() == PublishErrorKind::Permanent);
-                outcome
-                    .failed_unavailable
-                    .push(e.kind() == PublishErrorKind::Unavailable);
-                outcome.failed_error.push(e.message().to_owned());
+                outcome.failed.push(Failure {
+                    seq: record.seq,
+                    attempts: record.attempts,
+                    error: e.message().to_owned(),
+                    permanent: e.kind() == PublishErrorKind::Permanent,
+                    unavailable: e.kind() == PublishErrorKind::Unavailable,
+                });
             }
         }
         if settled {
@@ -891,14 +905,47 @@ mod tests {
     #[test]
     fn the_outage_backoff_stays_short_with_the_defaults() {
         let config = crate::config::RelayConfig::default();
-        let first = outage_delay(&config, 0);
+        let first = outage_backoff_for(&config).next();
         assert!(first >= std::time::Duration::from_millis(750), "{first:?}");
+        let mut outage = outage_backoff_for(&config);
         for rounds in 0..100 {
-            let delay = outage_delay(&config, rounds);
+            let delay = outage.next();
             assert!(
                 delay <= std::time::Duration::from_millis(2500),
                 "round {rounds}: {delay:?}"
             );
+        }
+    }
+
+    /// `backoff_base` doubling up to `backoff_cap` and 2 s, ±25%; a `backoff_base` above
+    /// 2 s waits 2 s from the first round.
+    #[test]
+    fn the_outage_backoff_doubles_from_backoff_base_up_to_its_cap() {
+        let ms = std::time::Duration::from_millis;
+        let within = |delay: std::time::Duration, base: u64| {
+            assert!(
+                delay >= ms(base * 3 / 4) && delay <= ms(base * 5 / 4),
+                "{delay:?} is not {base} ms ± 25%"
+            );
+        };
+        let mut config = crate::config::RelayConfig {
+            backoff_base: ms(250),
+            ..Default::default()
+        };
+        let mut outage = outage_backoff_for(&config);
+        for base in [250, 500, 1000, 2000, 2000] {
+            within(outage.next(), base);
+        }
+        config.backoff_cap = ms(600);
+        let mut outage = outage_backoff_for(&config);
+        for base in [250, 500, 600, 600] {
+            within(outage.next(), base);
+        }
+        config.backoff_base = ms(5000);
+        config.backoff_cap = ms(60_000);
+        let mut outage = outage_backoff_for(&config);
+        for base in [2000, 2000] {
+            within(outage.next(), base);
         }
     }
 
@@ -915,7 +962,8 @@ mod tests {
             vec![Ok(()), Err(PublishError::retryable("x")), Ok(()), Ok(())],
         );
         assert_eq!(all_done.sent, vec![1, 3, 4]);
-        assert_eq!(all_done.failed_seq, vec![2]);
+        let failed: Vec<i64> = all_done.failed.iter().map(|f| f.seq).collect();
+        assert_eq!(failed, vec![2]);
         assert_eq!(
             all_done.settled_through,
             Some(4),

@@ -53,10 +53,11 @@ pub use tenants::{Tenants, TenantsBuilder, TenantsHandle};
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::Outbox;
+use crate::backoff::Backoff;
 pub use crate::config::{OnDeadLetter, OnSent, RelayConfig};
 use crate::publisher::Publisher;
 use crate::store::session::Source;
@@ -121,6 +122,23 @@ pub struct RelayBuilder<P, DB: Backend = DefaultBackend> {
     outbox: Outbox<DB>,
     publisher: P,
     config: RelayConfig,
+    metrics: Metrics,
+}
+
+/// How a relay labels its metrics, and whether it reports its gauges.
+#[derive(Debug, Clone)]
+struct Metrics {
+    labels: Vec<metrics::Label>,
+    gauges: bool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            labels: Vec::new(),
+            gauges: true,
+        }
+    }
 }
 
 impl<P, DB: Backend> fmt::Debug for RelayBuilder<P, DB> {
@@ -133,38 +151,47 @@ impl<P, DB: Backend> fmt::Debug for RelayBuilder<P, DB> {
 }
 
 impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
-    /// Rows per batch (at least 1).
-    pub fn batch_size(mut self, n: usize) -> Self {
-        self.config.batch_size = n.max(1);
-        self
-    }
-    /// The most payload and header bytes per batch (at least 1; a message larger than
-    /// this goes in a batch of its own). See [`RelayConfig::max_batch_bytes`].
-    pub fn max_batch_bytes(mut self, n: usize) -> Self {
-        self.config.max_batch_bytes = n.max(1);
-        self
-    }
-    /// WAL mode: the most payload and header bytes held in memory between the slot and
-    /// the broker. See [`RelayConfig::wal_buffer_bytes`].
-    pub fn wal_buffer_bytes(mut self, n: usize) -> Self {
-        self.config.wal_buffer_bytes = n.max(1);
-        self
-    }
-    /// Once caught up, how many batches may be with the publisher at once (1 to 4; the
-    /// publisher's own limit applies too). See [`RelayConfig::batches_in_flight`].
-    pub fn batches_in_flight(mut self, n: usize) -> Self {
-        self.config.batches_in_flight = n.clamp(1, 4);
-        self
-    }
-    /// Safety poll interval.
-    pub fn poll_interval(mut self, d: Duration) -> Self {
-        self.config.poll_interval = d;
-        self
-    }
-    /// Failed attempts before dead-lettering (at least 1).
-    pub fn max_attempts(mut self, n: i32) -> Self {
-        self.config.max_attempts = n.max(1);
-        self
+    setters! { config:
+        /// Rows per batch (at least 1).
+        batch_size(n: usize) => n.max(1);
+        /// The most payload and header bytes per batch (at least 1; a message larger than
+        /// this goes in a batch of its own). See [`RelayConfig::max_batch_bytes`].
+        max_batch_bytes(n: usize) => n.max(1);
+        /// WAL mode: the most payload and header bytes held in memory between the slot and
+        /// the broker. See [`RelayConfig::wal_buffer_bytes`].
+        wal_buffer_bytes(n: usize) => n.max(1);
+        /// Once caught up, how many batches may be with the publisher at once (1 to 4; the
+        /// publisher's own limit applies too). See [`RelayConfig::batches_in_flight`].
+        batches_in_flight(n: usize) => n.clamp(1, 4);
+        /// Safety poll interval.
+        poll_interval(d: Duration);
+        /// Failed attempts before dead-lettering (at least 1).
+        max_attempts(n: i32) => n.max(1);
+        /// Number of partitions (at least 1; the same for every relay of this outbox: on
+        /// PostgreSQL a relay configured differently from the running ones stands by, with an
+        /// error in the log, until they are gone).
+        partitions(n: u16) => n.max(1);
+        /// Publish timeout per batch.
+        publish_timeout(d: Duration);
+        /// How long the relay may publish nothing while rows are due before it warns
+        /// ([`RelayConfig::stall_warning`], default 60 s).
+        stall_warning(after: Duration) => after.max(Duration::from_millis(100));
+        /// Mark or delete acknowledged rows.
+        on_sent(on_sent: OnSent);
+        /// Whether a key's later messages wait for its dead letter (the default) or go on.
+        on_dead_letter(on_dead_letter: OnDeadLetter);
+        /// Longest wait between reconnection attempts.
+        reconnect_delay(d: Duration);
+        /// How long a relay that stopped answering keeps its work. See
+        /// [`RelayConfig::session_timeout`].
+        session_timeout(d: Duration);
+        /// How long opening (or closing) a database session may take. See
+        /// [`RelayConfig::connect_timeout`].
+        connect_timeout(d: Duration);
+        /// How often a busy relay re-checks the partition share.
+        rebalance_interval(d: Duration);
+        /// `application_name` of the relay's sessions, to find them in `pg_stat_activity`.
+        application_name(name: impl Into<String>) => name.into();
     }
     /// Retry backoff: first delay and cap.
     /// Both are capped at 7 days (a longer wait is a dead letter by another name).
@@ -174,64 +201,26 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config.backoff_cap = cap.max(base).min(WEEK);
         self
     }
-    /// Number of partitions (at least 1; the same for every relay of this outbox: on
-    /// PostgreSQL a relay configured differently from the running ones stands by, with an
-    /// error in the log, until they are gone).
-    pub fn partitions(mut self, n: u16) -> Self {
-        self.config.partitions = n.max(1);
-        self
-    }
-    /// Publish timeout per batch.
-    pub fn publish_timeout(mut self, d: Duration) -> Self {
-        self.config.publish_timeout = d;
-        self
-    }
-    /// How long the relay may publish nothing while rows are due before it warns
-    /// ([`RelayConfig::stall_warning`], default 60 s).
-    pub fn stall_warning(mut self, after: Duration) -> Self {
-        self.config.stall_warning = after.max(Duration::from_millis(100));
-        self
-    }
-    /// Mark or delete acknowledged rows.
-    pub fn on_sent(mut self, on_sent: OnSent) -> Self {
-        self.config.on_sent = on_sent;
-        self
-    }
-    /// Whether a key's later messages wait for its dead letter (the default) or go on.
-    pub fn on_dead_letter(mut self, on_dead_letter: OnDeadLetter) -> Self {
-        self.config.on_dead_letter = on_dead_letter;
-        self
-    }
-    /// Longest wait between reconnection attempts.
-    pub fn reconnect_delay(mut self, d: Duration) -> Self {
-        self.config.reconnect_delay = d;
-        self
-    }
-    /// How long a relay that stopped answering keeps its work. See
-    /// [`RelayConfig::session_timeout`].
-    pub fn session_timeout(mut self, d: Duration) -> Self {
-        self.config.session_timeout = d;
-        self
-    }
-    /// How long opening (or closing) a database session may take. See
-    /// [`RelayConfig::connect_timeout`].
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.config.connect_timeout = d;
-        self
-    }
-    /// How often a busy relay re-checks the partition share.
-    pub fn rebalance_interval(mut self, d: Duration) -> Self {
-        self.config.rebalance_interval = d;
-        self
-    }
-    /// `application_name` of the relay's sessions, to find them in `pg_stat_activity`.
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.config.application_name = name.into();
-        self
-    }
     /// Replaces the whole configuration.
     pub fn config(mut self, config: RelayConfig) -> Self {
         self.config = config;
+        self
+    }
+    /// Adds the label `key = value` to every metric this relay reports, to tell apart
+    /// several relays in one process (a relay of many outboxes, [`Tenants`], labels each
+    /// tenant's with `tenant`).
+    pub fn metric_label(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.metrics
+            .labels
+            .push(metrics::Label::new(key, value.into()));
+        self
+    }
+    /// Whether the relay reports its gauges (`outbox_pending`,
+    /// `outbox_oldest_pending_age_seconds`, ...; default `true`). Turn them off for relays
+    /// that share their labels: each would overwrite the others' values. Counters and
+    /// histograms add up and are always reported.
+    pub fn gauges(mut self, report: bool) -> Self {
+        self.metrics.gauges = report;
         self
     }
 
@@ -251,15 +240,14 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
                 );
             }
         }
+        let outage = drain::outage_backoff_for(&self.config);
         Relay {
             outbox: self.outbox,
             publisher: self.publisher,
             config: self.config,
             stats: Arc::new(RelayStats::default()),
-            outage_rounds: AtomicU32::new(0),
-            labels: Vec::new(),
-            gauges: true,
-            turn: None,
+            outage: std::sync::Mutex::new(outage),
+            metrics: self.metrics,
         }
     }
 
@@ -280,26 +268,23 @@ pub struct Relay<P, DB: Backend = DefaultBackend> {
     publisher: P,
     config: RelayConfig,
     stats: Arc<RelayStats>,
-    /// Batches in a row with failures of an unavailable broker (the outage backoff).
-    outage_rounds: AtomicU32,
-    /// The labels of its metrics: `tenant` in a relay of many outboxes ([`Tenants`]).
-    labels: Vec<metrics::Label>,
-    /// Whether its gauges are reported (not for tenants past the labelled ones).
-    gauges: bool,
-    /// A tenant's turn: its drain stops prefetching after this long.
-    turn: Option<Duration>,
+    /// The outage backoff: a step for each batch in a row with failures of an
+    /// unavailable broker, afresh once a batch publishes without them.
+    outage: std::sync::Mutex<Backoff>,
+    /// Its metrics' labels, and whether it reports its gauges.
+    metrics: Metrics,
 }
 
 impl<P, DB: Backend> Relay<P, DB> {
     fn counter(&self, name: &'static str) -> metrics::Counter {
-        metrics::counter!(name, self.labels.iter())
+        metrics::counter!(name, self.metrics.labels.iter())
     }
     fn histogram(&self, name: &'static str) -> metrics::Histogram {
-        metrics::histogram!(name, self.labels.iter())
+        metrics::histogram!(name, self.metrics.labels.iter())
     }
     fn gauge(&self, name: &'static str, value: f64) {
-        if self.gauges {
-            metrics::gauge!(name, self.labels.iter()).set(value);
+        if self.metrics.gauges {
+            metrics::gauge!(name, self.metrics.labels.iter()).set(value);
         }
     }
 }
@@ -327,6 +312,7 @@ impl Relay<()> {
                 poll_interval: <DB as Source>::POLL_INTERVAL,
                 ..RelayConfig::default()
             },
+            metrics: Metrics::default(),
         }
     }
 }
@@ -346,23 +332,17 @@ pub struct RelayHandle {
 }
 
 impl RelayHandle {
-    /// Asks the relay to stop after its current batch and waits until it has: within
-    /// `publish_timeout + connect_timeout` in every state, also while it connects or waits
-    /// on a database that stopped answering (what it had not recorded then is published
-    /// again by the next relay).
-    pub async fn shutdown(self) {
-        self.task.shutdown().await;
-    }
-
-    /// Stops the relay at once, wherever it is (as a crash would): a batch in flight
-    /// is published again by the next relay.
-    pub fn abort(&self) {
-        self.task.abort();
-    }
-
-    /// Whether the relay task has ended.
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+    controls_task! {
+        /// Asks the relay to stop after its current batch and waits until it has: within
+        /// `publish_timeout + connect_timeout` in every state, also while it connects or
+        /// waits on a database that stopped answering (what it had not recorded then is
+        /// published again by the next relay).
+        shutdown;
+        /// Stops the relay at once, wherever it is (as a crash would): a batch in flight
+        /// is published again by the next relay.
+        abort;
+        /// Whether the relay task has ended.
+        is_finished;
     }
 
     /// The relay's counters.

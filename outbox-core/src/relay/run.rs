@@ -10,10 +10,66 @@ use tokio::time::Instant;
 
 use super::drain::{Clock, Detached, drain};
 use super::{Relay, RelayStats};
+use crate::backoff::Backoff;
 use crate::publisher::Publisher;
 use crate::store::Backend;
 use crate::store::session::{Context, Session, SessionError, SessionResult};
 use crate::task::stopped;
+
+/// How the loop shares its session, which [`Relay::work`] asks at each point where a
+/// relay of many outboxes ([`super::Tenants`]) differs from a relay of its own: the loop
+/// itself knows no tenant. A relay of its own ([`Alone`]) keeps its session until
+/// shutdown or an error; a tenant ([`Turn`]) gives its connection back when it has nothing
+/// to do or its turn is over.
+pub(super) trait Sharing<'r> {
+    /// The schedule to start from: the next probe and the next retry.
+    fn resume(&self) -> (Instant, Option<Instant>);
+    /// The turn as the drain sees it (`None`: the session is not shared).
+    fn clock(&self) -> Option<Clock<'_>>;
+    /// The drain returned with batches still with the publisher (only with a clock):
+    /// they go on without the session, and the loop returns this.
+    fn hand_over(&mut self, detached: Detached<'r>, schedule: (Instant, Option<Instant>)) -> Exit;
+    /// After a drain that claimed rows: whether to return instead of draining on.
+    fn after_claim(&mut self, schedule: (Instant, Option<Instant>)) -> Option<Exit>;
+    /// Before the loop waits until `until`: return instead (`Err`), or the instant to
+    /// wait until. `idle`: the session has nothing in flight and may be parked.
+    fn before_wait(
+        &mut self,
+        idle: bool,
+        schedule: (Instant, Option<Instant>),
+        until: Instant,
+    ) -> Result<Instant, Exit>;
+}
+
+/// A relay of its own: it keeps its session.
+pub(super) struct Alone;
+
+impl<'r> Sharing<'r> for Alone {
+    fn resume(&self) -> (Instant, Option<Instant>) {
+        (Instant::now(), None)
+    }
+    fn clock(&self) -> Option<Clock<'_>> {
+        None
+    }
+    fn hand_over(&mut self, detached: Detached<'r>, _: (Instant, Option<Instant>)) -> Exit {
+        // The drain hands batches over only at the end of a turn, and there is none.
+        unreachable!(
+            "a relay of its own was handed {} batches: its drain has no turn",
+            detached.len()
+        )
+    }
+    fn after_claim(&mut self, _: (Instant, Option<Instant>)) -> Option<Exit> {
+        None
+    }
+    fn before_wait(
+        &mut self,
+        _: bool,
+        _: (Instant, Option<Instant>),
+        until: Instant,
+    ) -> Result<Instant, Exit> {
+        Ok(until)
+    }
+}
 
 /// A tenant's turn on a shared connection ([`super::Tenants`]).
 pub(super) struct Turn<'t, 'r> {
@@ -34,7 +90,7 @@ pub(super) struct Turn<'t, 'r> {
 
 impl<'t> Turn<'t, '_> {
     /// The turn's time, for the drain.
-    fn clock(&self) -> Clock<'t> {
+    fn time(&self) -> Clock<'t> {
         Clock {
             started: self.started,
             quantum: self.quantum,
@@ -44,13 +100,60 @@ impl<'t> Turn<'t, '_> {
 
     /// Whether the turn is over: its time is up and another tenant waits.
     fn over(&self) -> bool {
-        self.clock().over()
+        self.time().over()
     }
 
     /// Keeps the schedule for the tenant's next turn.
-    fn carry(&mut self, next_probe: Instant, retry_at: Option<Instant>) {
+    fn carry(&mut self, (next_probe, retry_at): (Instant, Option<Instant>)) {
         self.next_probe = next_probe;
         self.retry_at = retry_at;
+    }
+}
+
+impl<'r> Sharing<'r> for Turn<'_, 'r> {
+    fn resume(&self) -> (Instant, Option<Instant>) {
+        (self.next_probe, self.retry_at)
+    }
+    fn clock(&self) -> Option<Clock<'_>> {
+        Some(self.time())
+    }
+    fn hand_over(&mut self, detached: Detached<'r>, schedule: (Instant, Option<Instant>)) -> Exit {
+        // Its turn is over while the broker has its batches: the connection goes to the
+        // next tenant now, not once the broker answers.
+        self.carry(schedule);
+        self.detached = Some(detached);
+        Exit::Yield
+    }
+    fn after_claim(&mut self, schedule: (Instant, Option<Instant>)) -> Option<Exit> {
+        self.over().then(|| {
+            self.carry(schedule);
+            Exit::Yield
+        })
+    }
+    fn before_wait(
+        &mut self,
+        idle: bool,
+        schedule: (Instant, Option<Instant>),
+        until: Instant,
+    ) -> Result<Instant, Exit> {
+        if idle {
+            // Nothing to do: the tenant gives its connection back until a commit, its
+            // next retry or its next probe.
+            self.carry(schedule);
+            return Err(Exit::Park(until));
+        }
+        if self.over() {
+            // Waiting for writers to finish while other tenants wait for a connection:
+            // it queues again behind them.
+            self.carry(schedule);
+            return Err(Exit::Yield);
+        }
+        if (self.contended)() {
+            // Looks again when its turn is up (the session's wait also ends when a
+            // tenant starts waiting for a connection).
+            return Ok(until.min(self.started + self.quantum));
+        }
+        Ok(until)
     }
 }
 
@@ -65,6 +168,14 @@ pub(super) enum Exit {
     Yield,
 }
 
+/// The first wait before connecting again after a session failed; it doubles up to
+/// `reconnect_delay` while sessions keep failing ([`Relay::run`], and each database and
+/// tenant of [`super::Tenants`]).
+pub(super) const RECONNECT_FIRST: Duration = Duration::from_millis(50);
+
+/// A session that worked this long before it failed starts the reconnect backoff afresh.
+pub(super) const WORKED_A_WHILE: Duration = Duration::from_secs(30);
+
 impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// Runs until `shutdown` turns `true` (forever if its sender is dropped). A batch in flight
     /// is finished (published and marked) first; nothing is marked that was not acked.
@@ -72,8 +183,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// Database errors never end the relay: it logs them, reconnects with backoff and
     /// carries on where the database says it left off.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        const FIRST_DELAY: Duration = Duration::from_millis(50);
-        let mut delay = FIRST_DELAY;
+        let mut backoff = Backoff::new(RECONNECT_FIRST, self.config.reconnect_delay);
         // Once shutdown is asked, the batch in flight gets `publish_timeout` to be
         // published and `connect_timeout` more to be recorded; past that (a database that
         // stopped answering) the session is dropped: what it had not recorded is
@@ -93,22 +203,21 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 }
             };
             // A session that worked for a while before failing starts the backoff afresh.
-            if started.elapsed() > Duration::from_secs(30) {
-                delay = FIRST_DELAY;
-            }
-            match result {
+            backoff.reset_if_worked(started.elapsed(), WORKED_A_WHILE);
+            let delay = match result {
                 Ok(()) => return,
                 Err(e) => {
+                    let delay = backoff.next();
                     tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
                     self.counter("outbox_relay_reconnects_total").increment(1);
                     RelayStats::add(&self.stats.reconnects, 1);
+                    delay
                 }
-            }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stopped(&mut shutdown) => return,
             }
-            delay = (delay * 2).min(self.config.reconnect_delay);
         }
     }
 
@@ -119,11 +228,16 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         let mut session = tokio::select! {
             opened = tokio::time::timeout(timeout, DB::open(cx)) => match opened {
                 Ok(session) => session?,
-                Err(_) => return Err(SessionError::TimedOut(timeout)),
+                Err(_) => {
+                    return Err(SessionError::timed_out(
+                        "the database while the relay opened its session",
+                        timeout,
+                    ));
+                }
             },
             () = stopped(shutdown) => return Ok(()),
         };
-        let result = self.work(&mut session, shutdown, None).await;
+        let result = self.work(&mut session, shutdown, &mut Alone).await;
         if result.is_ok() {
             // Hand the work over at once instead of when the connection times out.
             let _ = tokio::time::timeout(timeout, session.close()).await;
@@ -136,9 +250,13 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         Context {
             pool: self.outbox.pool(),
             tables: self.outbox.tables(),
+            options: self.outbox.options(),
             config: &self.config,
             queries: &self.stats.queries,
-            labels: self.gauges.then_some(self.labels.as_slice()),
+            labels: self
+                .metrics
+                .gauges
+                .then_some(self.metrics.labels.as_slice()),
         }
     }
 
@@ -181,18 +299,16 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             "outbox relay: nothing published while rows are due; waiting for {waits_for}");
     }
 
-    /// Drives `session` until shutdown or an error; in a tenant's `turn`, also until the
-    /// tenant has nothing to do (it parks) or has had its turn while others wait.
+    /// Drives `session` until shutdown or an error; shared (a tenant's [`Turn`]), also
+    /// until `sharing` says the tenant parks or yields.
     pub(super) async fn work<'r, S: Session>(
         &'r self,
         session: &mut S,
         shutdown: &mut watch::Receiver<bool>,
-        mut turn: Option<&mut Turn<'_, 'r>>,
+        sharing: &mut impl Sharing<'r>,
     ) -> SessionResult<Exit> {
         // A tenant's schedule carries over from its turns before.
-        let (mut next_probe, mut retry_at) = turn
-            .as_deref()
-            .map_or((Instant::now(), None), |t| (t.next_probe, t.retry_at));
+        let (mut next_probe, mut retry_at) = sharing.resume();
         let mut standby = false;
         // The counts at the last progress, and when.
         let mut progress = (self.stats.snapshot(), Instant::now());
@@ -232,47 +348,26 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 standby = false;
             }
             if !nothing_due {
-                let clock = turn.as_deref().map(Turn::clock);
-                let drained = drain(self, session, shutdown, clock).await?;
+                let drained = drain(self, session, shutdown, sharing.clock()).await?;
                 if let Some(retry_in) = drained.retry_in {
                     let due = Instant::now() + retry_in;
                     retry_at = Some(retry_at.map_or(due, |r| r.min(due)));
                 }
-                if let (Some(detached), Some(turn)) = (drained.detached, turn.as_deref_mut()) {
-                    // Its turn is over while the broker has its batches: the connection
-                    // goes to the next tenant now, not once the broker answers.
-                    turn.carry(next_probe, retry_at);
-                    turn.detached = Some(detached);
-                    return Ok(Exit::Yield);
+                if let Some(detached) = drained.detached {
+                    return Ok(sharing.hand_over(detached, (next_probe, retry_at)));
                 }
                 if drained.claimed > 0 {
-                    if let Some(turn) = turn.as_deref_mut().filter(|t| t.over()) {
-                        turn.carry(next_probe, retry_at);
-                        return Ok(Exit::Yield);
+                    if let Some(exit) = sharing.after_claim((next_probe, retry_at)) {
+                        return Ok(exit);
                     }
                     continue; // there may be more
                 }
             }
-            let mut until = retry_at.map_or(next_probe, |r| r.min(next_probe));
-            if let Some(turn) = turn.as_deref_mut() {
-                if session.idle() {
-                    // Nothing to do: the tenant gives its connection back until a commit,
-                    // its next retry or its next probe.
-                    turn.carry(next_probe, retry_at);
-                    return Ok(Exit::Park(until));
-                }
-                if turn.over() {
-                    // Waiting for writers to finish while other tenants wait for a
-                    // connection: it queues again behind them.
-                    turn.carry(next_probe, retry_at);
-                    return Ok(Exit::Yield);
-                }
-                if (turn.contended)() {
-                    // Looks again when its turn is up (the session's wait also ends when
-                    // a tenant starts waiting for a connection).
-                    until = until.min(turn.started + turn.quantum);
-                }
-            }
+            let until = retry_at.map_or(next_probe, |r| r.min(next_probe));
+            let until = match sharing.before_wait(session.idle(), (next_probe, retry_at), until) {
+                Ok(until) => until,
+                Err(exit) => return Ok(exit),
+            };
             session.wait(shutdown, until).await?;
             if retry_at.is_some_and(|t| t <= Instant::now()) {
                 retry_at = None;

@@ -22,8 +22,9 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::drain::{Detached, record_outcomes};
-use super::run::{Exit, Turn};
+use super::run::{Exit, RECONNECT_FIRST, Turn, WORKED_A_WHILE};
 use super::{Relay, RelayStats, RelayStatsSnapshot};
+use crate::backoff::Backoff;
 use crate::config::RelayConfig;
 use crate::publisher::Publisher;
 use crate::store::Backend;
@@ -284,20 +285,23 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
     prefix: Option<String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(RECONNECT_FIRST, common.config.reconnect_delay);
     let hub = loop {
         let connect = <DB as Shared>::hub(&pool, &common.config, common.connections);
         let failed = match tokio::time::timeout(common.config.connect_timeout, connect).await {
             Ok(Ok(hub)) => break Arc::new(hub),
             Ok(Err(e)) => e,
-            Err(_) => SessionError::TimedOut(common.config.connect_timeout),
+            Err(_) => SessionError::timed_out(
+                "the database while the relay connected its hub",
+                common.config.connect_timeout,
+            ),
         };
+        let delay = backoff.next();
         tracing::error!(error = %failed, retry_in = ?delay, "outbox relay of many outboxes: cannot connect to a database; retrying");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = stopped(&mut shutdown) => return,
         }
-        delay = (delay * 2).min(common.config.reconnect_delay);
     };
     let mut running: HashMap<String, TaskHandle> = HashMap::new();
     loop {
@@ -309,7 +313,9 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
                 let timeout = common.config.connect_timeout;
                 tokio::select! {
                     found = tokio::time::timeout(timeout, <DB as Shared>::discover(&pool, query)) => {
-                        found.unwrap_or(Err(SessionError::TimedOut(timeout)))
+                        found.unwrap_or_else(|_| {
+                            Err(SessionError::timed_out("the database to the discovery query", timeout))
+                        })
                     }
                     () = stopped(&mut shutdown) => break,
                 }
@@ -385,6 +391,19 @@ fn tenant_name(prefix: Option<&str>, table: &str) -> String {
     }
 }
 
+/// Why a tenant could not start. Either way it is tried again at the next look at the
+/// tenant list.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// The tenant list names a table that is not a valid outbox table name.
+    #[error(transparent)]
+    Name(#[from] Error),
+    /// The database's hub did not take the outbox (its table is not there yet, a
+    /// WAL-mode outbox, the control connection is down, ...).
+    #[error(transparent)]
+    Join(#[from] SessionError),
+}
+
 /// Registers the outbox `name` with the hub and spawns its loop.
 async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     common: &Arc<Common<P>>,
@@ -392,20 +411,17 @@ async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     hub: &Arc<DB::Hub>,
     name: &str,
     prefix: Option<&str>,
-) -> Result<TaskHandle, String> {
-    let outbox = outbox_of(pool, name).map_err(|e| e.to_string())?;
-    let wake = <DB as Shared>::join(hub, outbox.tables())
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<TaskHandle, StartError> {
+    let outbox = outbox_of(pool, name)?;
+    let wake = <DB as Shared>::join(hub, outbox.tables(), outbox.options()).await?;
     let tenant = tenant_name(prefix, name);
     let labelled = common.named.fetch_add(1, Ordering::Relaxed) < common.labelled;
     let label = if labelled { tenant.as_str() } else { OTHER };
-    let mut relay = Relay::builder(outbox, common.publisher.clone())
+    let relay = Relay::builder(outbox, common.publisher.clone())
         .config(common.config.clone())
+        .metric_label("tenant", label)
+        .gauges(labelled)
         .build();
-    relay.labels = vec![metrics::Label::new("tenant", label.to_owned())];
-    relay.gauges = labelled;
-    relay.turn = Some(common.turn);
     if let Ok(mut stats) = common.stats.lock() {
         stats.insert(tenant.clone(), relay.stats());
     }
@@ -438,8 +454,7 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
     tenant: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    const FIRST_DELAY: Duration = Duration::from_millis(50);
-    let mut delay = FIRST_DELAY;
+    let mut backoff = Backoff::new(RECONNECT_FIRST, relay.config.reconnect_delay);
     let mut ready_at = Instant::now();
     let mut kept = Kept {
         next_probe: Instant::now(),
@@ -477,21 +492,19 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
             Ok(Exit::Shutdown) => {}
             Ok(Exit::Park(until)) => {
                 ready_at = until;
-                delay = FIRST_DELAY;
+                backoff.reset();
             }
             Ok(Exit::Yield) => {
                 ready_at = Instant::now();
-                delay = FIRST_DELAY;
+                backoff.reset();
             }
             Err(e) => {
-                if started.elapsed() > Duration::from_secs(30) {
-                    delay = FIRST_DELAY;
-                }
+                backoff.reset_if_worked(started.elapsed(), WORKED_A_WHILE);
+                let delay = backoff.next();
                 tracing::error!(outbox = %tenant, error = %e, retry_in = ?delay, "outbox relay: the tenant's session failed; trying again");
                 relay.counter("outbox_relay_reconnects_total").increment(1);
                 RelayStats::add(&relay.stats.reconnects, 1);
                 ready_at = Instant::now() + delay;
-                delay = (delay * 2).min(relay.config.reconnect_delay);
                 // A wake-up during the backoff must not cut it short.
                 tokio::select! {
                     () = tokio::time::sleep_until(ready_at) => {}
@@ -561,7 +574,7 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
         };
         let mut asked = shutdown.clone();
         let exit = tokio::select! {
-            exit = self.work(&mut session, shutdown, Some(&mut turn)) => exit?,
+            exit = self.work(&mut session, shutdown, &mut turn) => exit?,
             () = async {
                 stopped(&mut asked).await;
                 tokio::time::sleep(grace).await;
@@ -578,10 +591,10 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
                 match tokio::time::timeout(timeout, <DB as Shared>::park(hub, session)).await {
                     Ok(parked) => parked?,
                     Err(_) => {
-                        return Err(SessionError::Refused(format!(
-                            "the tenant could not park within {timeout:?} (connect_timeout): \
-                             the relay's control connection did not answer"
-                        )));
+                        return Err(SessionError::timed_out(
+                            "the relay's control connection while the tenant parked",
+                            timeout,
+                        ));
                     }
                 }
             }

@@ -48,18 +48,35 @@ pub(crate) use sealed::Sealed;
 /// operations and a relay session. Implemented by this crate for each supported `sqlx`
 /// database (PostgreSQL, MySQL/MariaDB, SQLite, each behind its cargo feature); not
 /// meant to be implemented outside it.
-pub trait Backend: Write + Schema + Ops + session::Source + Sealed {}
+pub trait Backend: Database + Write + Schema + Ops + session::Source + Sealed {}
 
-impl<DB: Write + Schema + Ops + session::Source + Sealed> Backend for DB {}
+impl<DB: Database + Write + Schema + Ops + session::Source + Sealed> Backend for DB {}
+
+/// What a database has beyond the table names every database shares: its own options
+/// (PostgreSQL: `outbox_core::postgres::Options`, WAL mode; MySQL and SQLite: none).
+/// `Outbox<DB>` holds them beside its [`Tables`], and passes both to the write path, the
+/// migrations, the stored-message SQL and the relay session.
+#[doc(hidden)]
+pub trait Database: sqlx::Database {
+    /// The options (`()` where there are none).
+    type Options: Clone + std::fmt::Debug + Default + Send + Sync + 'static;
+
+    /// Checks and completes `options` once the table names are known
+    /// (`OutboxBuilder::build`).
+    fn resolve(_options: &mut Self::Options, _tables: &Tables) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// The write path: how a transaction begins and how its events are written.
 #[doc(hidden)]
-pub trait Write: sqlx::Database {
+pub trait Write: Database {
     /// Writes `messages` in one statement on `conn` (inside the caller's transaction) and
     /// wakes listening relays at commit.
     fn insert_messages<'c>(
         conn: &'c mut Self::Connection,
         tables: &'c Tables,
+        options: &'c Self::Options,
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>>;
 
@@ -75,6 +92,7 @@ pub trait Write: sqlx::Database {
     fn check_open<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
+        _options: &'c Self::Options,
         _wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async { Ok(()) })
@@ -89,6 +107,7 @@ pub trait Write: sqlx::Database {
     fn write_commit_and_begin<'c>(
         _conn: &'c mut Self::Connection,
         _tables: &'c Tables,
+        _options: &'c Self::Options,
         _messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<bool>> {
         Box::pin(async { Ok(false) })

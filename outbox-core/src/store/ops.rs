@@ -8,10 +8,8 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::config::Tables;
-use crate::model::{
-    DeadGroup, Health, ListFilter, MessageInfo, MessageState, PartitionReport, Status,
-};
-pub use crate::model::{SentBatch, Which};
+pub use crate::model::{Change, SentBatch, SentWindow, Which};
+use crate::model::{DeadGroup, ListFilter, MessageInfo, MessageState, Status};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
 /// these ids, or behind every dead letter of this key.
@@ -30,7 +28,7 @@ pub type SqlResult<T> = std::result::Result<T, sqlx::Error>;
 ///
 /// Methods taking `conn` run inside the caller's transaction; the others take a
 /// connection from the pool.
-pub trait Ops: sqlx::Database {
+pub trait Ops: super::Database {
     /// How `Admin` and retention begin their write transactions
     /// (`None`: the driver's `BEGIN`). MySQL: at `READ COMMITTED`, set in the same round
     /// trip as `START TRANSACTION` (so it can never outlive it on a pooled connection),
@@ -74,11 +72,12 @@ pub trait Ops: sqlx::Database {
     /// On a time-partitioned outbox (PostgreSQL): creates partitions ahead and drops
     /// those wholly older than `cutoff` with no pending or dead row. `None` for a plain
     /// table (the default).
+    #[cfg(feature = "postgres")]
     fn maintain_partitions<'c>(
         pool: &'c sqlx::Pool<Self>,
         tables: &'c Tables,
         cutoff: Option<DateTime<Utc>>,
-    ) -> BoxFuture<'c, SqlResult<Option<PartitionReport>>> {
+    ) -> BoxFuture<'c, SqlResult<Option<crate::postgres::PartitionReport>>> {
         let _ = (pool, tables, cutoff);
         Box::pin(async { Ok(None) })
     }
@@ -95,6 +94,7 @@ pub trait Ops: sqlx::Database {
     fn status<'c>(
         pool: &'c sqlx::Pool<Self>,
         tables: &'c Tables,
+        options: &'c Self::Options,
     ) -> BoxFuture<'c, SqlResult<Status>>;
 
     /// Dead letters grouped by their last error, the largest groups first (at most
@@ -120,42 +120,23 @@ pub trait Ops: sqlx::Database {
         ids: &'c [Uuid],
     ) -> BoxFuture<'c, SqlResult<Vec<(Uuid, MessageState)>>>;
 
-    /// Deletes the messages `ids` that are in state `from`; returns how many.
-    fn delete_ids<'c>(
+    /// Deletes or re-queues ([`Change`]) the messages `ids` that are in state `from`;
+    /// returns how many.
+    fn change_ids<'c>(
         conn: &'c mut Self::Connection,
         tables: &'c Tables,
         ids: &'c [Uuid],
         from: Which,
+        change: Change,
     ) -> BoxFuture<'c, SqlResult<u64>>;
 
-    /// Returns the messages `ids`, which are in state `from`, to pending, attempts and
-    /// errors reset; returns how many.
-    fn requeue_ids<'c>(
+    /// Returns to pending (attempts and errors reset) every message sent in `window`, or
+    /// with `dry_run` counts them; returns how many.
+    fn requeue_sent<'c>(
         conn: &'c mut Self::Connection,
         tables: &'c Tables,
-        ids: &'c [Uuid],
-        from: Which,
-    ) -> BoxFuture<'c, SqlResult<u64>>;
-
-    /// Returns to pending every message sent in `[since, until)`, optionally only for
-    /// `destination`; returns how many.
-    fn requeue_sent_between<'c>(
-        conn: &'c mut Self::Connection,
-        tables: &'c Tables,
-        since: DateTime<Utc>,
-        until: DateTime<Utc>,
-        destination: Option<&'c str>,
-    ) -> BoxFuture<'c, SqlResult<u64>>;
-
-    /// How many messages were sent in `[since, until)`, optionally only for
-    /// `destination`: what [`requeue_sent_between`](Self::requeue_sent_between) would
-    /// re-queue now.
-    fn count_sent_between<'c>(
-        pool: &'c sqlx::Pool<Self>,
-        tables: &'c Tables,
-        since: DateTime<Utc>,
-        until: DateTime<Utc>,
-        destination: Option<&'c str>,
+        window: SentWindow<'c>,
+        dry_run: bool,
     ) -> BoxFuture<'c, SqlResult<u64>>;
 
     /// Returns every dead-lettered message with partition key `key` to pending.
@@ -189,10 +170,11 @@ pub trait Ops: sqlx::Database {
 
     /// The database's view of the outbox's health (`outbox doctor`); `None` where the
     /// database has nothing to say beyond [`status`](Self::status) (MySQL, SQLite).
+    #[cfg(feature = "postgres")]
     fn health<'c>(
         _pool: &'c sqlx::Pool<Self>,
         _tables: &'c Tables,
-    ) -> BoxFuture<'c, SqlResult<Option<Health>>> {
+    ) -> BoxFuture<'c, SqlResult<Option<crate::postgres::Health>>> {
         Box::pin(async { Ok(None) })
     }
 

@@ -8,6 +8,7 @@
 //! in the batch is settled. A table session marks the acknowledged rows; a session that
 //! confirms "everything up to position P" (a WAL LSN) confirms `settled_through`.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,24 +20,107 @@ use tokio::time::Instant;
 use crate::config::{RelayConfig, Tables};
 use crate::publisher::OutboxRecord;
 
-/// Why a relay session ended. The relay logs it, waits (with backoff) and opens a new one.
+/// Why a relay session ended. The relay logs it, waits (with backoff) and opens a new one;
+/// a tenant of [`Shared`] does the same on its own (no error ends a tenant: one that
+/// could not start is tried again at the next look at the tenant list).
+///
+/// Each variant says what happened; the message says to what, and what to do:
+///
+/// | Variant | What happened |
+/// |---|---|
+/// | [`Database`](Self::Database) | the driver failed, or the connection was lost |
+/// | [`TimedOut`](Self::TimedOut) | a step got no answer in time (bounded by `RelayConfig::connect_timeout`) |
+/// | [`Closed`](Self::Closed) | something the session works through has closed: the replication stream, the hub's control connection or task |
+/// | [`Protocol`](Self::Protocol) | the database sent what the relay cannot read: a WAL message that does not decode, a malformed answer |
+/// | [`Refused`](Self::Refused) | the session cannot run as things stand: a configuration conflict, a missing or lost slot, a table without what the relay needs |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionError {
     /// The database failed or the connection was lost.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
-    /// The database did not answer within the relay's `connect_timeout` while the
-    /// session opened.
+    /// A step got no answer within its bound, which `RelayConfig::connect_timeout` sets:
+    /// opening the session, connecting the hub or the replication stream, a discovery
+    /// query, the hub's control connection.
     #[error(
-        "the database did not answer within {0:?} while the relay connected \
-         (RelayConfig::connect_timeout)"
+        "no answer within {after:?} from {what} (bounded by RelayConfig::connect_timeout); \
+         the relay tries again after its backoff: check that the database is up and \
+         reachable, or raise connect_timeout if it is only slow"
     )]
-    TimedOut(std::time::Duration),
-    /// The session cannot run as things stand (another relay's configuration conflicts,
-    /// the table lacks what the relay needs, no relay slot is free). Says what to do.
+    TimedOut {
+        /// What did not answer, and while doing what (`the database while the relay
+        /// opened its session`).
+        what: Cow<'static, str>,
+        /// How long the relay waited.
+        after: Duration,
+    },
+    /// Something the session works through has closed: the replication stream (the
+    /// server ended it, the connection broke, or the slot is streamed to another relay
+    /// now), the hub's control connection (it is reconnecting) or its control task.
+    #[error("{what} has closed{}; the relay tries again after its backoff", Colon(.detail))]
+    Closed {
+        /// What closed (`the replication stream of slot "outbox"`).
+        what: Cow<'static, str>,
+        /// Why, if known, and what the relay does meanwhile.
+        detail: Option<String>,
+    },
+    /// The database sent what the relay cannot read: a WAL message that does not decode
+    /// (never skipped: the slot keeps it for a relay that can read it), a replication
+    /// protocol error, a malformed answer to one of the relay's queries.
+    #[error(
+        "cannot read {what}: {detail}; the relay skips nothing and tries again after its backoff"
+    )]
+    Protocol {
+        /// What could not be read (`a WAL message of replication slot "outbox"`).
+        what: Cow<'static, str>,
+        /// What was wrong with it, and what to do.
+        detail: String,
+    },
+    /// The session cannot run as things stand: another relay's configuration conflicts,
+    /// the table lacks what the relay needs, no relay slot is free, a WAL-mode outbox
+    /// given to a relay of many outboxes, a replication slot that is missing, lost or not
+    /// the relay's kind, a server that refuses the replication connection. Says what to
+    /// do.
     #[error("{0}")]
     Refused(String),
+}
+
+/// `": detail"`, or nothing.
+struct Colon<'a>(&'a Option<String>);
+
+impl std::fmt::Display for Colon<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(detail) => write!(f, ": {detail}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl SessionError {
+    /// [`SessionError::TimedOut`]: `what` did not answer within `after`.
+    pub fn timed_out(what: impl Into<Cow<'static, str>>, after: Duration) -> Self {
+        SessionError::TimedOut {
+            what: what.into(),
+            after,
+        }
+    }
+
+    /// [`SessionError::Closed`]: `what` has closed, for the reason `detail` if known.
+    pub fn closed(what: impl Into<Cow<'static, str>>, detail: Option<String>) -> Self {
+        SessionError::Closed {
+            what: what.into(),
+            detail,
+        }
+    }
+
+    /// [`SessionError::Protocol`]: `what` cannot be read, because of `detail`.
+    pub fn protocol(what: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
+        SessionError::Protocol {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
 }
 
 /// What a session returns.
@@ -45,11 +129,13 @@ pub type SessionResult<T> = Result<T, SessionError>;
 /// What a session works with: the relay's pool, tables and settings, and the counter of
 /// statements it sends (`RelayStats::queries`).
 #[derive(Debug)]
-pub struct Context<'a, DB: sqlx::Database> {
+pub struct Context<'a, DB: super::Database> {
     /// The outbox's pool (its connect options open the session's own connections).
     pub pool: &'a sqlx::Pool<DB>,
     /// The outbox's tables.
     pub tables: &'a Tables,
+    /// The database's own options (PostgreSQL: WAL mode).
+    pub options: &'a DB::Options,
     /// The relay's settings.
     pub config: &'a RelayConfig,
     /// Statements sent, for the relay's stats.
@@ -60,14 +146,14 @@ pub struct Context<'a, DB: sqlx::Database> {
     pub labels: Option<&'a [metrics::Label]>,
 }
 
-impl<DB: sqlx::Database> Clone for Context<'_, DB> {
+impl<DB: super::Database> Clone for Context<'_, DB> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<DB: sqlx::Database> Copy for Context<'_, DB> {}
+impl<DB: super::Database> Copy for Context<'_, DB> {}
 
-impl<DB: sqlx::Database> Context<'_, DB> {
+impl<DB: super::Database> Context<'_, DB> {
     /// Counts `n` statements sent.
     pub fn count_queries(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
@@ -105,6 +191,7 @@ pub trait Shared: Source {
     fn join(
         hub: &Self::Hub,
         tables: &Tables,
+        options: &Self::Options,
     ) -> impl Future<Output = SessionResult<std::sync::Arc<tokio::sync::Notify>>> + Send;
 
     /// Unregisters the outbox `tables`, whose tenant has stopped: its commits no longer
@@ -143,7 +230,7 @@ pub trait Shared: Source {
 }
 
 /// A database that relays can read from.
-pub trait Source: sqlx::Database {
+pub trait Source: super::Database {
     /// The relay's default `poll_interval` on this database.
     const POLL_INTERVAL: Duration;
 
@@ -229,7 +316,7 @@ pub trait Session: Send {
             if !outcome.sent.is_empty() {
                 self.acknowledge(outcome).await?;
             }
-            if outcome.failed_seq.is_empty() {
+            if outcome.failed.is_empty() {
                 return Ok(0);
             }
             self.fail(outcome).await
@@ -256,19 +343,11 @@ pub trait Session: Send {
 pub struct Outcome {
     /// Positions acknowledged by the broker.
     pub sent: Vec<i64>,
-    /// Positions that failed.
-    pub failed_seq: Vec<i64>,
-    /// `attempts` of each failed row when it was claimed.
-    pub failed_attempts: Vec<i32>,
-    /// Each failure's message.
-    pub failed_error: Vec<String>,
-    /// Whether each failure is permanent (dead-letter at once).
-    pub failed_permanent: Vec<bool>,
-    /// Whether each failure says nothing about its message (the broker was unavailable):
-    /// such a row keeps its `attempts`, is never dead-lettered for it, and is due again
-    /// after [`unavailable_delay`](Self::unavailable_delay).
-    pub failed_unavailable: Vec<bool>,
-    /// The relay's outage backoff: when rows that failed as unavailable are due again.
+    /// The messages that failed, in batch order. (A database that binds columns, such as
+    /// PostgreSQL's `UNNEST`, builds them from these where it binds them.)
+    pub failed: Vec<Failure>,
+    /// The relay's outage backoff: when rows that failed as unavailable
+    /// ([`Failure::unavailable`]) are due again.
     pub unavailable_delay: Duration,
     /// Keys with a failed or unattempted message in this batch.
     pub failed_keys: HashSet<String>,
@@ -276,4 +355,66 @@ pub struct Outcome {
     /// acknowledged or failed (none was left unattempted behind a failure of its key).
     /// `None` if the batch's first message was left unattempted.
     pub settled_through: Option<i64>,
+}
+
+/// One message of a batch that failed to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Failure {
+    /// Its position.
+    pub seq: i64,
+    /// Its `attempts` when it was claimed.
+    pub attempts: i32,
+    /// The publisher's message.
+    pub error: String,
+    /// The failure is permanent: dead-letter it at once.
+    pub permanent: bool,
+    /// The failure says nothing about the message (the broker was unavailable): it keeps
+    /// its `attempts`, is never dead-lettered for it, and is due again after
+    /// [`Outcome::unavailable_delay`].
+    pub unavailable: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_says_what_happened_and_what_the_relay_does() {
+        let timed_out = SessionError::timed_out(
+            "the database while the relay opened its session",
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            timed_out.to_string(),
+            "no answer within 5s from the database while the relay opened its session \
+             (bounded by RelayConfig::connect_timeout); the relay tries again after its \
+             backoff: check that the database is up and reachable, or raise connect_timeout \
+             if it is only slow"
+        );
+        let closed = SessionError::closed("the relay's hub", None);
+        assert_eq!(
+            closed.to_string(),
+            "the relay's hub has closed; the relay tries again after its backoff"
+        );
+        let closed = SessionError::closed(
+            "the replication stream of slot \"outbox\"",
+            Some("io error: connection reset".to_owned()),
+        );
+        assert_eq!(
+            closed.to_string(),
+            "the replication stream of slot \"outbox\" has closed: io error: connection reset; \
+             the relay tries again after its backoff"
+        );
+        let protocol = SessionError::protocol("the horizon sample", "it returned 1 row(s)");
+        assert_eq!(
+            protocol.to_string(),
+            "cannot read the horizon sample: it returned 1 row(s); the relay skips nothing and \
+             tries again after its backoff"
+        );
+        // The cause is in the message, so not also a `source` (printed twice otherwise).
+        for e in [timed_out, closed, protocol] {
+            assert!(std::error::Error::source(&e).is_none(), "{e}");
+        }
+    }
 }

@@ -54,10 +54,15 @@ const MIGRATE_LOCK: &str = "outbox-migrate:";
 
 impl Sealed for MySql {}
 
+impl crate::store::Database for MySql {
+    type Options = ();
+}
+
 impl Write for MySql {
     fn insert_messages<'c>(
         conn: &'c mut MySqlConnection,
         tables: &'c Tables,
+        _options: &'c (),
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(insert_messages(conn, tables, messages))
@@ -66,6 +71,7 @@ impl Write for MySql {
     fn check_open<'c>(
         conn: &'c mut MySqlConnection,
         tables: &'c Tables,
+        _options: &'c (),
         _wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
@@ -186,11 +192,7 @@ impl Schema for MySql {
         })
     }
 
-    fn unlock<'c>(
-        conn: &'c mut MySqlConnection,
-        tables: &'c Tables,
-        _ok: bool,
-    ) -> BoxFuture<'c, Result<()>> {
+    fn unlock<'c>(conn: &'c mut MySqlConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
             // Closing the connection would release it too: a failure here is no failure.
             let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({})", lock_name(MIGRATE_LOCK)))
@@ -205,6 +207,7 @@ impl Schema for MySql {
     fn migrate<'c>(
         pool: &'c sqlx::MySqlPool,
         tables: &'c Tables,
+        _options: &'c (),
     ) -> BoxFuture<'c, Result<Vec<i64>>> {
         Box::pin(schema::run(pool, tables))
     }

@@ -5,13 +5,16 @@ use futures_util::future::BoxFuture;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
+use super::Options;
+use super::diagnostics::Health;
 use super::locks;
+use super::partitions::PartitionReport;
 use crate::config::Tables;
-use crate::db::rows::{message, message_columns};
+use crate::db::rows::{dead_group, message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    DeadGroup, DestinationStatus, Health, ListFilter, MessageInfo, MessageState, PartitionReport,
-    RelayInstance, ReplicationSlot, SentBatch, Status, Which, count, requeue_reset, total,
+    Change, DeadGroup, ListFilter, MessageInfo, MessageState, SentBatch, SentWindow, Status, Which,
+    count, requeue_reset,
 };
 use crate::store::ops::{Behind, Ops, SqlResult};
 
@@ -136,7 +139,11 @@ impl Ops for Postgres {
         })
     }
 
-    fn status<'c>(pool: &'c PgPool, tables: &'c Tables) -> BoxFuture<'c, SqlResult<Status>> {
+    fn status<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        options: &'c Options,
+    ) -> BoxFuture<'c, SqlResult<Status>> {
         Box::pin(async move {
             let t = tables.outbox.quoted();
             let rows = sqlx::query(&format!(
@@ -154,17 +161,7 @@ impl Ops for Postgres {
             ))
             .fetch_all(pool)
             .await?;
-            let mut status = Status::default();
-            for row in &rows {
-                status.destinations.push(DestinationStatus {
-                    destination: row.try_get("destination")?,
-                    pending: row.try_get("pending")?,
-                    in_retry: row.try_get("in_retry")?,
-                    dead: row.try_get("dead")?,
-                    oldest_pending_age_seconds: row.try_get("oldest")?,
-                });
-            }
-            total(&mut status);
+            let mut status = crate::db::rows::status(&rows, |row| row.try_get("oldest"))?;
             let (relays, rows_estimate): (i64, i64) = sqlx::query_as(&format!(
                 "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
                            AND classid = (c.oid::int4)::oid \
@@ -183,8 +180,8 @@ impl Ops for Postgres {
             status.last_seq = sqlx::query_scalar(&format!("SELECT max(seq) FROM {t}"))
                 .fetch_one(pool)
                 .await?;
-            status.oldest_writer = super::oldest_writer(pool, &t).await?;
-            if let Some(wal) = &tables.wal {
+            status.oldest_writer = super::diagnostics::oldest_writer(pool, &t).await?;
+            if let Some(wal) = &options.wal {
                 let slot = super::wal::slot_status(pool, wal).await?;
                 // WAL mode: the relay streaming from the slot (standbys leave no trace).
                 status.relays = Some(i64::from(slot.active_pid.is_some()));
@@ -208,14 +205,7 @@ impl Ops for Postgres {
             .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(error, count, first_seq)| DeadGroup {
-                    error,
-                    count,
-                    first_seq,
-                })
-                .collect())
+            Ok(rows.into_iter().map(dead_group).collect())
         })
     }
 
@@ -223,115 +213,7 @@ impl Ops for Postgres {
         pool: &'c PgPool,
         tables: &'c Tables,
     ) -> BoxFuture<'c, SqlResult<Option<Health>>> {
-        Box::pin(async move {
-            let t = tables.outbox.quoted();
-            let mut conn = pool.acquire().await?;
-            let row = sqlx::query(
-                "SELECT pg_total_relation_size(c.oid) AS bytes, \
-                        coalesce(s.n_live_tup, 0) AS live, coalesce(s.n_dead_tup, 0) AS dead, \
-                        greatest(s.last_autovacuum, s.last_vacuum) AS vacuumed, \
-                        coalesce(c.reloptions, '{}')::text[] AS options, \
-                        current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on' AS autovacuum, \
-                        q.name AS sequence, \
-                        coalesce((SELECT option_value::bool FROM pg_options_to_table(c.reloptions) \
-                                  WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum, \
-                        (coalesce((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions) \
-                                   WHERE option_name = 'autovacuum_vacuum_threshold'), \
-                                  current_setting('autovacuum_vacuum_threshold')::float8) \
-                         + coalesce((SELECT option_value::float8 FROM pg_options_to_table(c.reloptions) \
-                                     WHERE option_name = 'autovacuum_vacuum_scale_factor'), \
-                                    current_setting('autovacuum_vacuum_scale_factor')::float8) \
-                           * greatest(c.reltuples, 0)) AS trigger, \
-                        pg_is_in_recovery() AS recovery, \
-                        (SELECT seqcache FROM pg_sequence WHERE seqrelid = q.name::regclass) AS cache \
-                 FROM pg_class c \
-                 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid \
-                 CROSS JOIN (SELECT pg_get_serial_sequence($1, 'seq') AS name) q \
-                 WHERE c.oid = $1::text::regclass",
-            )
-            .bind(&t)
-            .fetch_one(&mut *conn)
-            .await?;
-            let mut health = Health {
-                table_bytes: row.try_get("bytes")?,
-                live_rows: row.try_get("live")?,
-                dead_rows: row.try_get("dead")?,
-                last_vacuum: row.try_get("vacuumed")?,
-                storage_parameters: row.try_get("options")?,
-                autovacuum_on: row.try_get("autovacuum")?,
-                sequence: row.try_get("sequence")?,
-                sequence_cache: row.try_get("cache")?,
-                table_autovacuum: row.try_get("table_autovacuum")?,
-                vacuum_trigger_rows: row.try_get("trigger")?,
-                in_recovery: row.try_get("recovery")?,
-                ..Health::default()
-            };
-            // This outbox's advisory locks (keyed by the table's oid), by session.
-            let locks_cte = format!(
-                "WITH l AS (SELECT pid, objid::int8 AS objid FROM pg_locks \
-                   WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
-                     AND classid = ($1::text::regclass::oid::int4)::oid \
-                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())), \
-                 relays AS (SELECT DISTINCT pid FROM l WHERE objid >= {relays} AND objid < {relays} + {max}), \
-                 parts AS (SELECT pid, (objid - {parts})::int4 AS p FROM l \
-                   WHERE objid >= {parts} AND objid < {parts} + 65536) ",
-                relays = locks::RELAYS,
-                max = locks::MAX_RELAYS,
-                parts = locks::PARTITIONS,
-            );
-            let rows = sqlx::query(&format!(
-                "{locks_cte} \
-                 SELECT r.pid, coalesce(a.application_name, '') AS name, host(a.client_addr) AS client, \
-                        coalesce(extract(epoch FROM now() - a.backend_start), 0)::float8 AS connected, \
-                        coalesce((SELECT array_agg(p ORDER BY p) FROM parts WHERE parts.pid = r.pid), '{{}}') AS partitions \
-                 FROM relays r LEFT JOIN pg_stat_activity a ON a.pid = r.pid ORDER BY r.pid"
-            ))
-            .bind(&t)
-            .fetch_all(&mut *conn)
-            .await?;
-            for row in &rows {
-                health.relays.push(RelayInstance {
-                    pid: row.try_get("pid")?,
-                    application_name: row.try_get("name")?,
-                    client: row.try_get("client")?,
-                    connected_seconds: row.try_get("connected")?,
-                    partitions: row.try_get("partitions")?,
-                });
-            }
-            health.partition_counts = sqlx::query_scalar(&format!(
-                "{locks_cte} SELECT DISTINCT (objid - {counts})::int4 FROM l \
-                 WHERE objid > {counts} AND objid <= {counts} + 65535 ORDER BY 1",
-                counts = locks::PARTITION_COUNT,
-            ))
-            .bind(&t)
-            .fetch_all(&mut *conn)
-            .await?;
-            health.partitions_held_by_others = sqlx::query_scalar(&format!(
-                "{locks_cte} SELECT p FROM parts WHERE pid NOT IN (SELECT pid FROM relays) ORDER BY p"
-            ))
-            .bind(&t)
-            .fetch_all(&mut *conn)
-            .await?;
-            let slots = sqlx::query(
-                "SELECT slot_name::text AS name, active, \
-                        CASE WHEN pg_is_in_recovery() THEN NULL \
-                             ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 END AS retained, \
-                        wal_status \
-                 FROM pg_replication_slots \
-                 WHERE slot_type = 'logical' AND database = current_database() ORDER BY slot_name",
-            )
-            .fetch_all(&mut *conn)
-            .await?;
-            for row in &slots {
-                health.slots.push(ReplicationSlot {
-                    name: row.try_get("name")?,
-                    active: row.try_get("active")?,
-                    retained_bytes: row.try_get("retained")?,
-                    wal_status: row.try_get("wal_status")?,
-                });
-            }
-            Ok(Some(health))
-        })
+        Box::pin(super::diagnostics::health(pool, tables))
     }
 
     fn list<'c>(
@@ -403,86 +285,45 @@ impl Ops for Postgres {
         })
     }
 
-    fn delete_ids<'c>(
+    fn change_ids<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
         ids: &'c [Uuid],
         from: Which,
+        change: Change,
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM {} WHERE id = ANY($1) AND {}",
-                tables.outbox.quoted(),
-                from.condition(),
-            ))
-            .bind(ids)
-            .execute(conn)
-            .await?;
+            let sql = change.sql(&tables.outbox.quoted(), "= ANY($1)", from, "now()");
+            let done = sqlx::query(&sql).bind(ids).execute(conn).await?;
             Ok(done.rows_affected())
         })
     }
 
-    fn requeue_ids<'c>(
+    fn requeue_sent<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,
-        ids: &'c [Uuid],
-        from: Which,
+        window: SentWindow<'c>,
+        dry_run: bool,
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "UPDATE {t} SET {set}, {reset} WHERE id = ANY($1) AND {state}",
-                t = tables.outbox.quoted(),
-                reset = requeue_reset("now()"),
-                set = from.requeue_set(),
-                state = from.condition(),
-            ))
-            .bind(ids)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn requeue_sent_between<'c>(
-        conn: &'c mut PgConnection,
-        tables: &'c Tables,
-        since: DateTime<Utc>,
-        until: DateTime<Utc>,
-        destination: Option<&'c str>,
-    ) -> BoxFuture<'c, SqlResult<u64>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "UPDATE {} SET sent_at = NULL, {} WHERE {SENT_WINDOW}",
-                tables.outbox.quoted(),
-                requeue_reset("now()")
-            ))
-            .bind(since)
-            .bind(until)
-            .bind(destination)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn count_sent_between<'c>(
-        pool: &'c PgPool,
-        tables: &'c Tables,
-        since: DateTime<Utc>,
-        until: DateTime<Utc>,
-        destination: Option<&'c str>,
-    ) -> BoxFuture<'c, SqlResult<u64>> {
-        Box::pin(async move {
-            let n: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {} WHERE {SENT_WINDOW}",
-                tables.outbox.quoted()
-            ))
-            .bind(since)
-            .bind(until)
-            .bind(destination)
-            .fetch_one(pool)
-            .await?;
-            Ok(count(n))
+            // Messages sent in `[$1, $2)`, for destination `$3` unless it is NULL.
+            let sent = "sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)";
+            let t = tables.outbox.quoted();
+            let sql = if dry_run {
+                format!("SELECT count(*) FROM {t} WHERE {sent}")
+            } else {
+                let reset = requeue_reset("now()");
+                format!("UPDATE {t} SET sent_at = NULL, {reset} WHERE {sent}")
+            };
+            let query = sqlx::query(&sql)
+                .bind(window.since)
+                .bind(window.until)
+                .bind(window.destination);
+            if dry_run {
+                Ok(count(query.fetch_one(conn).await?.try_get(0)?))
+            } else {
+                Ok(query.execute(conn).await?.rows_affected())
+            }
         })
     }
 
@@ -580,7 +421,3 @@ impl Ops for Postgres {
         })
     }
 }
-
-/// Messages sent in `[$1, $2)`, for destination `$3` unless it is NULL.
-const SENT_WINDOW: &str =
-    "sent_at >= $1 AND sent_at < $2 AND ($3::text IS NULL OR destination = $3)";

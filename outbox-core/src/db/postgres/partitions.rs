@@ -15,14 +15,65 @@
 //! such a row is kept, and its sent rows are deleted row by row, as on a plain table,
 //! until it can go.
 
+use std::time::Duration;
+
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::{Acquire, Executor, PgConnection, PgPool, Postgres, Row};
 
 use super::locks;
-use crate::config::{PartitionInterval, TableName, Tables};
+use crate::config::{TableName, Tables};
 use crate::error::DbContext;
-use crate::model::{PartitionReport, Partitioned};
 use crate::{Error, Outbox, Result};
+
+/// How much time one partition of a time-partitioned outbox covers (PostgreSQL,
+/// `Outbox::partition_by_time`; docs/partitions.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartitionInterval {
+    /// One partition per hour (UTC), 6 created ahead.
+    Hourly,
+    /// One partition per day (UTC), 3 created ahead.
+    Daily,
+}
+
+impl PartitionInterval {
+    /// The time one partition covers.
+    pub fn length(self) -> Duration {
+        match self {
+            PartitionInterval::Hourly => Duration::from_secs(3600),
+            PartitionInterval::Daily => Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// What [`Outbox::partition_by_time`](crate::Outbox) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Partitioned {
+    /// Rows copied from the plain table (0 when the table was already partitioned).
+    pub rows_copied: u64,
+    /// The partitions created (the default partition aside).
+    pub partitions: Vec<String>,
+    /// Relay sessions disconnected so that they register on the new table.
+    pub relays_disconnected: u64,
+}
+
+/// What retention did to the partitions of a time-partitioned outbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionReport {
+    /// Partitions created ahead.
+    pub created: Vec<String>,
+    /// Rows moved from the default partition into a partition created for them.
+    pub moved_from_default: u64,
+    /// Partitions dropped: wholly older than the cutoff, with no pending or dead row.
+    pub dropped: Vec<String>,
+    /// Partitions older than the cutoff kept for their pending or dead-lettered rows
+    /// (their sent rows are deleted row by row).
+    pub kept: Vec<String>,
+    /// Partitions left for the next run: their lock was not free within 2 s.
+    pub busy: Vec<String>,
+}
 
 /// Partitions created ahead of now, per interval.
 fn ahead(interval: PartitionInterval) -> i64 {
@@ -166,7 +217,7 @@ impl Outbox<Postgres> {
     /// A WAL-mode outbox; a table partitioned another way; database errors.
     pub async fn partition_by_time(&self, interval: PartitionInterval) -> Result<Partitioned> {
         let tables = self.tables();
-        if tables.wal.is_some() {
+        if self.options().wal.is_some() {
             return Err(Error::InvalidArgument(
                 format!(
                     "{} is a WAL-mode outbox: its table holds only dead letters and set-aside \
@@ -280,33 +331,30 @@ async fn convert(
     .await
     .context(doing, outbox)?;
 
-    // The old table's constraints and indexes go first: the new ones take their names.
-    let constraints: Vec<String> = sqlx::query_scalar(
-        "SELECT conname::text FROM pg_constraint WHERE conrelid = $1::int4::oid AND contype IN ('p', 'u')",
-    )
-    .bind(old_oid)
-    .fetch_all(&mut *tx)
-    .await
-    .context(doing, outbox)?;
-    for c in constraints {
-        tx.execute(&*format!(
-            "ALTER TABLE {t} DROP CONSTRAINT {}",
-            quote_ident(&c)
-        ))
-        .await
-        .context(doing, outbox)?;
-    }
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = $1::int4::oid",
-    )
-    .bind(old_oid)
-    .fetch_all(&mut *tx)
-    .await
-    .context(doing, outbox)?;
-    for i in indexes {
-        tx.execute(&*format!("DROP INDEX {i}"))
+    // The old table's constraints, then its indexes (those left: a key's index went with
+    // it), go first: the new ones take their names.
+    let drops = [
+        (
+            format!("ALTER TABLE {t} DROP CONSTRAINT"),
+            "SELECT quote_ident(conname) FROM pg_constraint \
+             WHERE conrelid = $1::int4::oid AND contype IN ('p', 'u')",
+        ),
+        (
+            "DROP INDEX".to_owned(),
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = $1::int4::oid",
+        ),
+    ];
+    for (drop, names) in drops {
+        let names: Vec<String> = sqlx::query_scalar(names)
+            .bind(old_oid)
+            .fetch_all(&mut *tx)
             .await
             .context(doing, outbox)?;
+        for name in names {
+            tx.execute(&*format!("{drop} {name}"))
+                .await
+                .context(doing, outbox)?;
+        }
     }
     let old = outbox.with_suffix("_unpartitioned");
     tx.execute(&*format!(

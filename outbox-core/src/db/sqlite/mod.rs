@@ -19,10 +19,9 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Connection, Executor, Sqlite, SqliteConnection};
+use sqlx::{Connection, Sqlite, SqliteConnection};
 
-use crate::config::{TableName, Tables};
-use crate::error::DbContext;
+use crate::config::Tables;
 use crate::migrate::{Migration, SQLITE as MIGRATIONS};
 use crate::store::schema::{self, Schema};
 use crate::store::{Sealed, Write};
@@ -38,10 +37,15 @@ const ROWS_PER_INSERT: usize = 4000;
 
 impl Sealed for Sqlite {}
 
+impl crate::store::Database for Sqlite {
+    type Options = ();
+}
+
 impl Write for Sqlite {
     fn insert_messages<'c>(
         conn: &'c mut SqliteConnection,
         tables: &'c Tables,
+        _options: &'c (),
         messages: &'c [OutboxMessage],
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(insert_messages(conn, tables, messages))
@@ -56,10 +60,9 @@ impl Schema for Sqlite {
     const MIGRATIONS: &'static [Migration] = MIGRATIONS;
     const TRANSACTIONAL_DDL: bool = true;
     const CLOSE_AFTER: bool = false;
-
-    fn quote(table: &TableName) -> String {
-        table.quoted()
-    }
+    /// The write lock for the whole migration: concurrent migrators wait, then find
+    /// nothing to do.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     fn ensure_table(tables: &Tables) -> Vec<String> {
         vec![format!(
@@ -70,33 +73,10 @@ impl Schema for Sqlite {
         )]
     }
 
-    /// The write lock for the whole migration: concurrent migrators wait, then find
-    /// nothing to do.
-    fn lock<'c>(conn: &'c mut SqliteConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute("BEGIN IMMEDIATE")
-                .await
-                .context("starting the migration transaction", &tables.migrations)?;
-            Ok(())
-        })
-    }
-
-    fn unlock<'c>(
-        conn: &'c mut SqliteConnection,
-        tables: &'c Tables,
-        ok: bool,
-    ) -> BoxFuture<'c, Result<()>> {
-        Box::pin(async move {
-            conn.execute(if ok { "COMMIT" } else { "ROLLBACK" })
-                .await
-                .context("ending the migration transaction", &tables.migrations)?;
-            Ok(())
-        })
-    }
-
     fn migrate<'c>(
         pool: &'c sqlx::SqlitePool,
         tables: &'c Tables,
+        _options: &'c (),
     ) -> BoxFuture<'c, Result<Vec<i64>>> {
         Box::pin(schema::run(pool, tables))
     }

@@ -25,9 +25,9 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Executor, PgConnection, PgPool, Postgres};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use super::lease::{Handover, Lease};
-use super::locks;
+use super::session::lease::{Handover, Lease};
 use super::session::{Either, PgSession, connect_configured};
+use super::{Options, locks};
 use crate::config::{RelayConfig, Tables};
 use crate::store::session::{Context, SessionError, SessionResult, Shared};
 
@@ -76,24 +76,42 @@ enum Command {
 }
 
 impl Command {
-    /// Answers a command that cannot run now.
-    fn refuse(self, why: &str) {
-        let refused = || SessionError::Refused(why.to_owned());
+    /// Answers a command that cannot run now: the control connection is down.
+    fn refuse(self) {
         match self {
             Command::Join { reply, .. } => {
-                let _ = reply.send(Err(refused()));
+                let _ = reply.send(Err(control_down()));
             }
             Command::Park { reply, .. } => {
-                let _ = reply.send(Err(refused()));
+                let _ = reply.send(Err(control_down()));
             }
             Command::Leave { .. } | Command::Unpark { .. } => {}
         }
     }
 }
 
-/// Why the control connection is down, for tenants that ask meanwhile.
-const CONTROL_DOWN: &str = "the relay's control connection is down and reconnecting; the \
-     tenant tries again (parked tenants are woken by their poll until it is back)";
+/// What tenants that ask while the control connection is down are told.
+fn control_down() -> SessionError {
+    SessionError::closed(
+        "the relay's control connection",
+        Some(
+            "it is reconnecting (parked tenants are woken by their poll until it is back)"
+                .to_owned(),
+        ),
+    )
+}
+
+/// Why the control task gives its connection up and connects again (its commands were
+/// answered with [`control_down`]).
+#[derive(Debug, thiserror::Error)]
+enum Lost {
+    /// A statement failed: the connection is gone, its locks with it.
+    #[error(transparent)]
+    Failed(#[from] sqlx::Error),
+    /// A command got no answer in time.
+    #[error("no answer within {0:?}")]
+    Silent(Duration),
+}
 
 /// How often an idle control connection is checked (a connection that stopped answering
 /// would otherwise go unnoticed until the kernel gives up on it).
@@ -128,14 +146,15 @@ fn connection_lost(e: &sqlx::Error) -> bool {
 
 impl Control {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
-        let mut delay = Duration::from_millis(50);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         let mut check = tokio::time::interval(CONTROL_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(listener) = self.listener.as_mut() else {
-                match tokio::time::timeout(self.timeout, self.reconnect()).await {
+                let delay = match tokio::time::timeout(self.timeout, self.reconnect()).await {
                     Ok(Ok(())) => {
-                        delay = Duration::from_millis(50);
+                        backoff.reset();
                         tracing::info!(
                             "outbox relay: the control connection is back; waking every tenant"
                         );
@@ -145,12 +164,16 @@ impl Control {
                         continue;
                     }
                     Ok(Err(e)) => {
+                        let delay = backoff.next();
                         tracing::error!(error = %e, retry_in = ?delay, "outbox relay: cannot open the control connection; parked tenants are woken by their poll until it is back");
+                        delay
                     }
                     Err(_) => {
+                        let delay = backoff.next();
                         tracing::error!(timeout = ?self.timeout, retry_in = ?delay, "outbox relay: the control connection did not open in time; parked tenants are woken by their poll until it is back");
+                        delay
                     }
-                }
+                };
                 // Commands meanwhile are answered at once; the hub gone, the task ends.
                 let pause = tokio::time::sleep(delay);
                 tokio::pin!(pause);
@@ -163,7 +186,6 @@ impl Control {
                         },
                     }
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
                 continue;
             };
             tokio::select! {
@@ -172,7 +194,7 @@ impl Control {
                     let timeout = self.timeout;
                     let outcome = match tokio::time::timeout(timeout, self.handle(command)).await {
                         Ok(outcome) => outcome,
-                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                        Err(_) => Err(Lost::Silent(timeout)),
                     };
                     if let Err(why) = outcome {
                         tracing::warn!(error = %why, "outbox relay: the control connection failed; connecting it again");
@@ -218,7 +240,7 @@ impl Control {
             Command::Leave { table } => {
                 self.forget(&table);
             }
-            command => command.refuse(CONTROL_DOWN),
+            command => command.refuse(),
         }
     }
 
@@ -256,7 +278,7 @@ impl Control {
     /// The outbox `table` now has oid `key`: if it had another when it joined (the table
     /// was replaced, by `outbox partition`), listen on its new channel instead of the old
     /// one, under the same wake-up. `Err` when the control connection is lost.
-    async fn follow(&mut self, table: &str, key: i32) -> Result<(), String> {
+    async fn follow(&mut self, table: &str, key: i32) -> Result<(), Lost> {
         let Some(known) = self.tables.get_mut(table) else {
             return Ok(());
         };
@@ -280,25 +302,23 @@ impl Control {
         let Some(listener) = self.listener.as_mut() else {
             return Ok(());
         };
-        let lost = |e: sqlx::Error| e.to_string();
-        listener.unlisten(&old_channel).await.map_err(lost)?;
-        listener.listen(&channel).await.map_err(lost)?;
+        listener.unlisten(&old_channel).await?;
+        listener.listen(&channel).await?;
         if was_parked {
             sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
                 .bind(old_key)
                 .bind(locks::IDLE)
                 .execute(&mut *listener)
-                .await
-                .map_err(lost)?;
+                .await?;
         }
         Ok(())
     }
 
     /// Runs one command; `Err` when the control connection is lost (the command was
     /// answered with an error).
-    async fn handle(&mut self, command: Command) -> Result<(), String> {
+    async fn handle(&mut self, command: Command) -> Result<(), Lost> {
         if self.listener.is_none() {
-            command.refuse(CONTROL_DOWN);
+            command.refuse();
             return Ok(());
         }
         // Bookkeeping first (it needs all of `self`), then the statements.
@@ -309,7 +329,6 @@ impl Control {
         let Some(listener) = self.listener.as_mut() else {
             return Ok(());
         };
-        let lost = |e: sqlx::Error| e.to_string();
         match command {
             Command::Join { table, reply } => {
                 if let Some(known) = self.tables.get(&table) {
@@ -325,8 +344,8 @@ impl Control {
                 let (key, channel) = match found {
                     Ok(found) => found,
                     Err(e) if connection_lost(&e) => {
-                        let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
-                        return Err(lost(e));
+                        let _ = reply.send(Err(control_down()));
+                        return Err(e.into());
                     }
                     Err(e) => {
                         let _ = reply.send(Err(e.into()));
@@ -344,8 +363,8 @@ impl Control {
                     return Ok(());
                 }
                 if let Err(e) = listener.listen(&channel).await {
-                    let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
-                    return Err(lost(e));
+                    let _ = reply.send(Err(control_down()));
+                    return Err(e.into());
                 }
                 let wake = Arc::new(Notify::new());
                 self.wakes.insert(channel.clone(), Arc::clone(&wake));
@@ -361,20 +380,19 @@ impl Control {
             }
             Command::Leave { .. } => {
                 if let Some((gone, parked)) = gone {
-                    listener.unlisten(&gone.channel).await.map_err(lost)?;
+                    listener.unlisten(&gone.channel).await?;
                     if parked {
                         sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
                             .bind(gone.key)
                             .bind(locks::IDLE)
                             .execute(&mut *listener)
-                            .await
-                            .map_err(lost)?;
+                            .await?;
                     }
                 }
             }
             Command::Park { table, key, reply } => {
                 if let Err(e) = self.follow(&table, key).await {
-                    let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
+                    let _ = reply.send(Err(control_down()));
                     return Err(e);
                 }
                 let Some(listener) = self.listener.as_mut() else {
@@ -388,8 +406,8 @@ impl Control {
                         .execute(&mut *listener)
                         .await;
                     if let Err(e) = taken {
-                        let _ = reply.send(Err(SessionError::Refused(CONTROL_DOWN.to_owned())));
-                        return Err(lost(e));
+                        let _ = reply.send(Err(control_down()));
+                        return Err(e.into());
                     }
                 }
                 let _ = reply.send(Ok(()));
@@ -400,8 +418,7 @@ impl Control {
                         .bind(key)
                         .bind(locks::IDLE)
                         .execute(&mut *listener)
-                        .await
-                        .map_err(lost)?;
+                        .await?;
                 }
             }
         }
@@ -416,7 +433,16 @@ impl PgHub {
         command: impl FnOnce(oneshot::Sender<SessionResult<T>>) -> Command,
     ) -> SessionResult<T> {
         let (reply, answer) = oneshot::channel();
-        let ended = || SessionError::Refused("the relay's control task has ended".to_owned());
+        let ended = || {
+            SessionError::closed(
+                "the relay's control task",
+                Some(
+                    "it ended unexpectedly (the log before this says why): restart the relay \
+                     if this repeats"
+                        .to_owned(),
+                ),
+            )
+        };
         if self.control.send(command(reply)).is_err() {
             return Err(ended());
         }
@@ -425,9 +451,10 @@ impl PgHub {
         let most = self.timeout * 3;
         match tokio::time::timeout(most, answer).await {
             Ok(answer) => answer.unwrap_or_else(|_| Err(ended())),
-            Err(_) => Err(SessionError::Refused(format!(
-                "the relay's control connection did not answer within {most:?}"
-            ))),
+            Err(_) => Err(SessionError::timed_out(
+                "the relay's control connection, commands queued before this one included",
+                most,
+            )),
         }
     }
 
@@ -450,7 +477,10 @@ impl PgHub {
         let timeout = config.connect_timeout;
         match tokio::time::timeout(timeout, connect_configured(&self.options, config)).await {
             Ok(conn) => Ok((conn?, false)),
-            Err(_) => Err(SessionError::TimedOut(timeout)),
+            Err(_) => Err(SessionError::timed_out(
+                "the database while a tenant connected",
+                timeout,
+            )),
         }
     }
 
@@ -464,7 +494,7 @@ impl PgHub {
         Arc::clone(&self.permits)
             .acquire_owned()
             .await
-            .map_err(|_| SessionError::Refused("the relay's hub has closed".to_owned()))
+            .map_err(|_| SessionError::closed("the relay's hub", None))
     }
 }
 
@@ -519,8 +549,8 @@ impl Shared for Postgres {
         })
     }
 
-    async fn join(hub: &PgHub, tables: &Tables) -> SessionResult<Arc<Notify>> {
-        if tables.wal.is_some() {
+    async fn join(hub: &PgHub, tables: &Tables, options: &Options) -> SessionResult<Arc<Notify>> {
+        if options.wal.is_some() {
             return Err(SessionError::Refused(format!(
                 "{} is a WAL-mode outbox; a relay of many outboxes serves table-mode outboxes \
                  only: run a relay of its own for it",
@@ -563,7 +593,12 @@ impl Shared for Postgres {
                     reuse = false;
                 }
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(SessionError::TimedOut(timeout)),
+                Err(_) => {
+                    return Err(SessionError::timed_out(
+                        "the database while a tenant opened its session",
+                        timeout,
+                    ));
+                }
             }
         };
         // Its commits stop notifying: the tenant looks for rows by itself now.

@@ -1,192 +1,21 @@
-//! One relay session on PostgreSQL: a dedicated connection that holds the relay's
-//! advisory locks and runs every claim, reschedule and mark, plus a `LISTEN` connection,
-//! and, during a backlog, a second connection that marks batch N-1 while the first
-//! claims N+1.
-//!
-//! - **Wake-up**: `LISTEN` on the outbox channel (writers notify at commit), plus a
-//!   safety probe every `poll_interval` that costs one query while idle.
-//! - **Order**: rows are only claimed below the *publish horizon* (`horizon.rs`), so a
-//!   transaction that drew a smaller `seq` but commits later is never overtaken.
-//! - **Several relays**: rows are spread over `partitions` by key; each relay holds the
-//!   partitions it publishes through advisory locks on its own connection, and relays
-//!   share partitions evenly. A relay that dies loses its connection and with it its
-//!   partitions; it cannot claim, reschedule or dead-letter anything after that, because
-//!   those go through that same connection. (A mark through the second connection can
-//!   still land: it records an acknowledgement the broker gave, which is true anyway.)
+//! The table-mode relay session ([`PgSession`]): the connection holding the relay's
+//! advisory locks, `LISTEN`, the publish horizon, the claim, the marks (through a second
+//! connection during a backlog) and the failures.
 
-use std::collections::BTreeSet;
-use std::future::Future;
-use std::time::Duration;
-
-use sqlx::postgres::PgListener;
-use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
-use tokio::sync::watch;
-use tokio::time::Instant;
-
-use super::horizon::{Horizon, Sample};
-use super::locks;
-use crate::config::{OnDeadLetter, OnSent, RelayConfig};
-use crate::db::rows::{budgeted, claim_columns, decode_each, record};
-use crate::model::state::{self, PENDING};
-use crate::publisher::OutboxRecord;
-use crate::store::session::{
-    Context, Outcome, Probe, Session, SessionError, SessionResult, Source,
-};
-use crate::task::stopped;
-
-/// The statements of one relay, rendered once per session.
-struct Sql {
-    sample: String,
-    claim: String,
-    mark: String,
-    fail: String,
-    probe: String,
-    retrying: String,
-    count_relays: String,
-}
-
-impl Sql {
-    fn new(outbox: &str, seq_name: &str, table_key: i32, config: &RelayConfig) -> Sql {
-        let on_sent = config.on_sent;
-        let parked = state::parked(outbox, config.on_dead_letter == OnDeadLetter::ParkKey);
-        let advisory = format!(
-            "locktype = 'advisory' AND granted AND objsubid = 2 AND classid = ({table_key})::int4::oid \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        );
-        let (writers, relays, max_relays) = (locks::WRITERS, locks::RELAYS, locks::MAX_RELAYS);
-        Sql {
-            // Two statements, two snapshots, in this order: H first, then the writers.
-            sample: format!(
-                "SELECT (CASE WHEN is_called THEN last_value ELSE 0 END)::text FROM {seq_name}; \
-                 SELECT coalesce(string_agg(virtualtransaction, ','), '') FROM pg_locks \
-                 WHERE {advisory} AND objid = {writers}"
-            ),
-            claim: budgeted(
-                &format!(
-                    "SELECT {columns} \
-                     FROM {outbox} o \
-                     WHERE {pending_o} AND o.seq <= $1 AND o.seq > $5 \
-                       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
-                       AND ($3::int4[] IS NULL OR \
-                            ((hashtextextended(coalesce(o.partition_key, o.id::text), 0) & 9223372036854775807) % $4)::int4 \
-                              = ANY($3)) \
-                       AND NOT EXISTS (SELECT 1 FROM {outbox} r \
-                            WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
-                              AND {pending_r} AND {blocker}){parked} \
-                     ORDER BY o.seq LIMIT $2",
-                    columns = claim_columns(|c| format!("{c}::text")),
-                    pending_o = state::pending("o"),
-                    pending_r = state::pending("r"),
-                    blocker = state::blocker("now()", "$5"),
-                ),
-                "octet_length(%)",
-                "$6",
-            ),
-            mark: match on_sent {
-                OnSent::Mark => format!("UPDATE {outbox} SET sent_at = now() WHERE seq = ANY($1)"),
-                OnSent::Delete => format!("DELETE FROM {outbox} WHERE seq = ANY($1)"),
-            },
-            // A failure of the broker (`unavailable`) keeps `attempts` and never
-            // dead-letters; it is due again after the relay's outage backoff ($8).
-            fail: format!(
-                "UPDATE {outbox} o SET \
-                   attempts = o.attempts + CASE WHEN f.unavailable THEN 0 ELSE 1 END, \
-                   last_error = f.error, \
-                   dead_at = CASE WHEN NOT f.unavailable AND (f.permanent OR o.attempts + 1 >= $4) \
-                     THEN now() END, \
-                   next_attempt_at = CASE \
-                     WHEN f.unavailable THEN now() + make_interval(secs => $8) \
-                     WHEN f.permanent OR o.attempts + 1 >= $4 THEN o.next_attempt_at \
-                     ELSE now() + make_interval(secs => least($6, $5 * power(2, least(o.attempts, 62))) * (0.75 + random() * 0.5)) END \
-                 FROM UNNEST($1::bigint[], $2::text[], $3::bool[], $7::bool[]) \
-                   AS f(seq, error, permanent, unavailable) \
-                 WHERE o.seq = f.seq \
-                 RETURNING o.dead_at IS NOT NULL AS dead"
-            ),
-            count_relays: format!(
-                "SELECT count(*) FROM pg_locks WHERE {advisory} AND objid >= {relays} AND objid < {relays} + {max_relays}"
-            ),
-            retrying: state::retrying("partition_key", outbox),
-            probe: format!(
-                "SELECT count(*) AS pending, \
-                        count(*) FILTER (WHERE next_attempt_at IS NULL OR next_attempt_at <= now()) AS due, \
-                        coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age, \
-                        extract(epoch FROM min(next_attempt_at) FILTER (WHERE next_attempt_at > now()) - now())::float8 \
-                          AS next_due_in, \
-                        (SELECT count(*) FROM pg_locks WHERE {advisory} \
-                          AND objid >= {relays} AND objid < {relays} + {max_relays}) \
-                          AS relays \
-                 FROM {outbox} WHERE {PENDING}"
-            ),
-        }
-    }
-}
-
-/// Registers this relay's partition count, or refuses to run next to relays of the same
-/// outbox configured with another: they would hash keys to different partitions, and two
-/// relays could then publish one key at the same time, out of order. The check and the
-/// registration happen under a short exclusive lock, so two relays starting together with
-/// different counts cannot both pass. A refused relay reports the error and retries like
-/// after any failed session: it takes over once the others are gone (a rolling change of
-/// `partitions` therefore switches over without overlap).
-async fn register_partition_count(
-    conn: &mut PgConnection,
-    table_key: i32,
-    cx: Context<'_, Postgres>,
-) -> SessionResult<()> {
-    let mine = i32::from(cx.config.partitions);
-    sqlx::query("SELECT pg_advisory_lock($1, $2)")
-        .bind(table_key)
-        .bind(locks::PARTITION_COUNT_CHECK)
-        .execute(&mut *conn)
-        .await?;
-    let others: Option<i32> = sqlx::query_scalar(
-        "SELECT (objid::int8 - $2)::int4 FROM pg_locks \
-         WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = ($1)::int4::oid \
-           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-           AND objid::int8 > $2 AND objid::int8 <= $2 + 65535 AND objid::int8 <> $2 + $3 \
-         LIMIT 1",
-    )
-    .bind(table_key)
-    .bind(i64::from(locks::PARTITION_COUNT))
-    .bind(i64::from(mine))
-    .fetch_optional(&mut *conn)
-    .await?;
-    if others.is_none() {
-        sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
-            .bind(table_key)
-            .bind(locks::PARTITION_COUNT + mine)
-            .execute(&mut *conn)
-            .await?;
-    }
-    sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-        .bind(table_key)
-        .bind(locks::PARTITION_COUNT_CHECK)
-        .execute(&mut *conn)
-        .await?;
-    match others {
-        None => Ok(()),
-        Some(theirs) => Err(SessionError::Refused(format!(
-            "other relays of outbox {} run with {theirs} partitions, this one is configured with \
-             {mine}; every relay of one outbox must use the same `partitions` (RelayBuilder::partitions). \
-             This relay stands by and takes over when those relays are gone",
-            cx.tables.outbox
-        ))),
-    }
-}
+use super::*;
 
 /// The first re-sample delay while writers hold the horizon back.
-const FIRST_RESAMPLE: Duration = Duration::from_millis(5);
+pub(super) const FIRST_RESAMPLE: Duration = Duration::from_millis(5);
 
 /// How long the horizon may be held back before the relay names the writer in a warning.
-const HELD_WARNING: Duration = Duration::from_secs(10);
+pub(super) const HELD_WARNING: Duration = Duration::from_secs(10);
 
 /// Whether the relay holds the idle lock ([`locks::IDLE`]), which makes commits notify
 /// (`wake_sql` in `mod.rs`). Commits notify only while a relay waits: a `NOTIFY`
 /// serialises every notifying commit on the server, and a busy relay looks for rows by
 /// itself before it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Idle {
+pub(super) enum Idle {
     /// Working: commits do not notify.
     Busy,
     /// Has just taken the lock: claims once more before waiting. A commit that probed the
@@ -197,94 +26,51 @@ enum Idle {
     /// Holds the lock and has claimed since taking it: may wait for a notification.
     Waiting,
 }
-
-/// A connection of the relay's, with its settings: keepalives, marks without waiting for
-/// the WAL flush, custom plans, and the idle-session timeout.
-pub(super) async fn connect_configured(
-    options: &sqlx::postgres::PgConnectOptions,
-    config: &RelayConfig,
-) -> SessionResult<PgConnection> {
-    let mut conn = PgConnection::connect_with(options).await?;
-    // Notice a vanished relay host in ~25 s instead of the OS default of 2 hours, so its
-    // partitions are taken over (the server drops the session and its locks).
-    conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3")
-        .await?;
-    // The relay's marks need not wait for their WAL flush: a mark lost in a server
-    // crash (at most about 3 x wal_writer_delay of them) leaves its message pending,
-    // and it is published again, which at-least-once delivery allows. Marks are lost as
-    // a suffix of the WAL, so a key's later mark is never kept without its earlier one.
-    // Waiting for the flush would put every relay round trip in the writers' fsync
-    // queue.
-    conn.execute("SET synchronous_commit = off").await?;
-    // Each statement is planned for its own arguments and the table as it is now. A
-    // session lives for days while the outbox grows from a few rows to millions and
-    // back; after five runs PostgreSQL may keep a generic plan chosen while the table
-    // was tiny (a sequential scan of its one page), and until an ANALYZE invalidated
-    // it every mark read the whole table: 4.7 ms for 10 rows of a 30,000-row table
-    // (test `a_relay_that_started_on_a_small_table_marks_a_backlog_by_index`). Planning
-    // costs tens of microseconds per statement.
-    conn.execute("SET plan_cache_mode = force_custom_plan")
-        .await?;
-    // A relay process that stops answering (SIGSTOP, a frozen VM) keeps its TCP
-    // connection alive (the kernel answers keepalives): the server ends its session,
-    // and with it the partitions, once it has been idle that long (PostgreSQL >= 14).
-    sqlx::query(
-        "SELECT set_config('idle_session_timeout', $1, false) \
-         WHERE current_setting('server_version_num')::int >= 140000",
-    )
-    .bind(format!(
-        "{}ms",
-        config.effective_session_timeout().as_millis()
-    ))
-    .execute(&mut conn)
-    .await?;
-    Ok(conn)
-}
-
 /// The first retry when taking the idle lock fails (a commit was probing it at that
 /// instant); doubles up to the poll interval.
-const FIRST_IDLE_RETRY: Duration = Duration::from_millis(1);
+pub(super) const FIRST_IDLE_RETRY: Duration = Duration::from_millis(1);
 
 pub struct PgSession<'a> {
-    cx: Context<'a, Postgres>,
-    conn: PgConnection,
-    options: sqlx::postgres::PgConnectOptions,
+    pub(super) cx: Context<'a, Postgres>,
+    pub(super) conn: PgConnection,
+    pub(super) options: sqlx::postgres::PgConnectOptions,
     /// The connection that marks a backlog's batches while `conn` claims the next
     /// (`record_and_claim`), opened when first needed, and when it was last used.
-    marks: Option<(PgConnection, Instant)>,
+    pub(super) marks: Option<(PgConnection, Instant)>,
     /// Opening `marks` failed: not tried again before then.
-    marks_retry_at: Option<Instant>,
+    pub(super) marks_retry_at: Option<Instant>,
     /// What wakes it for new rows.
-    wake: Wake,
+    pub(super) wake: Wake,
     /// The hub's connection it works on, in a relay of many outboxes: handed back at
     /// `close`.
-    lease: Option<super::lease::Lease<'a>>,
-    sql: Sql,
-    table_key: i32,
-    slot: i32,
-    owned: BTreeSet<i32>,
-    relays: i64,
+    pub(super) lease: Option<super::lease::Lease<'a>>,
+    pub(super) sql: Sql,
+    pub(super) table_key: i32,
+    pub(super) slot: i32,
+    pub(super) owned: BTreeSet<i32>,
+    pub(super) relays: i64,
     /// `relays` was just counted by a probe: the next ownership check rebalances with it.
-    relays_probed: bool,
-    next_rebalance: Instant,
-    horizon: Horizon,
+    pub(super) relays_probed: bool,
+    pub(super) next_rebalance: Instant,
+    pub(super) horizon: Horizon,
     /// While writers hold the horizon back: the next re-sample's delay (5 ms, doubling up
     /// to the poll interval), and since when it has been held.
-    resample: Duration,
-    held_since: Option<Instant>,
-    held_reported: bool,
-    idle: Idle,
-    idle_retry: Duration,
+    pub(super) resample: crate::backoff::Backoff,
+    pub(super) held_since: Option<Instant>,
+    pub(super) held_reported: bool,
+    pub(super) idle: Idle,
+    /// The retry of taking the idle lock (1 ms, doubling up to the poll interval).
+    pub(super) idle_retry: crate::backoff::Backoff,
     /// The last wait ended on its timer (a re-sample, a retry, the safety poll), not on
     /// a notification: a relay that held the idle lock through it keeps it for its claim.
-    timer_woke: bool,
+    pub(super) timer_woke: bool,
     /// The last claim found fewer rows than a batch: the relay has caught up.
-    caught_up: bool,
+    pub(super) caught_up: bool,
 }
 
 /// What wakes a session for new rows: a `LISTEN` connection of its own, or, in a relay of
 /// many outboxes, the hub's control connection.
-enum Wake {
+pub(super) enum Wake {
     Own(PgListener),
     Hub(std::sync::Arc<tokio::sync::Notify>),
 }
@@ -298,84 +84,8 @@ impl std::fmt::Debug for PgSession<'_> {
             .finish_non_exhaustive()
     }
 }
-
-impl Source for Postgres {
-    const POLL_INTERVAL: Duration = Duration::from_secs(5);
-
-    type Session<'a> = Either<PgSession<'a>, super::wal::WalSession<'a>>;
-
-    async fn open<'a>(cx: Context<'a, Self>) -> SessionResult<Self::Session<'a>> {
-        Ok(match &cx.tables.wal {
-            None => Either::Table(PgSession::connect(cx).await?),
-            Some(wal) => Either::Wal(super::wal::WalSession::open(cx, wal).await?),
-        })
-    }
-}
-
-/// Table mode's session or WAL mode's, as the outbox was built.
-#[derive(Debug)]
-pub enum Either<T, W> {
-    /// Table mode.
-    Table(T),
-    /// WAL mode.
-    Wal(W),
-}
-
-macro_rules! both {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            Either::Table($s) => $e,
-            Either::Wal($s) => $e,
-        }
-    };
-}
-
-impl<T: Session, W: Session> Session for Either<T, W> {
-    async fn probe(&mut self) -> SessionResult<Option<Probe>> {
-        both!(self, s => s.probe().await)
-    }
-    fn probe_interval(&self) -> Duration {
-        both!(self, s => s.probe_interval())
-    }
-    async fn own(&mut self) -> SessionResult<bool> {
-        both!(self, s => s.own().await)
-    }
-    async fn wait(
-        &mut self,
-        shutdown: &mut watch::Receiver<bool>,
-        until: Instant,
-    ) -> SessionResult<()> {
-        both!(self, s => s.wait(shutdown, until).await)
-    }
-    async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
-        both!(self, s => s.retrying_keys().await)
-    }
-    async fn claim(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
-        both!(self, s => s.claim(after).await)
-    }
-    async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
-        both!(self, s => s.acknowledge(outcome).await)
-    }
-    async fn record_and_claim(
-        &mut self,
-        outcome: &Outcome,
-        after: Option<i64>,
-    ) -> SessionResult<(u64, Vec<OutboxRecord>)> {
-        both!(self, s => s.record_and_claim(outcome, after).await)
-    }
-    async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
-        both!(self, s => s.fail(outcome).await)
-    }
-    async fn close(self) {
-        both!(self, s => s.close().await)
-    }
-    fn idle(&self) -> bool {
-        both!(self, s => s.idle())
-    }
-}
-
 impl<'a> PgSession<'a> {
-    async fn connect(cx: Context<'a, Postgres>) -> SessionResult<PgSession<'a>> {
+    pub(super) async fn connect(cx: Context<'a, Postgres>) -> SessionResult<PgSession<'a>> {
         let options = (*cx.pool.connect_options())
             .clone()
             .application_name(&cx.config.application_name);
@@ -386,7 +96,7 @@ impl<'a> PgSession<'a> {
     /// Registers a session on `conn`: checks the table, its partition count and takes a
     /// relay slot. `shared`: the hub's wake-up and lease, in a relay of many outboxes
     /// (otherwise the session listens on a connection of its own).
-    pub(super) async fn setup(
+    pub(in crate::db::postgres) async fn setup(
         cx: Context<'a, Postgres>,
         mut conn: PgConnection,
         options: sqlx::postgres::PgConnectOptions,
@@ -485,27 +195,33 @@ impl<'a> PgSession<'a> {
             horizon: carried.horizon,
             relays_probed: false,
             next_rebalance: Instant::now(),
-            resample: FIRST_RESAMPLE,
+            resample: crate::backoff::Backoff::new(
+                FIRST_RESAMPLE,
+                cx.config.poll_interval.max(FIRST_RESAMPLE),
+            ),
             held_since: carried.held_since,
             held_reported: carried.held_reported,
             idle: Idle::Busy,
-            idle_retry: FIRST_IDLE_RETRY,
+            idle_retry: crate::backoff::Backoff::new(
+                FIRST_IDLE_RETRY,
+                cx.config.poll_interval.max(FIRST_IDLE_RETRY),
+            ),
             timer_woke: false,
             caught_up: false,
         })
     }
 
-    fn count_queries(&self, n: u64) {
+    pub(super) fn count_queries(&self, n: u64) {
         self.cx.count_queries(n);
     }
 
     /// The key of the outbox's advisory locks (its table's oid).
-    pub(super) fn table_key(&self) -> i32 {
+    pub(in crate::db::postgres) fn table_key(&self) -> i32 {
         self.table_key
     }
 
     /// The outbox table's quoted name.
-    pub(super) fn table_name(&self) -> String {
+    pub(in crate::db::postgres) fn table_name(&self) -> String {
         self.cx.tables.outbox.quoted()
     }
 
@@ -515,7 +231,7 @@ impl<'a> PgSession<'a> {
     /// `None` when it cannot be opened within `connect_timeout` (a connection limit, a
     /// pool in front of the server): the marks then go through `conn`, one after the
     /// claim, as before, and opening it is tried again a session timeout later.
-    async fn marks_connection(&mut self) -> Option<PgConnection> {
+    pub(super) async fn marks_connection(&mut self) -> Option<PgConnection> {
         if self.lease.is_some() {
             // A tenant of a relay of many outboxes works on one connection of the hub.
             return None;
@@ -558,20 +274,20 @@ impl<'a> PgSession<'a> {
     }
 
     /// The horizon is no longer held back: the gauge and the backoff start afresh.
-    fn horizon_free(&mut self) {
+    pub(super) fn horizon_free(&mut self) {
         if self.held_since.take().is_some() {
             self.cx.gauge("outbox_relay_horizon_held_seconds", 0.0);
             if self.held_reported {
                 tracing::info!("outbox relay: the writer that held the horizon back has ended");
             }
         }
-        self.resample = FIRST_RESAMPLE;
+        self.resample.reset();
         self.held_reported = false;
     }
 
     /// While writers hold the horizon back: the gauge `outbox_relay_horizon_held_seconds`,
     /// and, once it has lasted [`HELD_WARNING`], one warning naming the oldest writer.
-    async fn report_held(&mut self) -> SessionResult<()> {
+    pub(super) async fn report_held(&mut self) -> SessionResult<()> {
         let since = *self.held_since.get_or_insert_with(Instant::now);
         let held = since.elapsed();
         self.cx
@@ -579,8 +295,11 @@ impl<'a> PgSession<'a> {
         if held >= HELD_WARNING && !self.held_reported {
             self.held_reported = true;
             self.count_queries(1);
-            let writer =
-                super::oldest_writer(&mut self.conn, &self.cx.tables.outbox.quoted()).await?;
+            let writer = super::super::diagnostics::oldest_writer(
+                &mut self.conn,
+                &self.cx.tables.outbox.quoted(),
+            )
+            .await?;
             if let Some(w) = writer {
                 tracing::warn!(
                     pid = w.pid,
@@ -595,79 +314,31 @@ impl<'a> PgSession<'a> {
         }
         Ok(())
     }
-
-    async fn count_relays(&mut self) -> SessionResult<i64> {
-        self.count_queries(1);
-        Ok(sqlx::query_scalar(&self.sql.count_relays)
-            .fetch_one(&mut self.conn)
-            .await?)
-    }
-
-    /// Takes or gives back partitions so that every relay holds its fair share.
-    async fn rebalance(&mut self) -> SessionResult<()> {
-        let total = i32::from(self.cx.config.partitions);
-        let relays = i32::try_from(self.relays.max(1)).unwrap_or(i32::MAX);
-        let share = usize::try_from((total + relays - 1) / relays).unwrap_or(1);
-        if self.owned.len() > share {
-            let extra: Vec<i32> = self
-                .owned
-                .iter()
-                .rev()
-                .take(self.owned.len() - share)
-                .copied()
-                .collect();
-            self.count_queries(1);
-            sqlx::query("SELECT pg_advisory_unlock($1, $2 + p) FROM unnest($3::int4[]) AS p")
-                .bind(self.table_key)
-                .bind(locks::PARTITIONS)
-                .bind(&extra)
-                .execute(&mut self.conn)
-                .await?;
-            for p in &extra {
-                self.owned.remove(p);
-            }
-            tracing::info!(released = ?extra, relays, "outbox relay gave partitions back");
-        } else if self.owned.len() < share {
-            // Start looking at a slot-dependent offset so relays don't all race for partition 0.
-            let start = (self.slot * i32::try_from(share).unwrap_or(1)).rem_euclid(total);
-            let candidates: Vec<i32> = (0..total)
-                .map(|i| (start + i) % total)
-                .filter(|p| !self.owned.contains(p))
-                .collect();
-            self.count_queries(1);
-            let got: Vec<i32> = sqlx::query_scalar(
-                "SELECT p FROM unnest($3::int4[]) AS p WHERE pg_try_advisory_lock($1, $2 + p) LIMIT $4",
-            )
-            .bind(self.table_key)
-            .bind(locks::PARTITIONS)
-            .bind(&candidates)
-            .bind(i64::try_from(share - self.owned.len()).unwrap_or(0))
-            .fetch_all(&mut self.conn)
-            .await?;
-            if !got.is_empty() {
-                tracing::info!(acquired = ?got, relays, "outbox relay took partitions");
-            }
-            self.owned.extend(got);
-        }
-        self.cx
-            .gauge("outbox_relay_partitions", self.owned.len() as f64);
-        Ok(())
-    }
-
-    async fn sample(&mut self) -> SessionResult<Sample> {
+    pub(super) async fn sample(&mut self) -> SessionResult<Sample> {
         self.count_queries(2);
         // No arguments: the simple protocol runs both statements, each with its own snapshot.
         let rows = (&mut self.conn).fetch_all(self.sql.sample.as_str()).await?;
         let text = |i: usize| -> SessionResult<String> {
             rows.get(i)
                 .ok_or_else(|| {
-                    SessionError::Refused("the horizon sample returned too few rows".to_owned())
+                    SessionError::protocol(
+                        "the horizon sample",
+                        format!(
+                            "it returned {} row(s), the relay needs 2 (the sequence's last \
+                             value, then the writers)",
+                            rows.len()
+                        ),
+                    )
                 })?
                 .try_get::<String, _>(0)
                 .map_err(SessionError::from)
         };
-        let last_seq = text(0)?.parse::<i64>().map_err(|e| {
-            SessionError::Refused(format!("the outbox sequence gave a bad value: {e}"))
+        let last = text(0)?;
+        let last_seq = last.parse::<i64>().map_err(|e| {
+            SessionError::protocol(
+                "the outbox sequence's last value",
+                format!("{last:?} is not a bigint ({e})"),
+            )
         })?;
         let writers = text(1)?;
         Ok(Sample {
@@ -682,7 +353,10 @@ impl<'a> PgSession<'a> {
 
     /// Claims the next batch: samples the horizon, then the oldest claimable rows of the
     /// owned partitions (after `after`, when a batch before them is still in flight).
-    async fn claim_rows(&mut self, after: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
+    pub(super) async fn claim_rows(
+        &mut self,
+        after: Option<i64>,
+    ) -> SessionResult<Vec<OutboxRecord>> {
         match self.idle {
             Idle::Busy => {}
             // The claim after declaring idle: keep the lock; `wait` may wait now.
@@ -732,7 +406,7 @@ impl<'a> PgSession<'a> {
     }
 
     /// Gives the idle lock up: commits stop notifying.
-    async fn leave_idle(&mut self) -> SessionResult<()> {
+    pub(super) async fn leave_idle(&mut self) -> SessionResult<()> {
         self.count_queries(1);
         sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
             .bind(self.table_key)
@@ -807,21 +481,17 @@ impl Session for PgSession<'_> {
                     .await?;
                 if taken {
                     self.idle = Idle::Declared;
-                    self.idle_retry = FIRST_IDLE_RETRY;
+                    self.idle_retry.reset();
                     return Ok(());
                 }
                 // A commit held it for its probe at that instant: try again shortly,
                 // looking for rows meanwhile (commits do not notify yet).
-                until = until.min(Instant::now() + self.idle_retry);
-                self.idle_retry =
-                    (self.idle_retry * 2).min(self.cx.config.poll_interval.max(FIRST_IDLE_RETRY));
+                until = until.min(Instant::now() + self.idle_retry.next());
             }
         }
         let until = if self.horizon.waiting() {
             self.report_held().await?;
-            let soon = Instant::now() + self.resample;
-            self.resample =
-                (self.resample * 2).min(self.cx.config.poll_interval.max(FIRST_RESAMPLE));
+            let soon = Instant::now() + self.resample.next();
             until.min(soon)
         } else {
             self.horizon_free();
@@ -898,7 +568,7 @@ impl Session for PgSession<'_> {
         outcome: &Outcome,
         after: Option<i64>,
     ) -> SessionResult<(u64, Vec<OutboxRecord>)> {
-        let dead = if outcome.failed_seq.is_empty() {
+        let dead = if outcome.failed.is_empty() {
             0
         } else {
             self.fail(outcome).await?
@@ -921,15 +591,21 @@ impl Session for PgSession<'_> {
 
     async fn fail(&mut self, outcome: &Outcome) -> SessionResult<u64> {
         let config = self.cx.config;
+        // One array per column, for the statement's `UNNEST`.
+        let failed = &outcome.failed;
+        let seq: Vec<i64> = failed.iter().map(|f| f.seq).collect();
+        let error: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+        let permanent: Vec<bool> = failed.iter().map(|f| f.permanent).collect();
+        let unavailable: Vec<bool> = failed.iter().map(|f| f.unavailable).collect();
         self.count_queries(1);
         let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
-            .bind(&outcome.failed_seq)
-            .bind(&outcome.failed_error)
-            .bind(&outcome.failed_permanent)
+            .bind(&seq)
+            .bind(&error)
+            .bind(&permanent)
             .bind(config.max_attempts)
             .bind(config.backoff_base.as_secs_f64())
             .bind(config.backoff_cap.as_secs_f64())
-            .bind(&outcome.failed_unavailable)
+            .bind(&unavailable)
             .bind(outcome.unavailable_delay.as_secs_f64())
             .fetch_all(&mut self.conn)
             .await?;

@@ -11,12 +11,12 @@ use tokio::time::Instant;
 
 /// The part of a hub its tenants' sessions reach through their [`Lease`].
 #[derive(Default)]
-pub(super) struct Handover {
+pub(in crate::db::postgres) struct Handover {
     /// Connections handed back, with when.
-    pub(super) idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
+    pub(in crate::db::postgres) idle: std::sync::Mutex<Vec<(PgConnection, Instant)>>,
     /// Notified when a tenant starts waiting for a connection: a tenant that waits for
     /// writers on a connection of the hub then looks at its turn.
-    pub(super) asked: Notify,
+    pub(in crate::db::postgres) asked: Notify,
     /// What a tenant's session knows that outlives it, by outbox (its table's oid).
     carried: std::sync::Mutex<HashMap<i32, Carried>>,
 }
@@ -25,21 +25,24 @@ pub(super) struct Handover {
 /// valid: the writer lock is the server's, not the session's) and how long writers have
 /// held it back.
 #[derive(Debug, Default)]
-pub(super) struct Carried {
-    pub(super) horizon: super::horizon::Horizon,
-    pub(super) held_since: Option<Instant>,
-    pub(super) held_reported: bool,
+pub(in crate::db::postgres) struct Carried {
+    pub(in crate::db::postgres) horizon: super::horizon::Horizon,
+    pub(in crate::db::postgres) held_since: Option<Instant>,
+    pub(in crate::db::postgres) held_reported: bool,
 }
 
 /// A tenant's hold on one of the hub's connections, for one turn.
-pub(super) struct Lease<'a> {
+pub(in crate::db::postgres) struct Lease<'a> {
     hub: &'a Handover,
     _permit: OwnedSemaphorePermit,
 }
 
 impl<'a> Lease<'a> {
     /// A turn on a connection of the hub whose handover is `hub`, held by `permit`.
-    pub(super) fn new(hub: &'a Handover, permit: OwnedSemaphorePermit) -> Lease<'a> {
+    pub(in crate::db::postgres) fn new(
+        hub: &'a Handover,
+        permit: OwnedSemaphorePermit,
+    ) -> Lease<'a> {
         Lease {
             hub,
             _permit: permit,
@@ -47,7 +50,7 @@ impl<'a> Lease<'a> {
     }
 
     /// What the tenant's last session left for this one.
-    pub(super) fn carried(&self, key: i32) -> Carried {
+    pub(in crate::db::postgres) fn carried(&self, key: i32) -> Carried {
         self.hub
             .carried
             .lock()
@@ -57,14 +60,19 @@ impl<'a> Lease<'a> {
     }
 
     /// The hub's notice that a tenant waits for a connection.
-    pub(super) fn asked(&self) -> &Notify {
+    pub(in crate::db::postgres) fn asked(&self) -> &Notify {
         &self.hub.asked
     }
 
     /// Gives the connection back: without its advisory locks, ready for another tenant.
     /// A connection that fails this is closed (the server then drops its locks). `carry`
     /// is kept for the tenant's next session.
-    pub(super) async fn give_back(self, mut conn: PgConnection, key: i32, carry: Carried) {
+    pub(in crate::db::postgres) async fn give_back(
+        self,
+        mut conn: PgConnection,
+        key: i32,
+        carry: Carried,
+    ) {
         if let Ok(mut carried) = self.hub.carried.lock() {
             carried.insert(key, carry);
         }

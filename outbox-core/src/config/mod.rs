@@ -12,26 +12,14 @@ pub const MAX_IDENTIFIER_LEN: usize = 48;
 /// Longest accepted schema name: PostgreSQL's limit.
 pub const MAX_SCHEMA_LEN: usize = 63;
 
-/// How much time one partition of a time-partitioned outbox covers (PostgreSQL,
-/// `Outbox::partition_by_time`; docs/partitions.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PartitionInterval {
-    /// One partition per hour (UTC), 6 created ahead.
-    Hourly,
-    /// One partition per day (UTC), 3 created ahead.
-    Daily,
-}
-
-impl PartitionInterval {
-    /// The time one partition covers.
-    pub fn length(self) -> Duration {
-        match self {
-            PartitionInterval::Hourly => Duration::from_secs(3600),
-            PartitionInterval::Daily => Duration::from_secs(24 * 3600),
-        }
-    }
-}
+// The deprecated paths of types that moved to `outbox_core::postgres` (kept for one
+// release; CHANGELOG, "Breaking"). In a file of their own: `config` itself names no
+// database.
+#[cfg(feature = "postgres")]
+mod moved;
+#[cfg(feature = "postgres")]
+#[allow(deprecated)]
+pub use moved::{PartitionInterval, Wal};
 
 /// A validated, optionally schema-qualified SQL table name such as `outbox` or
 /// `billing.outbox`.
@@ -99,6 +87,7 @@ impl TableName {
 
     /// Another object in the same schema, named `name` as the server gave it (not
     /// validated again: a partition's name may be longer than a table name we accept).
+    #[cfg(feature = "postgres")]
     pub(crate) fn sibling(&self, name: &str) -> TableName {
         TableName {
             schema: self.schema.clone(),
@@ -157,89 +146,6 @@ pub struct Tables {
     pub processed: TableName,
     /// The table recording applied migrations (default: outbox table + `_migrations`).
     pub migrations: TableName,
-    /// WAL mode (PostgreSQL, `OutboxBuilder::wal`): events go through the write-ahead
-    /// log, not into the outbox table. `None`: table mode.
-    pub wal: Option<Wal>,
-}
-
-/// WAL mode's names (PostgreSQL, see `docs/wal.md`): commits write each event with
-/// `pg_logical_emit_message(true, prefix, envelope)`, and the relay reads them through
-/// the logical replication slot `slot` (pgoutput, publication `publication`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wal {
-    /// The logical replication slot (default `outbox_<table>`).
-    pub slot: String,
-    /// The publication pgoutput needs (default: the slot's name). It publishes no table:
-    /// the relay reads only the messages.
-    pub publication: String,
-    /// The prefix of this outbox's messages (`outbox:<slot>`, unique like the slot): other
-    /// outboxes and other users of `pg_logical_emit_message` in the database are skipped.
-    pub prefix: String,
-    /// The replication connection's password, when the pool's options hold one (sqlx
-    /// does not hand it back). Never shown by `Debug`.
-    pub(crate) password: Option<Secret>,
-}
-
-/// A password: `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Secret(pub(crate) String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Wal {
-    /// The names for the outbox table `outbox`, with the slot `slot` if given (else
-    /// `outbox_<schema>_<table>`, lower-cased). A slot name is 1 to 63 characters of
-    /// `a-z`, `0-9` and `_`.
-    pub fn new(outbox: &TableName, slot: Option<&str>) -> Result<Wal> {
-        let slot = match slot {
-            Some(slot) => {
-                if slot.is_empty()
-                    || slot.len() > 63
-                    || !slot
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                {
-                    return Err(crate::Error::InvalidArgument(
-                        format!(
-                            "invalid replication slot name {slot:?}: PostgreSQL allows 1 to 63 \
-                             characters of a-z, 0-9 and _"
-                        )
-                        .into(),
-                    ));
-                }
-                slot.to_owned()
-            }
-            None => {
-                let base = match outbox.schema() {
-                    Some(schema) => format!("outbox_{schema}_{}", outbox.name()),
-                    None => format!("outbox_{}", outbox.name()),
-                };
-                let mut slot: String = base
-                    .to_lowercase()
-                    .chars()
-                    .map(|c| {
-                        if c.is_ascii_alphanumeric() || c == '_' {
-                            c
-                        } else {
-                            '_'
-                        }
-                    })
-                    .collect();
-                slot.truncate(63);
-                slot
-            }
-        };
-        Ok(Wal {
-            publication: slot.clone(),
-            prefix: format!("outbox:{slot}"),
-            slot,
-            password: None,
-        })
-    }
 }
 
 impl Tables {
@@ -250,7 +156,6 @@ impl Tables {
             migrations: outbox.with_suffix("_migrations"),
             processed,
             outbox,
-            wal: None,
         }
     }
 }
@@ -407,22 +312,9 @@ pub(crate) fn jitter() -> f64 {
 /// `outbox` CLI and `outbox-nats`; not part of the API.
 #[doc(hidden)]
 pub fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// `text` with every non-empty secret of `secrets` replaced by `***`; if a secret shows
@@ -444,17 +336,6 @@ pub fn mask_secrets<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str> +
         return "<text withheld: it held a secret that could not be masked>".to_owned();
     }
     out
-}
-
-/// Whether a message that failed after `attempts` earlier failures is dead-lettered now,
-/// and otherwise the delay before its next attempt: `backoff_base * 2^attempts`, capped at
-/// `backoff_cap`, with ±25% jitter. PostgreSQL computes the same rule in its failure
-/// statement; MySQL/MariaDB and SQLite bind what this returns.
-pub(crate) fn retry_plan(config: &RelayConfig, attempts: i32, permanent: bool) -> (bool, f64) {
-    let dead = permanent || attempts.saturating_add(1) >= config.max_attempts;
-    let exp = 2f64.powi(attempts.clamp(0, 62));
-    let delay = (config.backoff_base.as_secs_f64() * exp).min(config.backoff_cap.as_secs_f64());
-    (dead, delay * (0.75 + crate::config::jitter() * 0.5))
 }
 
 #[cfg(test)]
