@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -234,19 +234,23 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     });
             let delay = match outcome {
                 Ok(Processed::Handled(())) => {
-                    self.stats.handled.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("outbox_consumer_handled_total", "transport" => T::NAME)
-                        .increment(1);
-                    self.ack(delivery).await;
-                    return Ok(Step::Done);
+                    return Ok(self
+                        .settle(
+                            delivery,
+                            &self.stats.handled,
+                            "outbox_consumer_handled_total",
+                        )
+                        .await);
                 }
                 Ok(Processed::Duplicate) => {
                     tracing::debug!(%id, %origin, transport = T::NAME, "outbox consumer: duplicate skipped by the inbox");
-                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("outbox_consumer_duplicates_total", "transport" => T::NAME)
-                        .increment(1);
-                    self.ack(delivery).await;
-                    return Ok(Step::Done);
+                    return Ok(self
+                        .settle(
+                            delivery,
+                            &self.stats.duplicates,
+                            "outbox_consumer_duplicates_total",
+                        )
+                        .await);
                 }
                 Err(e) => {
                     self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
@@ -285,6 +289,20 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         }
     }
 
+    /// Counts a message that needs nothing more (in `stat` and the counter `metric`)
+    /// and acknowledges it.
+    async fn settle(
+        &self,
+        delivery: &Delivery<T::Token>,
+        stat: &AtomicU64,
+        metric: &'static str,
+    ) -> Step {
+        stat.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric, "transport" => T::NAME).increment(1);
+        self.ack(delivery).await;
+        Step::Done
+    }
+
     async fn ack(&self, delivery: &Delivery<T::Token>) {
         if let Err(e) = self.transport.ack(delivery).await {
             // The broker sends it again; the inbox skips it.
@@ -305,11 +323,13 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             Policy::Skip => {
                 tracing::warn!(%origin, transport = T::NAME, reason = %short_reason(&error),
                     "outbox consumer: message skipped (policy Skip)");
-                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("outbox_consumer_skipped_total", "transport" => T::NAME)
-                    .increment(1);
-                self.ack(delivery).await;
-                Ok(Step::Done)
+                Ok(self
+                    .settle(
+                        delivery,
+                        &self.stats.skipped,
+                        "outbox_consumer_skipped_total",
+                    )
+                    .await)
             }
             Policy::Stop => {
                 tracing::error!(%origin, transport = T::NAME, reason = %error,
@@ -333,11 +353,13 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                 }
                 tracing::warn!(%origin, transport = T::NAME, dead_letter = %destination, %reason,
                     "outbox consumer: message dead-lettered");
-                self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("outbox_consumer_dead_lettered_total", "transport" => T::NAME)
-                    .increment(1);
-                self.ack(delivery).await;
-                Ok(Step::Done)
+                Ok(self
+                    .settle(
+                        delivery,
+                        &self.stats.dead_lettered,
+                        "outbox_consumer_dead_lettered_total",
+                    )
+                    .await)
             }
         }
     }

@@ -140,6 +140,22 @@ struct Control {
 
 /// Whether a failed statement means the control connection is gone (its locks with it),
 /// rather than an error in the statement.
+/// Takes (`take`) or gives back a parked tenant's shared idle lock, on the control
+/// connection that holds them all.
+async fn idle_lock(listener: &mut PgListener, key: i32, take: bool) -> Result<(), sqlx::Error> {
+    let sql = if take {
+        "SELECT pg_advisory_lock_shared($1, $2)"
+    } else {
+        "SELECT pg_advisory_unlock_shared($1, $2)"
+    };
+    sqlx::query(sql)
+        .bind(key)
+        .bind(locks::IDLE)
+        .execute(listener)
+        .await?;
+    Ok(())
+}
+
 fn connection_lost(e: &sqlx::Error) -> bool {
     !matches!(e, sqlx::Error::Database(_) | sqlx::Error::RowNotFound)
 }
@@ -305,11 +321,7 @@ impl Control {
         listener.unlisten(&old_channel).await?;
         listener.listen(&channel).await?;
         if was_parked {
-            sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
-                .bind(old_key)
-                .bind(locks::IDLE)
-                .execute(&mut *listener)
-                .await?;
+            idle_lock(listener, old_key, false).await?;
         }
         Ok(())
     }
@@ -382,11 +394,7 @@ impl Control {
                 if let Some((gone, parked)) = gone {
                     listener.unlisten(&gone.channel).await?;
                     if parked {
-                        sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
-                            .bind(gone.key)
-                            .bind(locks::IDLE)
-                            .execute(&mut *listener)
-                            .await?;
+                        idle_lock(listener, gone.key, false).await?;
                     }
                 }
             }
@@ -400,12 +408,7 @@ impl Control {
                 };
                 // Kept in `parked` even if this fails: a new control connection takes it.
                 if self.parked.insert(key) {
-                    let taken = sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
-                        .bind(key)
-                        .bind(locks::IDLE)
-                        .execute(&mut *listener)
-                        .await;
-                    if let Err(e) = taken {
+                    if let Err(e) = idle_lock(listener, key, true).await {
                         let _ = reply.send(Err(control_down()));
                         return Err(e.into());
                     }
@@ -414,11 +417,7 @@ impl Control {
             }
             Command::Unpark { key } => {
                 if self.parked.remove(&key) {
-                    sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
-                        .bind(key)
-                        .bind(locks::IDLE)
-                        .execute(&mut *listener)
-                        .await?;
+                    idle_lock(listener, key, false).await?;
                 }
             }
         }

@@ -33,11 +33,7 @@ pub struct SlotStatus {
 /// `wal_level`. The slot must exist before the first event is written: a slot sees only
 /// what is written after it was created.
 pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) -> Result<()> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .context("creating the replication slot", &tables.outbox)?;
-    check_wal_level(&mut conn, tables).await?;
+    let mut conn = logical_conn(pool, tables, "creating the replication slot").await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(&wal.publication)
@@ -101,11 +97,7 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
 /// every event committed in between. [`Outbox::migrate`](crate::Outbox::migrate)
 /// creates it (before the first event).
 pub(crate) async fn check_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) -> Result<()> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .context("checking the replication slot", &tables.outbox)?;
-    check_wal_level(&mut conn, tables).await?;
+    let mut conn = logical_conn(pool, tables, "checking the replication slot").await?;
     let slot: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(
         "SELECT plugin::text, wal_status, database IS NOT DISTINCT FROM current_database() \
          FROM pg_replication_slots WHERE slot_name = $1",
@@ -313,7 +305,13 @@ pub(super) fn is_duplicate(e: &sqlx::Error) -> bool {
         .is_some_and(|c| c == "42710" || c == "23505")
 }
 
-pub(super) async fn check_wal_level(conn: &mut PgConnection, tables: &Tables) -> Result<()> {
+/// A connection of `pool`, once the server is known to have `wal_level = logical`.
+async fn logical_conn(
+    pool: &sqlx::PgPool,
+    tables: &Tables,
+    context: &'static str,
+) -> Result<sqlx::pool::PoolConnection<Postgres>> {
+    let mut conn = pool.acquire().await.context(context, &tables.outbox)?;
     let level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&mut *conn)
         .await
@@ -328,5 +326,5 @@ pub(super) async fn check_wal_level(conn: &mut PgConnection, tables: &Tables) ->
             .into(),
         ));
     }
-    Ok(())
+    Ok(conn)
 }

@@ -81,46 +81,29 @@ pub(super) async fn insert_rows(
             );
         }
         sqlx::query(&sql)
-            .bind(chunk.iter().map(|(r, _)| r.id).collect::<Vec<_>>())
-            .bind(
-                chunk
-                    .iter()
-                    .map(|(r, _)| r.event_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                chunk
-                    .iter()
-                    .map(|(r, _)| r.event_version)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                chunk
-                    .iter()
-                    .map(|(r, _)| r.destination.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                chunk
-                    .iter()
-                    .map(|(r, _)| r.partition_key.as_deref())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                chunk
-                    .iter()
-                    .map(|(r, _)| r.payload.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(chunk, |r| r.id))
+            .bind(column(chunk, |r| r.event_type.as_str()))
+            .bind(column(chunk, |r| r.event_version))
+            .bind(column(chunk, |r| r.destination.as_str()))
+            .bind(column(chunk, |r| r.partition_key.as_deref()))
+            .bind(column(chunk, |r| r.payload.as_str()))
             .bind(headers)
-            .bind(chunk.iter().map(|(r, _)| r.created_at).collect::<Vec<_>>())
-            .bind(chunk.iter().map(|(r, _)| r.attempts).collect::<Vec<_>>())
+            .bind(column(chunk, |r| r.created_at))
+            .bind(column(chunk, |r| r.attempts))
             .bind(chunk.iter().map(|(_, at)| *at).collect::<Vec<_>>())
             .execute(&mut *conn)
             .await?;
         statements += 1;
     }
     Ok(statements)
+}
+
+/// One column of `chunk`, as an array to bind.
+fn column<'r, T>(
+    chunk: &[(&'r OutboxRecord, Option<DateTime<Utc>>)],
+    field: impl Fn(&'r OutboxRecord) -> T,
+) -> Vec<T> {
+    chunk.iter().map(|(r, _)| field(r)).collect()
 }
 
 impl WalSession<'_> {
