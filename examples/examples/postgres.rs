@@ -4,8 +4,8 @@
 //! Run it with `scripts/services.sh && cargo run -p outbox-examples --example postgres`
 //! (PostgreSQL from `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
 
-use outbox_core::sqlx;
-use outbox_core::{Destination, Outbox, OutboxEvent, OutboxTx};
+use outbox::sqlx;
+use outbox::{Destination, Outbox, OutboxEvent, OutboxTx};
 
 const ORDER_EVENTS: Destination = Destination::new("orders.events");
 
@@ -32,7 +32,7 @@ enum OrderError {
     #[error("order {0} does not exist")]
     NotFound(i64),
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] outbox::Error),
     #[error("order query failed: {0}")]
     Sql(#[from] sqlx::Error),
 }

@@ -15,13 +15,11 @@
 
 use std::time::Duration;
 
-use outbox_core::inbox::Inbox;
-use outbox_core::publisher::InMemoryPublisher;
-use outbox_core::relay::Relay;
-use outbox_core::sqlx::{self, Sqlite};
-use outbox_core::{
-    Outbox, OutboxEvent, OutboxRecord, OutboxTx, destinations, transactional_outbox,
-};
+use outbox::inbox::Inbox;
+use outbox::publisher::InMemoryPublisher;
+use outbox::relay::Relay;
+use outbox::sqlx::{self, Sqlite};
+use outbox::{Outbox, OutboxEvent, OutboxRecord, OutboxTx, destinations, transactional_outbox};
 
 destinations! {
     /// Everything the order service announces.
@@ -41,7 +39,7 @@ enum OrderError {
     #[error("order {0} does not exist")]
     NotFound(i64),
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] outbox::Error),
     #[error("order query failed: {0}")]
     Sql(#[from] sqlx::Error),
 }

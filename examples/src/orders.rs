@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::admin::Admin;
-use outbox_core::consumer::{Consumer, Policy};
-use outbox_core::inbox::Inbox;
-use outbox_core::relay::{Relay, RelayHandle};
-use outbox_core::{Outbox, OutboxEvent, OutboxTx, destinations, sqlx, transactional_outbox};
-use outbox_kafka::{KafkaPublisher, KafkaTransport};
+use outbox::admin::Admin;
+use outbox::consumer::{Consumer, Policy};
+use outbox::inbox::Inbox;
+use outbox::kafka::{KafkaPublisher, KafkaTransport};
+use outbox::relay::{Relay, RelayHandle};
+use outbox::{Outbox, OutboxEvent, OutboxTx, destinations, sqlx, transactional_outbox};
 use uuid::Uuid;
 
 destinations! {
@@ -32,8 +32,8 @@ pub struct OrderConfirmed {
 }
 
 /// The `info` and `servers` of the order service's event contract.
-pub fn contract_info() -> outbox_core::contract::Info {
-    outbox_core::contract::Info::new("orders", "1.0.0")
+pub fn contract_info() -> outbox::contract::Info {
+    outbox::contract::Info::new("orders", "1.0.0")
         .description("The events the order service announces through its outbox.")
         .server("local", "127.0.0.1:9092", "kafka")
 }
@@ -42,8 +42,8 @@ pub fn contract_info() -> outbox_core::contract::Info {
 /// catalog. `cargo run -p outbox-examples --example orders -- --asyncapi orders.yaml`
 /// writes it; `examples/contracts/orders.asyncapi.json` is the committed baseline that
 /// `examples/tests/contract.rs` checks changes against.
-pub fn contract() -> Result<outbox_core::contract::Document, outbox_core::Error> {
-    outbox_core::contract::asyncapi(&contract_info())
+pub fn contract() -> Result<outbox::contract::Document, outbox::Error> {
+    outbox::contract::asyncapi(&contract_info())
 }
 
 /// Writes [`contract`] to `path`: YAML for a `.yaml`/`.yml` file, JSON otherwise.
@@ -67,7 +67,7 @@ pub enum OrderError {
     NotFound(Uuid),
     /// The outbox failed.
     #[error(transparent)]
-    Outbox(#[from] outbox_core::Error),
+    Outbox(#[from] outbox::Error),
     /// A query failed.
     #[error(transparent)]
     Db(#[from] sqlx::Error),

@@ -9,8 +9,8 @@ mod asyncapi;
 
 use std::collections::HashMap;
 
-use outbox_core::OutboxEvent;
-use outbox_core::contract::{Info, asyncapi};
+use outbox::OutboxEvent;
+use outbox::contract::{Info, asyncapi};
 
 #[derive(serde::Serialize, schemars::JsonSchema)]
 struct Address {
@@ -127,7 +127,7 @@ fn broker_headers(prefix: &str, kind: &str) -> serde_json::Value {
 /// per-server form fixes.
 #[test]
 fn each_brokers_cloudevents_headers_validate_against_its_schema() {
-    let ce = outbox_core::publisher::cloudevents::CloudEvents::new("urn:example:shapes")
+    let ce = outbox::publisher::cloudevents::CloudEvents::new("urn:example:shapes")
         .expect("a source")
         .type_prefix("com.example.shapes")
         .expect("a prefix");

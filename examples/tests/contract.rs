@@ -3,7 +3,7 @@
 //! document is valid AsyncAPI 3.0, checked by a JSON Schema validator against the
 //! specification's own schema, in JSON and in YAML.
 
-use outbox_core::contract::assert_compatible_with;
+use outbox::contract::assert_compatible_with;
 use outbox_examples::orders::{contract, contract_info, write_contract};
 use serde_json::Value;
 
@@ -41,7 +41,7 @@ fn the_written_document_is_valid_asyncapi_3() {
     assert!(found.is_empty(), "not valid AsyncAPI 3.0: {found:#?}");
     // With the CloudEvents headers listed too.
     let with_cloudevents =
-        outbox_core::contract::asyncapi(&contract_info().cloudevents("ce_", "/orders-service"))
+        outbox::contract::asyncapi(&contract_info().cloudevents("ce_", "/orders-service"))
             .expect("the fixture");
     let found = errors(&validator, with_cloudevents.as_value());
     assert!(found.is_empty(), "not valid AsyncAPI 3.0: {found:#?}");

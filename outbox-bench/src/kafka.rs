@@ -225,10 +225,10 @@ impl Arrivals {
                         .and_then(|v| std::str::from_utf8(v).ok())
                         .and_then(|v| v.parse::<uuid::Uuid>().ok())
                 });
-                if let Some(id) = id {
-                    if tx.send((id, now)).is_err() {
-                        break;
-                    }
+                if let Some(id) = id
+                    && tx.send((id, now)).is_err()
+                {
+                    break;
                 }
             }
         });

@@ -82,13 +82,13 @@ pub fn check(input: &Input) -> Ledger {
             ledger.unknown += 1;
         }
         let (key, n) = event;
-        if let Some(&previous) = last.get(key.as_str()) {
-            if *n < previous {
-                ledger
-                    .order_violations
-                    .push(format!("{key}: {n} after {previous}"));
-                continue; // keep the highest seen
-            }
+        if let Some(&previous) = last.get(key.as_str())
+            && *n < previous
+        {
+            ledger
+                .order_violations
+                .push(format!("{key}: {n} after {previous}"));
+            continue; // keep the highest seen
         }
         last.insert(key, *n);
     }
@@ -172,10 +172,10 @@ pub fn received(log: &str) -> HashMap<i32, HashSet<i64>> {
                 .parse()
                 .ok()
         };
-        if let (Some(partition), Some(offset)) = (field("partition"), field("offset")) {
-            if let Ok(partition) = i32::try_from(partition) {
-                received.entry(partition).or_default().insert(offset);
-            }
+        if let (Some(partition), Some(offset)) = (field("partition"), field("offset"))
+            && let Ok(partition) = i32::try_from(partition)
+        {
+            received.entry(partition).or_default().insert(offset);
         }
     }
     received

@@ -400,10 +400,10 @@ async fn dead_errors<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
 ) -> ApiResult<Vec<outbox_core::admin::DeadGroup>> {
     let cached = app.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if let Some((at, groups)) = cached {
-        if at.elapsed() < ERRORS_TTL {
-            return Ok(axum::Json(groups));
-        }
+    if let Some((at, groups)) = cached
+        && at.elapsed() < ERRORS_TTL
+    {
+        return Ok(axum::Json(groups));
     }
     let groups = app.admin.dead_by_error(50).await?;
     *app.errors.lock().unwrap_or_else(|p| p.into_inner()) =

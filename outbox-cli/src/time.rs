@@ -54,18 +54,19 @@ pub fn parse_time_at(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, St
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
-    if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        if let Some(t) = d.and_hms_opt(0, 0, 0) {
-            return Ok(t.and_utc());
-        }
+    if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        && let Some(t) = d.and_hms_opt(0, 0, 0)
+    {
+        return Ok(t.and_utc());
     }
-    if text.starts_with(|c: char| c.is_ascii_digit()) && text.ends_with(['s', 'm', 'h', 'd', 'w']) {
-        if let Ok(age) = parse_age(text) {
-            let age = chrono::Duration::from_std(age).map_err(|e| e.to_string())?;
-            return now
-                .checked_sub_signed(age)
-                .ok_or_else(|| format!("{text:?} is too far in the past"));
-        }
+    if text.starts_with(|c: char| c.is_ascii_digit())
+        && text.ends_with(['s', 'm', 'h', 'd', 'w'])
+        && let Ok(age) = parse_age(text)
+    {
+        let age = chrono::Duration::from_std(age).map_err(|e| e.to_string())?;
+        return now
+            .checked_sub_signed(age)
+            .ok_or_else(|| format!("{text:?} is too far in the past"));
     }
     if text.contains('T') && !text.ends_with(['Z', 'z']) && !text.contains(['+']) {
         return Err(format!(

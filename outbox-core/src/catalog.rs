@@ -154,10 +154,10 @@ impl EventInfo {
         let mut generator = SchemaGen::new("/definitions");
         let mut schema = (self.schema)(&mut generator)?;
         let definitions = generator.take_definitions();
-        if let serde_json::Value::Object(map) = &mut schema {
-            if !definitions.is_empty() {
-                map.insert("definitions".into(), serde_json::Value::Object(definitions));
-            }
+        if let serde_json::Value::Object(map) = &mut schema
+            && !definitions.is_empty()
+        {
+            map.insert("definitions".into(), serde_json::Value::Object(definitions));
         }
         Some(resolve_root_ref(schema))
     }

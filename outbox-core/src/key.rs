@@ -29,9 +29,9 @@ use uuid::Uuid;
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an outbox partition key",
-    label = "the field named by `#[outbox(key = ...)]` has type `{Self}`, which does not implement `outbox_core::PartitionKey`",
+    label = "the field named by `#[outbox(key = ...)]` has type `{Self}`, which does not implement `outbox::PartitionKey`",
     note = "pick a field of type String, &str, an integer, bool, char or uuid::Uuid (or an Option of one), \
-            or implement `outbox_core::PartitionKey` for `{Self}`"
+            or implement `outbox::PartitionKey` for `{Self}`"
 )]
 pub trait PartitionKey {
     /// The key as text, or `None` for "no key".

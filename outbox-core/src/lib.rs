@@ -100,7 +100,7 @@
 //! ```
 //!
 //! The attributes, composition rules and error messages of the macros are described in
-//! `docs/macros.md`.
+//! [`docs/macros.md`](https://github.com/outbox-rs/outbox/blob/main/docs/macros.md).
 //!
 //! ## Guarantees
 //! - **Atomic write**: events emitted in an [`OutboxTx`] are written in one statement
@@ -108,6 +108,7 @@
 //! - **At-least-once delivery**: a message is marked sent only after the broker
 //!   acknowledged it; a crash in between publishes it again. Consumers deduplicate on the
 //!   message id (a UUIDv7).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 #[macro_use]

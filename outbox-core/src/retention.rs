@@ -38,7 +38,7 @@
 //! `sent_at`), so one run removes exactly the rows older than the cutoff at its start.
 //!
 //! # A time-partitioned outbox (PostgreSQL)
-//! On an outbox converted with `Outbox::partition_by_time` (docs/partitions.md), each
+//! On an outbox converted with `Outbox::partition_by_time` ([docs/partitions.md](https://github.com/outbox-rs/outbox/blob/main/docs/partitions.md)), each
 //! run first creates partitions ahead and drops, whole, every partition older than the
 //! sent cutoff that holds no pending or dead-lettered row (under a 2 s lock timeout; a
 //! busy one waits for the next run). The row-by-row deletes below then only touch the

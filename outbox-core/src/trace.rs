@@ -122,7 +122,7 @@ pub(crate) fn link(_span: &tracing::Span, _headers: &BTreeMap<String, String>) {
 mod tests {
     use super::*;
 
-    /// Found by the `traceparent` fuzz target (docs/reliability.md): values W3C Trace
+    /// Found by the `traceparent` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): values W3C Trace
     /// Context does not allow were read (`+` before a hex number, upper-case hex, a
     /// version that is not hex, data after a version 00, a line break around it).
     #[test]

@@ -8,10 +8,10 @@ use crate::{Error, Outbox, OutboxTx};
 /// The error type of a `#[transactional_outbox]` function must be able to hold the
 /// outbox's own errors (failing to begin or to commit the transaction).
 #[diagnostic::on_unimplemented(
-    message = "the error type `{Self}` of this `#[transactional_outbox]` function cannot hold an `outbox_core::Error`",
-    label = "`{Self}` does not implement `From<outbox_core::Error>`",
-    note = "beginning and committing the transaction can fail with `outbox_core::Error`; \
-            add `impl From<outbox_core::Error> for {Self}` (with thiserror: a variant `Outbox(#[from] outbox_core::Error)`)"
+    message = "the error type `{Self}` of this `#[transactional_outbox]` function cannot hold an `outbox::Error`",
+    label = "`{Self}` does not implement `From<outbox::Error>`",
+    note = "beginning and committing the transaction can fail with `outbox::Error`; \
+            add `impl From<outbox::Error> for {Self}` (with thiserror: a variant `Outbox(#[from] outbox::Error)`)"
 )]
 pub trait FromOutboxError {
     /// Converts the outbox's error.

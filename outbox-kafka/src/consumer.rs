@@ -386,10 +386,10 @@ impl Transport for KafkaTransport {
     }
 
     async fn close(self) {
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-            if e.rdkafka_error_code() != Some(RDKafkaErrorCode::NoOffset) {
-                tracing::warn!(error = %e, "outbox-kafka: committing offsets at shutdown failed");
-            }
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync)
+            && e.rdkafka_error_code() != Some(RDKafkaErrorCode::NoOffset)
+        {
+            tracing::warn!(error = %e, "outbox-kafka: committing offsets at shutdown failed");
         }
         let consumer = self.consumer;
         // Closing leaves the group; librdkafka blocks while it does.

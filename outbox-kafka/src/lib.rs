@@ -69,10 +69,11 @@
 //! and every earlier message of its partition was done, and writes dead letters to a
 //! topic.
 //!
-//! Settings, headers, error classification and outage behaviour: `docs/kafka.md`;
-//! consumers of every broker, their policies and guarantees: `docs/consumers.md`.
+//! Settings, headers, error classification and outage behaviour: [`docs/kafka.md`](https://github.com/outbox-rs/outbox/blob/main/docs/kafka.md);
+//! consumers of every broker, their policies and guarantees: [`docs/consumers.md`](https://github.com/outbox-rs/outbox/blob/main/docs/consumers.md).
 //!
 //! [permanent]: outbox_core::publisher::PublishError::permanent
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod consumer;
@@ -88,8 +89,3 @@ pub use publisher::{KafkaPublisher, KafkaPublisherBuilder};
 pub use settings::{Settings, is_secret};
 
 pub use rdkafka;
-
-/// The README's example compiles (`cargo test --doc -p outbox-kafka`).
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;

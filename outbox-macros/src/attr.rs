@@ -68,23 +68,49 @@ impl<T> Attr<T> {
     }
 }
 
-/// The `crate = "..."` value: the path to `outbox_core` for users who renamed it.
+/// The `crate = "..."` value: the path to the runtime (`outbox`, or a crate that
+/// re-exports it), for code the manifest lookup cannot see (a macro of your own).
 pub(crate) fn parse_crate_path(lit: &syn::LitStr) -> syn::Result<syn::Path> {
     lit.parse_with(syn::Path::parse_mod_style).map_err(|_| {
         syn::Error::new_spanned(
             lit,
             format_args!(
-                "`crate = {:?}` is not a path; write the name you gave outbox-core in Cargo.toml, e.g. `crate = \"outbox\"` or `crate = \"::my_outbox\"`",
+                "`crate = {:?}` is not a path; write the path to the outbox crate, e.g. `crate = \"outbox\"` or `crate = \"::my_outbox\"`",
                 lit.value()
             ),
         )
     })
 }
 
-/// The path generated code reaches the runtime through.
+/// The path generated code reaches the runtime through: `crate = "..."` when given, else
+/// the crate the caller's `Cargo.toml` depends on, under the name it gave it there.
 pub(crate) fn private_path(krate: Option<&syn::Path>) -> TokenStream {
     match krate {
         Some(path) => quote::quote!(#path::__private),
-        None => quote::quote!(::outbox_core::__private),
+        None => {
+            let root = proc_macro2::Ident::new(&runtime_crate(), proc_macro2::Span::call_site());
+            quote::quote!(::#root::__private)
+        }
     }
+}
+
+/// The packages that hold the runtime, as (package, library name): the `outbox` facade
+/// first, then the core crate it re-exports.
+const RUNTIME: [(&str, &str); 2] = [("outbox", "outbox"), ("outbox-rs-core", "outbox_core")];
+
+/// The name the caller knows the runtime by. A dependency renamed in `Cargo.toml`
+/// (`ob = { package = "outbox" }`) is known by its new name; one under its own name, and
+/// the package's own tests and doctests, by its library name. Without either in the
+/// manifest (it could not be read), `outbox`.
+fn runtime_crate() -> String {
+    for (package, lib) in RUNTIME {
+        match proc_macro_crate::crate_name(package) {
+            Ok(proc_macro_crate::FoundCrate::Name(name)) if name != package.replace('-', "_") => {
+                return name;
+            }
+            Ok(_) => return lib.to_owned(),
+            Err(_) => {}
+        }
+    }
+    RUNTIME[0].1.to_owned()
 }

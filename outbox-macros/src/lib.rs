@@ -1,8 +1,9 @@
 //! Procedural macros of the outbox framework: `#[derive(OutboxEvent)]` and
 //! `#[transactional_outbox]`.
 //!
-//! Use them through `outbox-core` (its default `macros` feature re-exports both); the
-//! generated code names `::outbox_core::__private` and nothing else. Each macro is a
+//! Use them through `outbox` (its default `macros` feature re-exports both); the
+//! generated code names `::outbox::__private` and nothing else (or the name the caller's
+//! `Cargo.toml` gave `outbox` or `outbox-rs-core`, or the `crate = "..."` path). Each macro is a
 //! pipeline: `ast` parses the input into a model, `valid` checks it, `expand` writes the
 //! code and `fallback` writes what is emitted beside the errors when the input is wrong.
 
@@ -14,7 +15,7 @@ use proc_macro::TokenStream;
 
 /// Implements `outbox_core::OutboxEvent` and registers the type in the event catalog.
 ///
-/// See `outbox_core::OutboxEvent` and `docs/macros.md` for the attributes.
+/// See `outbox_core::OutboxEvent` and [`docs/macros.md`](https://github.com/outbox-rs/outbox/blob/main/docs/macros.md) for the attributes.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
@@ -24,7 +25,7 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 /// Runs an `async fn` in an outbox transaction: begin, run, commit on `Ok`, roll back on
 /// `Err` or panic. Also emits `<name>_in_tx`, which joins a transaction the caller owns.
 ///
-/// See `outbox_core::transactional_outbox` and `docs/macros.md`.
+/// See `outbox_core::transactional_outbox` and [`docs/macros.md`](https://github.com/outbox-rs/outbox/blob/main/docs/macros.md).
 #[proc_macro_attribute]
 pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream {
     transactional::expand(args.into(), item.into()).into()

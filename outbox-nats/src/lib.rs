@@ -37,6 +37,7 @@
 //! the CloudEvents attributes as `ce-*` headers (the NATS binding draft's binary mode),
 //! or, with [`CloudEventsMode::Structured`], the payload wrapped in a JSON event and
 //! `content-type: application/cloudevents+json`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::fmt;
 use std::time::Duration;
@@ -351,7 +352,7 @@ impl NatsPublisherBuilder {
     /// application/json` among them) and the payload unchanged
     /// ([`outbox_core::publisher::cloudevents`]). The released binding (1.0.2) knows
     /// structured mode only; Go's `sdk-go` `nats_jetstream/v3` reads this binary mode
-    /// (docs/nats.md).
+    /// ([docs/nats.md](https://github.com/outbox-rs/outbox/blob/main/docs/nats.md)).
     pub fn cloudevents(mut self, cloudevents: CloudEvents) -> Self {
         self.cloudevents = Some(cloudevents);
         self
@@ -708,7 +709,7 @@ mod tests {
         );
     }
 
-    /// Found by the `nats_credentials` fuzz target (docs/reliability.md): in a URL
+    /// Found by the `nats_credentials` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): in a URL
     /// without a scheme, a `://` in the password was taken for the scheme's, and the
     /// part of the password before it shown.
     #[test]

@@ -1,6 +1,6 @@
 //! The names of the CloudEvents attribute headers on RabbitMQ. AMQP 0-9-1 has header
 //! tables, not AMQP 1.0 application properties; the SDKs that read CloudEvents from
-//! RabbitMQ read these names (each checked in its source, see docs/rabbitmq.md):
+//! RabbitMQ read these names (each checked in its source, see [docs/rabbitmq.md](https://github.com/outbox-rs/outbox/blob/main/docs/rabbitmq.md)):
 //!
 //! | prefix | read by |
 //! | --- | --- |

@@ -57,6 +57,7 @@
 //! `content-type`, `partition-key` (if any), and every header stored with the row
 //! (`traceparent`, ...): the broker-neutral names of `outbox_core::publisher::headers`,
 //! which `outbox-kafka` and `outbox-nats` write too.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::collections::HashSet;
 use std::fmt;
@@ -823,11 +824,11 @@ impl Publisher for RabbitPublisher {
         // returning it: then it fails after all (a dead letter, never a silent loss).
         let ids: HashSet<String> = batch.iter().map(|r| r.id.to_string()).collect();
         for (record, result) in batch.iter().zip(out.iter_mut()) {
-            if result.is_ok() {
-                if let Some(reason) = returns.returned(&record.id.to_string()) {
-                    tracing::error!(id = %record.id, "outbox-rabbitmq: a message came back unroutable after the broker confirmed it; it is a dead letter, and later messages of its key may have gone out before it");
-                    *result = Err(PublishError::permanent(reason));
-                }
+            if result.is_ok()
+                && let Some(reason) = returns.returned(&record.id.to_string())
+            {
+                tracing::error!(id = %record.id, "outbox-rabbitmq: a message came back unroutable after the broker confirmed it; it is a dead letter, and later messages of its key may have gone out before it");
+                *result = Err(PublishError::permanent(reason));
             }
         }
         for (id, reason) in returns.all_returned() {
@@ -899,7 +900,7 @@ mod tests {
         assert!(!format!("{builder:?}").contains("hunter2"));
     }
 
-    /// Found by the `headers_rabbitmq` fuzz target (docs/reliability.md): an event type
+    /// Found by the `headers_rabbitmq` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): an event type
     /// over 255 bytes panicked in lapin's `ShortString::from` (the `type` property),
     /// in the relay's publish. The property is left out; the `event-type` header (a long
     /// string) carries the type, and the consumer reads it from there.
@@ -924,7 +925,7 @@ mod tests {
         assert_eq!(read.get(headers::EVENT_TYPE), Some(&event_type));
     }
 
-    /// Found by the `redact_amqp` fuzz target (docs/reliability.md): a password with a
+    /// Found by the `redact_amqp` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): a password with a
     /// `*` was rebuilt by the `***` put in its place (`a*` in `aa**` became `a****`).
     #[test]
     fn a_redacted_text_never_holds_the_password() {

@@ -275,10 +275,10 @@ async fn pump(
         let moves = |s: &State| {
             (s.mode == Mode::Forward && number >= s.frozen_before) || s.generation != generation
         };
-        if !moves(&state.borrow()) {
-            if let Some(held) = &held {
-                held.fetch_add(1, Ordering::SeqCst);
-            }
+        if !moves(&state.borrow())
+            && let Some(held) = &held
+        {
+            held.fetch_add(1, Ordering::SeqCst);
         }
         let forward = match state.wait_for(moves).await {
             Ok(s) => s.generation == generation,

@@ -204,7 +204,7 @@ pub struct RelayConfig {
     /// (one with the publisher, the next one claimed), or `batches_in_flight` of them once
     /// caught up. Default 16 MiB.
     pub max_batch_bytes: usize,
-    /// WAL mode (`docs/wal.md`): the most payload and header bytes the relay holds in
+    /// WAL mode ([`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md)): the most payload and header bytes the relay holds in
     /// memory, received from the slot and not yet acknowledged (beside the count bound,
     /// `max(10 × batch_size, 10,000)` messages). Past either, the stream waits in the
     /// slot. It may be passed by one message (the one that crossed it), and is never
@@ -215,7 +215,7 @@ pub struct RelayConfig {
     /// publisher takes (`Publisher::max_batches_in_flight`).
     /// 1 waits for each batch's acknowledgements before the next claim. Default 1: on
     /// some machines more lowered the median commit → acknowledgement by 40%, on others
-    /// the broker answered each call more slowly and it rose (docs/benchmarks.md).
+    /// the broker answered each call more slowly and it rose ([docs/benchmarks.md](https://github.com/outbox-rs/outbox/blob/main/docs/benchmarks.md)).
     pub batches_in_flight: usize,
     /// PostgreSQL: the safety poll while no notification arrives, default 5 s.
     /// MySQL/MariaDB and SQLite (no notifications): how often an idle relay looks for

@@ -50,7 +50,7 @@
 //!   logs it and counts it.
 //!
 //! Which of these survive a crash or a broker restart depends on the broker:
-//! `docs/consumers.md` has the table.
+//! [`docs/consumers.md`](https://github.com/outbox-rs/outbox/blob/main/docs/consumers.md) has the table.
 
 mod builder;
 mod dispatch;

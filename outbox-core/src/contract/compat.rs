@@ -287,10 +287,10 @@ const STRUCTURE: &[&str] = &[
 
 impl<'a> Schemas<'a> {
     fn compare(&mut self, path: &str, old: &'a Value, new: &'a Value) {
-        if let (Some(a), Some(b)) = (first_ref(old), first_ref(new)) {
-            if !self.visited.insert((a.to_owned(), b.to_owned())) {
-                return;
-            }
+        if let (Some(a), Some(b)) = (first_ref(old), first_ref(new))
+            && !self.visited.insert((a.to_owned(), b.to_owned()))
+        {
+            return;
         }
         let old = resolve(self.baseline, old);
         let new = resolve(self.current, new);
@@ -650,10 +650,11 @@ fn branch_id(document: &Value, branch: &Value, index: usize) -> String {
             }
         }
         // Externally tagged: one property, required.
-        if props.len() == 1 && required.len() == 1 {
-            if let Some(name) = props.keys().next() {
-                return format!("`{name}`");
-            }
+        if props.len() == 1
+            && required.len() == 1
+            && let Some(name) = props.keys().next()
+        {
+            return format!("`{name}`");
         }
     }
     format!("#{index}")
@@ -735,7 +736,7 @@ mod tests {
         check(&base(), &new).to_string()
     }
 
-    /// Found by the `contract_compat` fuzz target (docs/reliability.md), a time-out: a
+    /// Found by the `contract_compat` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)), a time-out: a
     /// type whose alternatives refer to itself was described by walking every path 8
     /// levels deep (10 alternatives: 10^8 schemas), for minutes.
     #[test]
@@ -752,7 +753,7 @@ mod tests {
         assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
     }
 
-    /// Found by the `contract_compat` fuzz target (docs/reliability.md): alternatives
+    /// Found by the `contract_compat` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): alternatives
     /// that stand for the same thing (here: both named by an empty string) were all
     /// paired with the first of them, so a document differed from itself.
     #[test]

@@ -1,6 +1,6 @@
 //! Event contracts from code (feature `schema`): the [AsyncAPI 3.0] document of the
 //! events this binary emits, and a breaking-change check against a committed copy of
-//! it. See `docs/contracts.md`.
+//! it. See [`docs/contracts.md`](https://github.com/outbox-rs/outbox/blob/main/docs/contracts.md).
 //!
 //! The catalog ([`crate::catalog`]) knows every event type `#[derive(OutboxEvent)]` saw:
 //! its destination, version and key. With `schemars::JsonSchema` derived on the same

@@ -298,7 +298,7 @@ mod tests {
         }
     }
 
-    /// Found by the `redact_url` fuzz target (docs/reliability.md): an `@` in a query
+    /// Found by the `redact_url` fuzz target ([docs/reliability.md](https://github.com/outbox-rs/outbox/blob/main/docs/reliability.md)): an `@` in a query
     /// parameter's value was taken for the end of the user information, and the query
     /// shown as a user name, password included; a `://` inside a libpq `key=value`
     /// string was taken for a scheme's, and what came before it shown.

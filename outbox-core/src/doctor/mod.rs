@@ -353,50 +353,50 @@ fn pending(status: &admin::Status, limits: &Limits, standby: bool, out: &mut Vec
                 .to_owned(),
         });
     }
-    if let Some(age) = status.oldest_pending_age_seconds {
-        if age > limits.oldest_pending.as_secs_f64() {
-            #[cfg(feature = "postgres")]
-            let writer_stuck = status
-                .oldest_writer
-                .as_ref()
-                .is_some_and(|w| w.age_seconds > limits.open_writer.as_secs_f64());
-            #[cfg(not(feature = "postgres"))]
-            let writer_stuck = false;
-            let fix = if no_relay {
-                "see `no-relay`"
-            } else if writer_stuck {
-                "see `open-writer`: an open transaction holds the relay back"
-            } else if status.dead > 0 {
-                "see `dead-letters`: pending messages wait behind dead letters of their keys"
-            } else {
-                "the relay is behind or the broker refuses messages: check the relay's logs, \
+    if let Some(age) = status.oldest_pending_age_seconds
+        && age > limits.oldest_pending.as_secs_f64()
+    {
+        #[cfg(feature = "postgres")]
+        let writer_stuck = status
+            .oldest_writer
+            .as_ref()
+            .is_some_and(|w| w.age_seconds > limits.open_writer.as_secs_f64());
+        #[cfg(not(feature = "postgres"))]
+        let writer_stuck = false;
+        let fix = if no_relay {
+            "see `no-relay`"
+        } else if writer_stuck {
+            "see `open-writer`: an open transaction holds the relay back"
+        } else if status.dead > 0 {
+            "see `dead-letters`: pending messages wait behind dead letters of their keys"
+        } else {
+            "the relay is behind or the broker refuses messages: check the relay's logs, \
                  `outbox_relay_broker_unavailable` and `outbox pending --in-retry`"
-            };
-            out.push(Finding {
-                check: "oldest-pending",
-                severity: Severity::Action,
-                summary: format!(
-                    "the oldest pending message has waited {} (limit {})",
-                    human_duration(age),
-                    human_duration(limits.oldest_pending.as_secs_f64())
-                ),
-                details: status
-                    .destinations
-                    .iter()
-                    .filter(|d| d.pending > 0)
-                    .map(|d| {
-                        format!(
-                            "{}: {} pending, {} in retry, oldest {}",
-                            d.destination,
-                            d.pending,
-                            d.in_retry,
-                            d.oldest_pending_age_seconds
-                                .map_or("-".to_owned(), human_duration)
-                        )
-                    })
-                    .collect(),
-                fix: fix.to_owned(),
-            });
-        }
+        };
+        out.push(Finding {
+            check: "oldest-pending",
+            severity: Severity::Action,
+            summary: format!(
+                "the oldest pending message has waited {} (limit {})",
+                human_duration(age),
+                human_duration(limits.oldest_pending.as_secs_f64())
+            ),
+            details: status
+                .destinations
+                .iter()
+                .filter(|d| d.pending > 0)
+                .map(|d| {
+                    format!(
+                        "{}: {} pending, {} in retry, oldest {}",
+                        d.destination,
+                        d.pending,
+                        d.in_retry,
+                        d.oldest_pending_age_seconds
+                            .map_or("-".to_owned(), human_duration)
+                    )
+                })
+                .collect(),
+            fix: fix.to_owned(),
+        });
     }
 }

@@ -8,38 +8,36 @@ use crate::postgres::Health;
 
 /// `open-writer`: a transaction holding the writer lock holds the relay back.
 pub(super) fn open_writer(status: &Status, limits: &Limits, out: &mut Vec<Finding>) {
-    if let Some(writer) = &status.oldest_writer {
-        if writer.age_seconds > limits.open_writer.as_secs_f64() {
-            let who = match writer.pid {
-                Some(pid) => format!("server process {pid} ({})", writer.state),
-                None => "a prepared transaction".to_owned(),
-            };
-            let fix = match writer.pid {
-                Some(pid) => format!(
-                    "end that transaction in its application (commit or roll back); if it was \
+    if let Some(writer) = &status.oldest_writer
+        && writer.age_seconds > limits.open_writer.as_secs_f64()
+    {
+        let who = match writer.pid {
+            Some(pid) => format!("server process {pid} ({})", writer.state),
+            None => "a prepared transaction".to_owned(),
+        };
+        let fix = match writer.pid {
+            Some(pid) => format!(
+                "end that transaction in its application (commit or roll back); if it was \
                      abandoned, `SELECT pg_terminate_backend({pid})`; \
                      `idle_in_transaction_session_timeout` keeps it from happening again"
-                ),
-                None => {
-                    "`COMMIT PREPARED` or `ROLLBACK PREPARED` it (`pg_prepared_xacts`)".to_owned()
-                }
-            };
-            out.push(Finding {
-                check: "open-writer",
-                severity: Severity::Action,
-                summary: format!(
-                    "{who} has held the outbox's writer lock for {}: the relay publishes \
+            ),
+            None => "`COMMIT PREPARED` or `ROLLBACK PREPARED` it (`pg_prepared_xacts`)".to_owned(),
+        };
+        out.push(Finding {
+            check: "open-writer",
+            severity: Severity::Action,
+            summary: format!(
+                "{who} has held the outbox's writer lock for {}: the relay publishes \
                      nothing written after it began",
-                    human_duration(writer.age_seconds)
-                ),
-                details: writer
-                    .query
-                    .iter()
-                    .map(|q| format!("last statement: {q}"))
-                    .collect(),
-                fix,
-            });
-        }
+                human_duration(writer.age_seconds)
+            ),
+            details: writer
+                .query
+                .iter()
+                .map(|q| format!("last statement: {q}"))
+                .collect(),
+            fix,
+        });
     }
 }
 
@@ -122,19 +120,19 @@ pub(super) fn table(
 }
 
 pub(super) fn sequence(health: &Health, out: &mut Vec<Finding>) {
-    if let (Some(name), Some(cache)) = (&health.sequence, health.sequence_cache) {
-        if cache != 1 {
-            out.push(Finding {
-                check: "sequence-cache",
-                severity: Severity::Action,
-                summary: format!(
-                    "the sequence {name} caches {cache} values: relays refuse to start, since a \
+    if let (Some(name), Some(cache)) = (&health.sequence, health.sequence_cache)
+        && cache != 1
+    {
+        out.push(Finding {
+            check: "sequence-cache",
+            severity: Severity::Action,
+            summary: format!(
+                "the sequence {name} caches {cache} values: relays refuse to start, since a \
                      cached value could be drawn after a larger one was published"
-                ),
-                details: Vec::new(),
-                fix: format!("ALTER SEQUENCE {name} CACHE 1"),
-            });
-        }
+            ),
+            details: Vec::new(),
+            fix: format!("ALTER SEQUENCE {name} CACHE 1"),
+        });
     }
 }
 
@@ -178,45 +176,45 @@ pub(super) fn relays(health: &Health, limits: &Limits, out: &mut Vec<Finding>) {
             health.partition_counts
         ));
     }
-    if let (Some(wanted), [registered]) = (limits.partitions, health.partition_counts.as_slice()) {
-        if i32::from(wanted) != *registered {
-            problems.push(format!(
-                "the relays run with {registered} partitions, {wanted} expected: a relay \
+    if let (Some(wanted), [registered]) = (limits.partitions, health.partition_counts.as_slice())
+        && i32::from(wanted) != *registered
+    {
+        problems.push(format!(
+            "the relays run with {registered} partitions, {wanted} expected: a relay \
                  configured with {wanted} stands by until they are gone"
-            ));
-        }
+        ));
     }
-    if let [count] = health.partition_counts.as_slice() {
-        if !health.relays.is_empty() {
-            let owned: Vec<i32> = health
-                .relays
-                .iter()
-                .flat_map(|r| r.partitions.iter().copied())
-                .collect();
-            let unowned: Vec<i32> = (0..*count)
-                .filter(|p| !owned.contains(p) && !health.partitions_held_by_others.contains(p))
-                .collect();
-            // Relays rebalance within about a second (`rebalance_interval`) of one
-            // starting or stopping: a young relay may still be taking its share.
-            let settled = health.relays.iter().all(|r| r.connected_seconds >= 30.0);
-            if !unowned.is_empty() && settled {
-                problems.push(format!(
-                    "partitions {} have no relay: the keys hashed to them are not published",
-                    ranges(&unowned)
-                ));
-            } else if !unowned.is_empty() {
-                notes.push(format!(
+    if let [count] = health.partition_counts.as_slice()
+        && !health.relays.is_empty()
+    {
+        let owned: Vec<i32> = health
+            .relays
+            .iter()
+            .flat_map(|r| r.partitions.iter().copied())
+            .collect();
+        let unowned: Vec<i32> = (0..*count)
+            .filter(|p| !owned.contains(p) && !health.partitions_held_by_others.contains(p))
+            .collect();
+        // Relays rebalance within about a second (`rebalance_interval`) of one
+        // starting or stopping: a young relay may still be taking its share.
+        let settled = health.relays.iter().all(|r| r.connected_seconds >= 30.0);
+        if !unowned.is_empty() && settled {
+            problems.push(format!(
+                "partitions {} have no relay: the keys hashed to them are not published",
+                ranges(&unowned)
+            ));
+        } else if !unowned.is_empty() {
+            notes.push(format!(
                     "partitions {} have no relay yet (a relay connected less than 30 s ago): look again",
                     ranges(&unowned)
                 ));
-            }
-            let stray: Vec<i32> = owned.iter().copied().filter(|p| p >= count).collect();
-            if !stray.is_empty() {
-                problems.push(format!(
-                    "partitions {} are held although the relays registered {count}",
-                    ranges(&stray)
-                ));
-            }
+        }
+        let stray: Vec<i32> = owned.iter().copied().filter(|p| p >= count).collect();
+        if !stray.is_empty() {
+            problems.push(format!(
+                "partitions {} are held although the relays registered {count}",
+                ranges(&stray)
+            ));
         }
     }
     if !health.partitions_held_by_others.is_empty() {

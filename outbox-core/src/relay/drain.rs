@@ -722,10 +722,10 @@ async fn isolate<P: Publisher, DB: Backend>(
             }
             Err(_) => Err(timed_out(relay.config.publish_timeout)),
         };
-        if result.is_err() {
-            if let Some(key) = key {
-                failed_keys.insert(key);
-            }
+        if result.is_err()
+            && let Some(key) = key
+        {
+            failed_keys.insert(key);
         }
         results.push(result);
     }

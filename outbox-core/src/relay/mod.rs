@@ -16,7 +16,7 @@
 //! # How it works
 //! One loop (`run.rs`) and one drain (`drain.rs`) serve every database; what differs
 //! (claiming, recording, waking up, who may publish) is the database's session (see
-//! `store::session`), described per database in `docs/databases.md`. On PostgreSQL:
+//! `store::session`), described per database in [`docs/databases.md`](https://github.com/outbox-rs/outbox/blob/main/docs/databases.md). On PostgreSQL:
 //!
 //! Each cycle the relay claims up to `batch_size` pending rows in `seq` order, hands the
 //! whole batch to the publisher (which has it all in flight at once), and marks the
@@ -229,16 +229,16 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
     /// Logs an error if `publish_timeout` is shorter than what the publisher says one
     /// batch can take ([`Publisher::max_publish_time`]).
     pub fn build(self) -> Relay<P, DB> {
-        if let Some(bound) = self.publisher.max_publish_time() {
-            if bound > self.config.publish_timeout {
-                tracing::error!(
-                    publish_timeout = ?self.config.publish_timeout,
-                    publisher_bound = ?bound,
-                    "outbox relay: publish_timeout is shorter than one batch can take with this \
-                     publisher's timeouts; the relay may give up on a batch the broker stores later. \
-                     Raise publish_timeout or lower the publisher's timeouts"
-                );
-            }
+        if let Some(bound) = self.publisher.max_publish_time()
+            && bound > self.config.publish_timeout
+        {
+            tracing::error!(
+                publish_timeout = ?self.config.publish_timeout,
+                publisher_bound = ?bound,
+                "outbox relay: publish_timeout is shorter than one batch can take with this \
+                 publisher's timeouts; the relay may give up on a batch the broker stores later. \
+                 Raise publish_timeout or lower the publisher's timeouts"
+            );
         }
         let outage = drain::outage_backoff_for(&self.config);
         Relay {

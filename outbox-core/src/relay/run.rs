@@ -319,18 +319,18 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             }
             let now = Instant::now();
             let mut nothing_due = false;
-            if now >= next_probe {
-                if let Some(probe) = session.probe().await? {
-                    self.check_progress(&probe, &mut progress, &mut warned_at);
-                    self.gauge("outbox_pending", probe.pending as f64);
-                    self.gauge(
-                        "outbox_oldest_pending_age_seconds",
-                        probe.oldest_age_seconds,
-                    );
-                    next_probe = now + session.probe_interval();
-                    retry_at = probe.next_due_in.map(|d| now + d);
-                    nothing_due = probe.due == Some(0);
-                }
+            if now >= next_probe
+                && let Some(probe) = session.probe().await?
+            {
+                self.check_progress(&probe, &mut progress, &mut warned_at);
+                self.gauge("outbox_pending", probe.pending as f64);
+                self.gauge(
+                    "outbox_oldest_pending_age_seconds",
+                    probe.oldest_age_seconds,
+                );
+                next_probe = now + session.probe_interval();
+                retry_at = probe.next_due_in.map(|d| now + d);
+                nothing_due = probe.due == Some(0);
             }
             if !session.own().await? {
                 if !standby {

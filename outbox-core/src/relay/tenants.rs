@@ -1,5 +1,5 @@
 //! One relay process for many outboxes (tenants): one schema each in a database, or
-//! several databases. See docs/relay.md, "Many outboxes, one relay".
+//! several databases. See [docs/relay.md](https://github.com/outbox-rs/outbox/blob/main/docs/relay.md), "Many outboxes, one relay".
 //!
 //! Every tenant runs the one relay loop (`run.rs`) in *turns*. A turn takes a connection
 //! from its database's hub ([`Shared`]), in the order tenants asked for one, and lasts
@@ -556,13 +556,12 @@ impl<P: Publisher, DB: Backend + Shared> Relay<P, DB> {
             }
         };
         tracing::trace!(waited = ?t0.elapsed(), "outbox relay: a tenant's session opened");
-        if !kept.unrecorded.is_empty() {
-            if let Some(retry_in) =
+        if !kept.unrecorded.is_empty()
+            && let Some(retry_in) =
                 record_outcomes(self, &mut session, &mut kept.unrecorded).await?
-            {
-                let due = Instant::now() + retry_in;
-                kept.retry_at = Some(kept.retry_at.map_or(due, |r| r.min(due)));
-            }
+        {
+            let due = Instant::now() + retry_in;
+            kept.retry_at = Some(kept.retry_at.map_or(due, |r| r.min(due)));
         }
         let mut turn = Turn {
             started: Instant::now(),

@@ -7,7 +7,7 @@
 //!   for work, ownership), run by the one relay loop.
 //!
 //! [`Backend`] is all four; the implementations live in one folder per database under
-//! `src/db/` (see `docs/architecture.md`). None of this names a database module.
+//! `src/db/` (see [`docs/architecture.md`](https://github.com/outbox-rs/outbox/blob/main/docs/architecture.md)). None of this names a database module.
 
 #[doc(hidden)]
 pub mod ops;

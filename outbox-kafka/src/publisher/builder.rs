@@ -197,15 +197,16 @@ fn check_no_delivery_timeout(settings: &Settings) -> Result<()> {
         .get("enable.idempotence")
         .is_none_or(|v| v.trim() != "false");
     for key in ["message.timeout.ms", "delivery.timeout.ms"] {
-        if let Some(value) = settings.get(key) {
-            if idempotent && value.trim() != "0" {
-                return Err(crate::Error::Config(format!(
-                    "{key}={value}: a delivery timeout lets librdkafka drop a message while later \
+        if let Some(value) = settings.get(key)
+            && idempotent
+            && value.trim() != "0"
+        {
+            return Err(crate::Error::Config(format!(
+                "{key}={value}: a delivery timeout lets librdkafka drop a message while later \
                      messages of its key are still written, which puts the key out of order in the \
                      topic; remove the setting (the publisher leaves it at 0, never) and bound how \
                      long a batch waits with `.delivery_wait(..)` instead"
-                )));
-            }
+            )));
         }
     }
     Ok(())

@@ -70,7 +70,7 @@ use crate::settings::Settings;
 /// [`delivery_wait`](KafkaPublisherBuilder::delivery_wait) for its reports; a message
 /// still without one stays queued in the producer, is reported as unavailable, and is
 /// not enqueued again when the relay retries it: the retry waits for the same delivery.
-/// See `docs/kafka.md` for error classification and outage behaviour.
+/// See [`docs/kafka.md`](https://github.com/outbox-rs/outbox/blob/main/docs/kafka.md) for error classification and outage behaviour.
 ///
 /// Cheap to clone; clones share one producer.
 #[derive(Clone)]
@@ -116,7 +116,7 @@ impl fmt::Debug for KafkaPublisher {
 }
 
 impl KafkaPublisher {
-    /// How many times the producer was replaced after it got stuck (see `docs/kafka.md`).
+    /// How many times the producer was replaced after it got stuck (see [`docs/kafka.md`](https://github.com/outbox-rs/outbox/blob/main/docs/kafka.md)).
     pub fn rebuilds(&self) -> u64 {
         self.inner.rebuilds.load(Ordering::Relaxed)
     }

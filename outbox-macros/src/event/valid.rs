@@ -15,13 +15,12 @@ pub(crate) fn check(input: &Input<'_>, errors: &mut Errors) {
         value: Destination::Literal(lit),
         ..
     }) = &attrs.destination
+        && lit.value().trim().is_empty()
     {
-        if lit.value().trim().is_empty() {
-            errors.spanned(
+        errors.spanned(
                 lit,
                 "the destination is empty; name the topic (or exchange, subject) the event is published to",
             );
-        }
     }
     if let Some(et) = &attrs.event_type {
         check_event_type(&et.value, errors);

@@ -44,13 +44,13 @@ pub(crate) fn check(args: &Args, function: &Function, errors: &mut Errors) {
         }
     }
     for tx in &function.tx_params {
-        if !tx.by_mut_ref {
-            if let FnArg::Typed(pt) = &sig.inputs[tx.index] {
-                errors.spanned(
+        if !tx.by_mut_ref
+            && let FnArg::Typed(pt) = &sig.inputs[tx.index]
+        {
+            errors.spanned(
                     &pt.ty,
                     "take the transaction as `&mut OutboxTx<'_>`: the wrapper keeps it to commit or roll back after the body returns",
                 );
-            }
         }
     }
 
@@ -58,13 +58,13 @@ pub(crate) fn check(args: &Args, function: &Function, errors: &mut Errors) {
         ReturnType::Default => errors.spanned(
             name,
             format_args!(
-                "`{name}` returns nothing, but a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox_core::Error>`): `Ok` commits, `Err` rolls back; add `-> Result<(), YourError>`"
+                "`{name}` returns nothing, but a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox::Error>`): `Ok` commits, `Err` rolls back; add `-> Result<(), YourError>`"
             ),
         ),
         ReturnType::Type(_, ty) if !is_result(ty) => errors.spanned(
             ty,
             format_args!(
-                "a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox_core::Error>`): `Ok` commits, `Err` rolls back; `{}` is not a `Result` (an alias works if its name ends in `Result`)",
+                "a `#[transactional_outbox]` function must return `Result<T, E>` (with `E: From<outbox::Error>`): `Ok` commits, `Err` rolls back; `{}` is not a `Result` (an alias works if its name ends in `Result`)",
                 ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">")
             ),
         ),

@@ -407,11 +407,11 @@ impl Control {
                     return Ok(());
                 };
                 // Kept in `parked` even if this fails: a new control connection takes it.
-                if self.parked.insert(key) {
-                    if let Err(e) = idle_lock(listener, key, true).await {
-                        let _ = reply.send(Err(control_down()));
-                        return Err(e.into());
-                    }
+                if self.parked.insert(key)
+                    && let Err(e) = idle_lock(listener, key, true).await
+                {
+                    let _ = reply.send(Err(control_down()));
+                    return Err(e.into());
                 }
                 let _ = reply.send(Ok(()));
             }

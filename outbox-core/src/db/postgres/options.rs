@@ -38,7 +38,7 @@ pub(crate) fn resolve(options: &mut Options, tables: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// WAL mode's names (PostgreSQL, see `docs/wal.md`): commits write each event with
+/// WAL mode's names (PostgreSQL, see [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md)): commits write each event with
 /// `pg_logical_emit_message(true, prefix, envelope)`, and the relay reads them through
 /// the logical replication slot `slot` (pgoutput, publication `publication`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +124,7 @@ impl OutboxBuilder<Postgres> {
     /// from a logical replication slot. Needs `wal_level = logical` and a user with the
     /// `REPLICATION` attribute; [`Outbox::migrate`](crate::Outbox::migrate) creates the
     /// slot (before the first event: a slot sees only what is written after it). See
-    /// `docs/wal.md`.
+    /// [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md).
     pub fn wal(mut self) -> Self {
         self.options.wal_request.get_or_insert_default();
         self

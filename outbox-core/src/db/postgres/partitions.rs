@@ -1,4 +1,4 @@
-//! The time-partitioned outbox (opt-in; docs/partitions.md).
+//! The time-partitioned outbox (opt-in; [docs/partitions.md](https://github.com/outbox-rs/outbox/blob/main/docs/partitions.md)).
 //!
 //! The table is range-partitioned by its message id, a UUIDv7: its first 48 bits are the
 //! emit time in milliseconds, so id ranges are time ranges, and `UNIQUE (id)` stays
@@ -26,7 +26,7 @@ use crate::error::DbContext;
 use crate::{Error, Outbox, Result};
 
 /// How much time one partition of a time-partitioned outbox covers (PostgreSQL,
-/// `Outbox::partition_by_time`; docs/partitions.md).
+/// `Outbox::partition_by_time`; [docs/partitions.md](https://github.com/outbox-rs/outbox/blob/main/docs/partitions.md)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PartitionInterval {
@@ -182,10 +182,10 @@ async fn layout(conn: &mut PgConnection, outbox: &TableName) -> sqlx::Result<Opt
         }
         // FOR VALUES FROM ('…') TO ('…')
         let quoted: Vec<&str> = text.split('\'').collect();
-        if let (Some(from), Some(to)) = (quoted.get(1), quoted.get(3)) {
-            if let (Some(start), Some(end)) = (millis_of(from), millis_of(to)) {
-                parts.push(Part { table, start, end });
-            }
+        if let (Some(from), Some(to)) = (quoted.get(1), quoted.get(3))
+            && let (Some(start), Some(end)) = (millis_of(from), millis_of(to))
+        {
+            parts.push(Part { table, start, end });
         }
     }
     parts.sort_by_key(|p| p.start);
@@ -202,7 +202,7 @@ async fn layout(conn: &mut PgConnection, outbox: &TableName) -> sqlx::Result<Opt
 }
 
 impl Outbox<Postgres> {
-    /// Converts the outbox table to the time-partitioned layout (docs/partitions.md), or
+    /// Converts the outbox table to the time-partitioned layout ([docs/partitions.md](https://github.com/outbox-rs/outbox/blob/main/docs/partitions.md)), or
     /// does nothing if it already is partitioned by `interval`.
     ///
     /// In one transaction, holding the table's `ACCESS EXCLUSIVE` lock (writers and
@@ -236,10 +236,9 @@ impl Outbox<Postgres> {
         if let Some(layout) = layout(&mut conn, &tables.outbox)
             .await
             .context(doing, &tables.outbox)?
+            && layout.interval == interval
         {
-            if layout.interval == interval {
-                return Ok(Partitioned::default());
-            }
+            return Ok(Partitioned::default());
         }
         let mut tx = conn.begin().await.context(doing, &tables.outbox)?;
         let done = convert(&mut tx, tables, interval).await;

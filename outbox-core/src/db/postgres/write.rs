@@ -43,7 +43,7 @@ impl Write for Postgres {
     /// WAL mode only: its events and the `COMMIT` travel in one round trip. In table mode
     /// the events go through the prepared `INSERT` with bound parameters ([`insert_sql`])
     /// and `COMMIT` follows: parsing and planning the rows as literals at every commit
-    /// cost more than the round trip saved (`docs/benchmarks.md`, scenario `notify`).
+    /// cost more than the round trip saved ([`docs/benchmarks.md`](https://github.com/outbox-rs/outbox/blob/main/docs/benchmarks.md), scenario `notify`).
     fn write_commit_and_begin<'c>(
         conn: &'c mut PgConnection,
         tables: &'c Tables,

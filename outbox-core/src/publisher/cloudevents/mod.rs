@@ -192,10 +192,11 @@ pub fn is_attribute_header(header: &str, prefix: &str) -> bool {
 pub fn split_type(kind: &str) -> (&str, Option<i32>) {
     if let Some((name, text)) = kind.rsplit_once(".v") {
         // Exactly as written: `v2`, not `v02` or `v+2`.
-        if let Ok(version) = text.parse::<i32>() {
-            if !name.is_empty() && text == version.to_string() {
-                return (name, Some(version));
-            }
+        if let Ok(version) = text.parse::<i32>()
+            && !name.is_empty()
+            && text == version.to_string()
+        {
+            return (name, Some(version));
         }
     }
     (kind, None)

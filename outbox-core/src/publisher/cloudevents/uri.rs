@@ -81,22 +81,22 @@ pub(crate) fn check(text: &str) -> Checked {
     // A scheme: letters, digits, `+-.`, starting with a letter, before the first `:`
     // that comes before any `/`.
     let mut start = 0;
-    if let Some(colon) = rest.iter().position(|&b| matches!(b, b':' | b'/')) {
-        if rest[colon] == b':' {
-            let scheme = &rest[..colon];
-            let valid = scheme.first().is_some_and(u8::is_ascii_alphabetic)
-                && scheme
-                    .iter()
-                    .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
-            if !valid {
-                // Not a scheme, so a relative path whose first segment has a `:`.
-                return fail(
-                    colon,
-                    "a `:` in the first segment of a relative reference reads as the end of a scheme (letters, digits, `+-.`, starting with a letter); start with `./` or percent-encode it as `%3A`",
-                );
-            }
-            start = colon + 1;
+    if let Some(colon) = rest.iter().position(|&b| matches!(b, b':' | b'/'))
+        && rest[colon] == b':'
+    {
+        let scheme = &rest[..colon];
+        let valid = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+            && scheme
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+        if !valid {
+            // Not a scheme, so a relative path whose first segment has a `:`.
+            return fail(
+                colon,
+                "a `:` in the first segment of a relative reference reads as the end of a scheme (letters, digits, `+-.`, starting with a letter); start with `./` or percent-encode it as `%3A`",
+            );
         }
+        start = colon + 1;
     }
     let rest = &rest[start..];
     let mut path_at = start;
@@ -170,13 +170,13 @@ fn authority(s: &[u8], offset: usize) -> Checked {
             "this character is not allowed in a host name; percent-encode it",
         )?;
     }
-    if let Some(port) = port {
-        if let Some(i) = port.iter().position(|b| !b.is_ascii_digit()) {
-            return fail(
-                offset + host_len + 1 + i,
-                "a port is digits only (and the host name cannot hold a `:`)",
-            );
-        }
+    if let Some(port) = port
+        && let Some(i) = port.iter().position(|b| !b.is_ascii_digit())
+    {
+        return fail(
+            offset + host_len + 1 + i,
+            "a port is digits only (and the host name cannot hold a `:`)",
+        );
     }
     Ok(())
 }

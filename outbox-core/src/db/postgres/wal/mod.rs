@@ -1,4 +1,4 @@
-//! WAL mode (`docs/wal.md`): commits write each event into the write-ahead log with
+//! WAL mode ([`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md)): commits write each event into the write-ahead log with
 //! `pg_logical_emit_message(true, prefix, envelope)`, with no row and no `NOTIFY`; the
 //! relay reads them, in commit order, from a logical replication slot (pgoutput with
 //! `messages 'true'`, through `pgwire-replication`), and confirms the slot's position

@@ -42,7 +42,7 @@ pub(crate) const READ_AHEAD: usize = 1024;
 /// How long a relay that stops waits for the server to show its last confirmation.
 pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-/// The WAL relay session (WAL mode, `docs/wal.md`).
+/// The WAL relay session (WAL mode, [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md)).
 pub struct WalSession<'a> {
     pub(super) cx: Context<'a, Postgres>,
     pub(super) wal: &'a Wal,

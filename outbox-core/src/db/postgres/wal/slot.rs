@@ -3,14 +3,14 @@
 
 use super::*;
 
-/// The replication slot of an outbox in WAL mode; see [`Status::slot`](crate::admin::Status::slot) and `docs/wal.md`.
+/// The replication slot of an outbox in WAL mode; see [`Status::slot`](crate::admin::Status::slot) and [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct SlotStatus {
     /// The slot's name.
     pub name: String,
     /// The slot exists. A missing slot means the relay cannot start (`migrate` creates
-    /// it; see "A lost or invalidated slot" in `docs/wal.md` if it existed before).
+    /// it; see "A lost or invalidated slot" in [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md) if it existed before).
     pub exists: bool,
     /// The server process of the relay streaming from it; `None` when no relay is.
     pub active_pid: Option<i32>,
@@ -45,10 +45,10 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
         let created = conn
             .execute(format!("CREATE PUBLICATION \"{}\"", wal.publication).as_str())
             .await;
-        if let Err(e) = created {
-            if !is_duplicate(&e) {
-                return Err(e).context("creating the publication", &tables.outbox);
-            }
+        if let Err(e) = created
+            && !is_duplicate(&e)
+        {
+            return Err(e).context("creating the publication", &tables.outbox);
         }
     }
     let slot: Option<(Option<String>, Option<String>)> = sqlx::query_as(
@@ -81,10 +81,10 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
                 .bind(&wal.slot)
                 .execute(&mut *conn)
                 .await;
-            if let Err(e) = created {
-                if !is_duplicate(&e) {
-                    return Err(e).context("creating the replication slot", &tables.outbox);
-                }
+            if let Err(e) = created
+                && !is_duplicate(&e)
+            {
+                return Err(e).context("creating the replication slot", &tables.outbox);
             }
         }
     }
@@ -230,7 +230,7 @@ pub(super) async fn first_commit_age(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Re
     ))
 }
 
-/// The replication slot of an outbox in WAL mode (`docs/wal.md`): what it holds, and its
+/// The replication slot of an outbox in WAL mode ([`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md)): what it holds, and its
 /// drop when the outbox is retired.
 #[derive(Debug)]
 #[non_exhaustive]

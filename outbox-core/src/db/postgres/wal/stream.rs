@@ -186,10 +186,10 @@ impl WalSession<'_> {
             batch.push(e.record.clone());
             // A retry goes without the later messages of its key, as in table mode: if
             // it failed again while they were accepted, they would overtake it.
-            if e.record.attempts > 0 {
-                if let Some(k) = key {
-                    held.insert(k);
-                }
+            if e.record.attempts > 0
+                && let Some(k) = key
+            {
+                held.insert(k);
             }
         }
         batch
