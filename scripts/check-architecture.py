@@ -21,6 +21,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODCYCLES = os.path.join(ROOT, "..", "shared", "tools", "modcycles.py")
 CRATES = [
+    "outbox",
     "outbox-core",
     "outbox-macros",
     "outbox-kafka",
