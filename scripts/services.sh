@@ -63,6 +63,76 @@ wait_port() { # name host port seconds
   return 1
 }
 
+# ---------------------------------------------------------------- TLS
+# A test CA, a server certificate it signed for localhost and 127.0.0.1, and a second CA
+# that signed nothing (the tests' wrong CA); made once, kept in $OUTBOX_TOOLS_DIR/tls.
+ensure_tls_certs() {
+  TLS_DIR="$OUTBOX_TOOLS_DIR/tls"
+  if [ -s "$TLS_DIR/server.crt" ] && [ -s "$TLS_DIR/other-ca.crt" ]; then return 0; fi
+  command -v openssl >/dev/null || die "openssl is not installed; the TLS tests need it (apt-get install openssl)"
+  log "making the test CA and server certificate in $TLS_DIR"
+  rm -rf "$TLS_DIR"
+  mkdir -p "$TLS_DIR"
+  (
+    cd "$TLS_DIR"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox test CA" \
+      -keyout ca.key -out ca.crt
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox other CA" \
+      -keyout other-ca.key -out other-ca.crt
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=CA:FALSE" \
+      "keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.crt
+  ) >"$OUTBOX_TOOLS_DIR/tls.log" 2>&1 || die "openssl could not make the test certificates; see $OUTBOX_TOOLS_DIR/tls.log"
+}
+
+# PostgreSQL with TLS on, and a role that may connect over TLS only (`hostssl` for it,
+# everything else rejected): the TLS tests connect as `outbox_tls`.
+ensure_pg_tls() {
+  local psql=(psql -h 127.0.0.1 -U postgres -d postgres -XAtq)
+  local hba dst changed=0
+  hba=$("${psql[@]}" -c "SHOW hba_file") || die "cannot ask PostgreSQL for its hba_file"
+  dst="$(dirname "$hba")/outbox-tls"
+  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
+    mkdir -p "$dst"
+    cp "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
+    chown -R postgres:postgres "$dst" 2>/dev/null || true
+    chmod 600 "$dst/server.key"
+    changed=1
+  fi
+  if [ "$("${psql[@]}" -c "SHOW ssl_cert_file")" != "$dst/server.crt" ] || [ "$("${psql[@]}" -c "SHOW ssl")" != on ]; then
+    "${psql[@]}" -c "ALTER SYSTEM SET ssl_cert_file = '$dst/server.crt'" \
+      -c "ALTER SYSTEM SET ssl_key_file = '$dst/server.key'" -c "ALTER SYSTEM SET ssl = on" >/dev/null
+    changed=1
+  fi
+  if ! grep -q '^# outbox tests: a TLS-only role' "$hba"; then
+    local tmp
+    tmp=$(mktemp)
+    {
+      echo '# outbox tests: a TLS-only role (scripts/services.sh)'
+      echo 'hostssl all outbox_tls 127.0.0.1/32 trust'
+      echo 'hostssl all outbox_tls ::1/128 trust'
+      echo 'host all outbox_tls all reject'
+      cat "$hba"
+    } >"$tmp"
+    cat "$tmp" >"$hba"
+    rm -f "$tmp"
+    changed=1
+  fi
+  "${psql[@]}" -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_tls') THEN CREATE ROLE outbox_tls LOGIN SUPERUSER; END IF; END \$\$" >/dev/null
+  if [ "$changed" = 1 ]; then
+    "${psql[@]}" -c "SELECT pg_reload_conf()" >/dev/null
+    sleep 1
+  fi
+  psql "host=localhost user=outbox_tls dbname=test sslmode=verify-full sslrootcert=$TLS_DIR/ca.crt" -XAtq -c "SELECT 1" >/dev/null 2>&1 \
+    || die "PostgreSQL does not accept outbox_tls over TLS (verify-full with $TLS_DIR/ca.crt); see /var/log/postgresql/"
+  if psql "host=127.0.0.1 user=outbox_tls dbname=test sslmode=disable" -XAtq -c "SELECT 1" >/dev/null 2>&1; then
+    die "PostgreSQL accepts outbox_tls without TLS; check the outbox lines at the top of $hba"
+  fi
+  log "PostgreSQL accepts role outbox_tls over TLS only (CA $TLS_DIR/ca.crt)"
+}
+
 # ---------------------------------------------------------------- PostgreSQL
 # The newest cluster version installed (Debian's /etc/postgresql/<version>/main).
 pg_version() {
@@ -283,6 +353,8 @@ ensure_python_tools() {
 
 ensure_postgres
 ensure_pg_settings
+ensure_tls_certs
+ensure_pg_tls
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
@@ -291,3 +363,5 @@ ensure_chromium
 ensure_python_tools
 echo "export TANSU_BIN=$TANSU_BIN"
 echo "export OUTBOX_PYTHON=$OUTBOX_PYTHON"
+echo "export OUTBOX_TEST_TLS_DIR=$TLS_DIR"
+echo "export OUTBOX_TEST_PG_TLS_URL='postgres://outbox_tls@localhost:5432/test?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.crt'"

@@ -271,7 +271,7 @@ impl From<outbox_core::Error> for ApiError {
             Error::UnknownMessage { .. } => StatusCode::NOT_FOUND,
             Error::WrongState { .. } => StatusCode::CONFLICT,
             Error::InvalidArgument(_) | Error::InvalidMessage(_) => StatusCode::BAD_REQUEST,
-            Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Unavailable { .. } | Error::Tls { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())

@@ -1426,3 +1426,40 @@ async fn partition_converts_the_table_once_and_is_postgresql_only() {
     );
     db.cleanup().await;
 }
+
+/// A managed PostgreSQL that accepts TLS only: the CLI connects with rustls, verifies
+/// the server against `sslrootcert`, and names TLS when the CA is the wrong one.
+#[tokio::test]
+async fn tls_only_postgres_is_operated_over_tls_and_a_wrong_ca_is_named() {
+    let db = TestDb::new().await;
+    let table = format!("{}.outbox", db.schema);
+    let url = outbox_tests::pg_tls_url();
+    let args =
+        |command: &'static str| vec!["--table".to_owned(), table.clone(), command.to_owned()];
+    let run = |args: Vec<String>, url: String| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        outbox_with_env(&args, Some(&url)).await
+    };
+
+    run(args("migrate"), url.clone()).await.ok();
+    let status = run(args("status"), url.clone()).await;
+    assert!(status.ok().contains("pending"), "{}", status.stdout);
+
+    let dir = outbox_tests::tls_dir();
+    let wrong = url.replace(&format!("{dir}/ca.crt"), &format!("{dir}/other-ca.crt"));
+    assert_ne!(wrong, url);
+    let refused = run(args("status"), wrong).await;
+    let line = refused.failed();
+    assert!(line.contains("TLS"), "{line}");
+    assert!(line.contains("sslrootcert"), "{line}");
+    assert!(!line.contains("check that the server is running"), "{line}");
+
+    let plain = url.replace("sslmode=verify-full", "sslmode=disable");
+    let refused = run(args("status"), plain).await;
+    assert!(
+        refused.failed().contains("pg_hba.conf"),
+        "{}",
+        refused.stderr
+    );
+    db.cleanup().await;
+}

@@ -80,6 +80,22 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The TLS handshake with the database failed (a certificate the URL's `sslrootcert`
+    /// does not vouch for, a host name the certificate does not name), or the URL asks for
+    /// TLS and this build has none.
+    #[error(
+        "TLS with the database{target} failed: {source}; check `sslmode` and `sslrootcert` in \
+         the URL (the server's certificate must be signed by that CA and, with \
+         verify-full, name the host), and that this build has TLS (feature `tls-rustls`)"
+    )]
+    Tls {
+        /// Where we tried to connect (password removed), prefixed with " at ", or empty.
+        target: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+
     /// The event catalog is inconsistent: two Rust types claim the same event type name
     /// on the same destination, one event type and version is published to two
     /// destinations, or (feature `schema`) has two payload schemas. See
@@ -152,6 +168,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Wraps a driver error, recognising an unreachable server and missing tables.
     pub(crate) fn db(context: &'static str, table: &str, source: sqlx::Error) -> Self {
+        if is_tls_error(&source) {
+            return Error::Tls {
+                target: String::new(),
+                source,
+            };
+        }
         if is_connection_error(&source) {
             return Error::Unavailable {
                 target: String::new(),
@@ -193,12 +215,23 @@ impl<T> DbContext<T> for std::result::Result<T, sqlx::Error> {
     }
 }
 
+/// A TLS failure as the driver reports it: its own `Tls` error (TLS asked for and not
+/// built in, a bad certificate file), or the I/O error a failed handshake surfaces as (an
+/// unknown issuer, a host name the certificate does not name).
+pub(crate) fn is_tls_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Tls(_) => true,
+        #[cfg(feature = "tls-rustls")]
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.is::<rustls::Error>()),
+        _ => false,
+    }
+}
+
 fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
     )
 }

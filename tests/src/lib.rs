@@ -29,6 +29,24 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// The URL of the role that may reach the test PostgreSQL over TLS only, verifying the
+/// server against the test CA (`scripts/services.sh` sets it up and exports it).
+pub fn pg_tls_url() -> String {
+    std::env::var("OUTBOX_TEST_PG_TLS_URL").unwrap_or_else(|_| {
+        panic!(
+            "OUTBOX_TEST_PG_TLS_URL is not set: run the tests with `scripts/test.sh`, or \
+             `eval \"$(scripts/services.sh)\"` first (it makes the TLS-only role and its CA)"
+        )
+    })
+}
+
+/// The folder of the test CA (`ca.crt`), the server's certificate, and a CA that signed
+/// nothing (`other-ca.crt`).
+pub fn tls_dir() -> String {
+    std::env::var("OUTBOX_TEST_TLS_DIR")
+        .unwrap_or_else(|_| panic!("OUTBOX_TEST_TLS_DIR is not set: run `scripts/services.sh`"))
+}
+
 /// A schema of its own for one test, dropped by [`TestDb::cleanup`].
 #[derive(Debug)]
 pub struct TestDb {

@@ -25,6 +25,10 @@ pub(crate) async fn pool<DB: sqlx::Database>(url: &str) -> Result<sqlx::Pool<DB>
             context: "connecting to the database",
             source,
         },
+        source if crate::error::is_tls_error(&source) => Error::Tls {
+            target: target.clone(),
+            source,
+        },
         source => Error::Unavailable {
             target: target.clone(),
             source,

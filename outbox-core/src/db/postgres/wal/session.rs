@@ -131,9 +131,9 @@ impl<'a> WalSession<'a> {
             .await
             .map_err(|e| match e {
                 // The check could not run: a database error, not a refusal.
-                Error::Database { source, .. } | Error::Unavailable { source, .. } => {
-                    SessionError::Database(source)
-                }
+                Error::Database { source, .. }
+                | Error::Unavailable { source, .. }
+                | Error::Tls { source, .. } => SessionError::Database(source),
                 e => SessionError::Refused(e.to_string()),
             })?;
         let cap = (cx.config.batch_size.max(1) * 10).max(10_000);
