@@ -123,10 +123,14 @@ ensure_pg_tls() {
   "${psql[@]}" -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_tls') THEN CREATE ROLE outbox_tls LOGIN SUPERUSER; END IF; END \$\$" >/dev/null
   if [ "$changed" = 1 ]; then
     "${psql[@]}" -c "SELECT pg_reload_conf()" >/dev/null
-    sleep 1
   fi
-  psql "host=localhost user=outbox_tls dbname=test sslmode=verify-full sslrootcert=$TLS_DIR/ca.crt" -XAtq -c "SELECT 1" >/dev/null 2>&1 \
-    || die "PostgreSQL does not accept outbox_tls over TLS (verify-full with $TLS_DIR/ca.crt); see /var/log/postgresql/"
+  # The postmaster applies a reload asynchronously: wait for a TLS connection (10 s).
+  local i
+  for ((i = 0; ; i++)); do
+    psql "host=localhost user=outbox_tls dbname=test sslmode=verify-full sslrootcert=$TLS_DIR/ca.crt" -XAtq -c "SELECT 1" >/dev/null 2>&1 && break
+    [ "$i" -lt 100 ] || die "PostgreSQL does not accept outbox_tls over TLS (verify-full with $TLS_DIR/ca.crt) 10 s after the reload; see /var/log/postgresql/"
+    sleep 0.1
+  done
   if psql "host=127.0.0.1 user=outbox_tls dbname=test sslmode=disable" -XAtq -c "SELECT 1" >/dev/null 2>&1; then
     die "PostgreSQL accepts outbox_tls without TLS; check the outbox lines at the top of $hba"
   fi
