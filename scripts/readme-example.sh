@@ -50,6 +50,15 @@ psql=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres)
   -c "INSERT INTO orders VALUES (42, 'new')" \
   -c "CREATE TABLE invoices (order_id bigint PRIMARY KEY)"
 
+# The example's topic, provisioned as an operator would (the publisher checks at start that
+# every destination has a topic, and a fresh broker has none).
+tansu="${TANSU_BIN:-${OUTBOX_TOOLS_DIR:-$HOME/.cache/outbox-tools}/tansu}"
+[ -x "$tansu" ] || { echo "readme-example: no tansu binary at $tansu; run scripts/services.sh first" >&2; exit 1; }
+kafka="${KAFKA_ADDR:-127.0.0.1:9092}"
+if ! "$tansu" topic list --broker "tcp://$kafka" 2>/dev/null | grep -q '"name":"orders.events"'; then
+  "$tansu" topic create orders.events --broker "tcp://$kafka" --partitions 3 >/dev/null
+fi
+
 (cd "$project" && CARGO_TARGET_DIR="$target" cargo run --quiet)
 
 status=$("${psql[@]}" -d app -At -c "SELECT status FROM orders WHERE id = 42")
