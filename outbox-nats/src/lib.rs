@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self};
+use async_nats::rustls;
 use outbox_core::config::percent_decoded;
 use outbox_core::publisher::cloudevents::{
     self, CloudEvents, is_attribute_header, percent_encode_header_value,
@@ -151,6 +152,19 @@ pub enum Error {
         /// The client's error.
         reason: String,
     },
+    /// The TLS handshake with the server failed: its certificate is not signed by a CA
+    /// the client trusts, names another host, or the server wants a client certificate.
+    #[error(
+        "TLS with NATS at {url} failed: {reason}; check the CA that verifies the server \
+         (`ConnectOptions::add_root_certificates`), that the URL's host is a name its \
+         certificate holds, and the client certificate if the server asks for one"
+    )]
+    Tls {
+        /// The URL given.
+        url: String,
+        /// The client's error.
+        reason: String,
+    },
     /// Subjects no JetStream stream captures.
     #[error(
         "no JetStream stream captures subject(s) {}; create one (e.g. `nats stream add EVENTS --subjects '{}'`), \
@@ -249,10 +263,42 @@ async fn connect(
         Some(Credentials::Token(token)) => options.token(token),
         None => options,
     };
-    options.connect(url).await.map_err(|e| Error::Connect {
-        url: url.to_owned(),
-        reason: e.to_string(),
+    // With both of rustls' crypto providers compiled in (another crate of the program
+    // turned on aws-lc), rustls has no default and the client's TLS set-up would panic:
+    // make ring, the one this crate builds, the default unless one is set.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    options.connect(url).await.map_err(|e| {
+        let reason = e.to_string();
+        let url = url.to_owned();
+        if is_tls_failure(&e) {
+            Error::Tls { url, reason }
+        } else {
+            Error::Connect { url, reason }
+        }
     })
+}
+
+/// Whether the connection failed in TLS: set-up, or the handshake (an I/O error that
+/// carries rustls' error).
+fn is_tls_failure(e: &async_nats::ConnectError) -> bool {
+    if e.kind() == async_nats::ConnectErrorKind::Tls {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.is::<rustls::Error>()
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Fails with [`Error::MissingStreams`] naming the subjects no stream captures.

@@ -37,6 +37,12 @@ pub async fn fresh_stream_at(url: &str) -> (jetstream::Context, String, String) 
     let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("NATS at {url} (set OUTBOX_TEST_NATS_URL): {e}"));
+    fresh_stream_on(client).await
+}
+
+/// [`fresh_stream_at`] through a client connected already (over TLS, say).
+pub async fn fresh_stream_on(client: async_nats::Client) -> (jetstream::Context, String, String) {
+    let url = client.server_info().host;
     let js = jetstream::new(client);
     let id = Uuid::now_v7().simple().to_string();
     let (name, prefix) = (format!("OUTBOX_TEST_{id}"), format!("outbox-test-{id}"));
@@ -69,12 +75,25 @@ pub struct OwnNats {
     dir: PathBuf,
     bin: String,
     auth: Option<(String, String)>,
+    /// Serves TLS only, with the test CA's server certificate (`tls_dir()`).
+    tls: bool,
 }
 
 impl OwnNats {
     /// Starts the server from `$NATS_SERVER_BIN`, `nats-server` on the `PATH` or
     /// `/usr/sbin/nats-server`, and waits until it accepts connections.
     pub fn start(auth: Option<(&str, &str)>) -> OwnNats {
+        OwnNats::start_with(auth, false)
+    }
+
+    /// [`OwnNats::start`], a server that accepts TLS connections only, with the server
+    /// certificate of the test CA (`crate::tls_dir()`, made by `scripts/services.sh`;
+    /// it names `localhost` and `127.0.0.1`).
+    pub fn start_tls() -> OwnNats {
+        OwnNats::start_with(None, true)
+    }
+
+    fn start_with(auth: Option<(&str, &str)>, tls: bool) -> OwnNats {
         let bin = std::env::var("NATS_SERVER_BIN")
             .ok()
             .or_else(|| {
@@ -100,6 +119,7 @@ impl OwnNats {
             dir,
             bin,
             auth: auth.map(|(u, p)| (u.to_owned(), p.to_owned())),
+            tls,
         };
         server.restart();
         server
@@ -121,6 +141,13 @@ impl OwnNats {
             .arg(self.dir.join("store"));
         if let Some((user, pass)) = &self.auth {
             command.args(["--user", user, "--pass", pass]);
+        }
+        if self.tls {
+            let dir = crate::tls_dir();
+            command
+                .arg("--tls")
+                .args(["--tlscert", &format!("{dir}/server.crt")])
+                .args(["--tlskey", &format!("{dir}/server.key")]);
         }
         let child = command
             .stdin(Stdio::null())
@@ -155,9 +182,14 @@ impl OwnNats {
         }
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `nats://127.0.0.1:<port>` (`tls://localhost:<port>` for a TLS server: the name
+    /// its certificate is verified against).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!("tls://localhost:{}", self.port)
+        } else {
+            format!("nats://127.0.0.1:{}", self.port)
+        }
     }
 
     /// The port it listens on.

@@ -2,6 +2,7 @@
 //! and its names ([`Wal`]), set through [`OutboxBuilder::wal`] and its siblings.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use sqlx::Postgres;
 
@@ -26,6 +27,37 @@ pub struct Options {
 pub(crate) struct WalRequest {
     pub(crate) slot: Option<String>,
     pub(crate) password: Option<Secret>,
+    pub(crate) tls: TlsFiles,
+}
+
+/// The files of the replication connection's TLS, as libpq names them: the CA
+/// certificates that verify the server (`sslrootcert`) and a client certificate and its
+/// key (`sslcert`, `sslkey`). sqlx does not hand back the pool's, so WAL mode keeps its
+/// own copy; the TLS mode itself (`sslmode`) is read from the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    pub(crate) root_cert: Option<PathBuf>,
+    pub(crate) client_cert: Option<PathBuf>,
+    pub(crate) client_key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The files a connection URL names (`sslrootcert`, `sslcert`, `sslkey`), else those
+    /// of libpq's variables (`PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`), as sqlx does for
+    /// the pool.
+    fn from_url(url: &str) -> TlsFiles {
+        let file = |param: &str, var: &str| {
+            url_query_param(url, param)
+                .or_else(|| std::env::var(var).ok())
+                .filter(|path| !path.is_empty())
+                .map(PathBuf::from)
+        };
+        TlsFiles {
+            root_cert: file("sslrootcert", "PGSSLROOTCERT"),
+            client_cert: file("sslcert", "PGSSLCERT"),
+            client_key: file("sslkey", "PGSSLKEY"),
+        }
+    }
 }
 
 /// Completes `options` for the outbox `tables` (`OutboxBuilder::build`).
@@ -33,6 +65,7 @@ pub(crate) fn resolve(options: &mut Options, tables: &Tables) -> Result<()> {
     if let Some(request) = options.wal_request.take() {
         let mut wal = Wal::new(&tables.outbox, request.slot.as_deref())?;
         wal.password = request.password;
+        wal.tls = request.tls;
         options.wal = Some(wal);
     }
     Ok(())
@@ -54,6 +87,8 @@ pub struct Wal {
     /// The replication connection's password, when the pool's options hold one (sqlx
     /// does not hand it back). Never shown by `Debug`.
     pub(crate) password: Option<Secret>,
+    /// The replication connection's TLS files (its mode is the pool's `sslmode`).
+    pub(crate) tls: TlsFiles,
 }
 
 /// A password: `Debug` never shows it.
@@ -114,6 +149,7 @@ impl Wal {
             prefix: format!("outbox:{slot}"),
             slot,
             password: None,
+            tls: TlsFiles::default(),
         })
     }
 }
@@ -143,17 +179,47 @@ impl OutboxBuilder<Postgres> {
         self.options.wal_request.get_or_insert_default().password = Some(Secret(password.into()));
         self
     }
+
+    /// The CA certificates (a PEM file) that verify the server's certificate on the
+    /// relay's replication connection, like `sslrootcert` for the pool (sqlx does not
+    /// hand the pool's back). The TLS mode is the pool's `sslmode`; without this file,
+    /// `verify-ca` and `verify-full` trust the Mozilla roots.
+    /// [`Outbox::connect_wal`](crate::Outbox::connect_wal) takes it from the URL.
+    pub fn wal_ssl_root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.options
+            .wal_request
+            .get_or_insert_default()
+            .tls
+            .root_cert = Some(path.into());
+        self
+    }
+
+    /// A client certificate and its private key (PEM files) for the replication
+    /// connection, like `sslcert` and `sslkey` for the pool (mutual TLS).
+    pub fn wal_ssl_client_cert(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        let tls = &mut self.options.wal_request.get_or_insert_default().tls;
+        tls.client_cert = Some(cert.into());
+        tls.client_key = Some(key.into());
+        self
+    }
 }
 
 impl crate::Outbox<Postgres> {
     /// Connects to PostgreSQL at `url` in WAL mode (see [`OutboxBuilder::wal`]), with the
-    /// default table names; the relay's replication connection uses the URL's password.
+    /// default table names; the relay's replication connection uses the URL's password
+    /// and TLS settings (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`; TLS needs the
+    /// feature `tls-rustls`).
     pub async fn connect_wal(url: &str) -> Result<Self> {
         let pool = crate::db::connect::pool(url).await?;
         let mut builder = crate::Outbox::builder(pool).wal();
         if let Some(password) = url_password(url) {
             builder = builder.wal_password(password);
         }
+        builder.options.wal_request.get_or_insert_default().tls = TlsFiles::from_url(url);
         builder.build()
     }
 }
@@ -162,16 +228,29 @@ impl crate::Outbox<Postgres> {
 /// `password=` query parameter.
 fn url_password(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;
-    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let before_query = rest.split_once('?').map_or(rest, |(before, _)| before);
     let authority = before_query.split('/').next()?;
     let in_userinfo = authority
         .rsplit_once('@')
         .and_then(|(userinfo, _)| userinfo.split_once(':'))
         .map(|(_, password)| password);
-    let in_query = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("password="));
-    percent_encoding::percent_decode_str(in_userinfo.or(in_query)?)
+    match in_userinfo {
+        Some(password) => percent_decode(password),
+        None => url_query_param(url, "password"),
+    }
+}
+
+/// The percent-decoded value of the query parameter `name` of a connection URL.
+fn url_query_param(url: &str, name: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key == name).then(|| percent_decode(value)).flatten()
+    })
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(text)
         .decode_utf8()
         .ok()
         .map(|text| text.into_owned())
@@ -202,6 +281,34 @@ mod tests {
             url_password("postgres://app@db/x?sslmode=disable&password=p%26q").as_deref(),
             Some("p&q")
         );
+    }
+
+    #[test]
+    fn the_tls_files_come_from_the_url() {
+        let files = TlsFiles::from_url(
+            "postgres://app@db/x?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.crt&sslcert=c.pem&sslkey=k.pem",
+        );
+        assert_eq!(
+            files.root_cert.as_deref(),
+            Some(std::path::Path::new("/etc/ca.crt"))
+        );
+        assert_eq!(
+            files.client_cert.as_deref(),
+            Some(std::path::Path::new("c.pem"))
+        );
+        assert_eq!(
+            files.client_key.as_deref(),
+            Some(std::path::Path::new("k.pem"))
+        );
+        assert_eq!(
+            url_query_param("postgres://db/x?a=1&sslmode=require", "sslmode").as_deref(),
+            Some("require")
+        );
+        assert_eq!(
+            url_query_param("postgres://db/x?xsslmode=require", "sslmode"),
+            None
+        );
+        assert_eq!(url_query_param("postgres://db/x", "sslmode"), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! acknowledged everything before it.
 
 use super::*;
+use pgwire_replication::{SslMode, TlsConfig};
 
 /// How long a replication connection may stay silent before the server ends it
 /// (`wal_sender_timeout`): a relay that stopped answering (SIGSTOP, a frozen VM) gives
@@ -110,20 +111,44 @@ pub(super) fn connect_error(e: PgWireError, wal: &Wal) -> SessionError {
     }
 }
 
+/// The replication connection's TLS: the pool's `sslmode` (libpq's meaning; `allow` tries
+/// TLS first, like `prefer`), with `wal`'s certificate files. None over a Unix socket.
+fn tls_config(pool: &sqlx::PgPool, wal: &Wal) -> TlsConfig {
+    use sqlx::postgres::PgSslMode;
+    let options = pool.connect_options();
+    let mode = match options.get_ssl_mode() {
+        _ if options.get_socket().is_some() => SslMode::Disable,
+        PgSslMode::Disable => SslMode::Disable,
+        PgSslMode::Allow | PgSslMode::Prefer => SslMode::Prefer,
+        PgSslMode::Require => SslMode::Require,
+        PgSslMode::VerifyCa => SslMode::VerifyCa,
+        PgSslMode::VerifyFull => SslMode::VerifyFull,
+    };
+    // Without TLS in this build, `prefer` means plain (an error for `require` and up).
+    let mode = if cfg!(feature = "tls-rustls") || mode.requires_tls() {
+        mode
+    } else {
+        SslMode::Disable
+    };
+    TlsConfig {
+        mode,
+        ca_pem_path: wal.tls.root_cert.clone(),
+        client_cert_pem_path: wal.tls.client_cert.clone(),
+        client_key_pem_path: wal.tls.client_key.clone(),
+        ..TlsConfig::default()
+    }
+}
+
 impl<'a> WalSession<'a> {
     pub(crate) async fn open(
         cx: Context<'a, Postgres>,
         wal: &'a Wal,
     ) -> SessionResult<WalSession<'a>> {
-        use sqlx::postgres::PgSslMode;
-        if matches!(
-            cx.pool.connect_options().get_ssl_mode(),
-            PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
-        ) {
+        if cfg!(not(feature = "tls-rustls")) && tls_config(cx.pool, wal).mode.requires_tls() {
             return Err(SessionError::Refused(
-                "WAL relay: the connection asks for TLS (sslmode require/verify-*), and the \
-                 replication connection does not speak TLS yet: use table mode, or reach \
-                 PostgreSQL over a trusted network or a Unix socket with sslmode=prefer/disable"
+                "WAL relay: the connection asks for TLS (sslmode require/verify-*), and this \
+                 build's replication connection has no TLS: turn on the `tls-rustls` feature \
+                 of the `outbox` crate"
                     .to_owned(),
             ));
         }
@@ -191,6 +216,7 @@ impl<'a> WalSession<'a> {
         ))
         .with_status_interval(Duration::from_millis(100))
         .with_buffer_size(READ_AHEAD)
+        .with_tls(tls_config(self.cx.pool, self.wal))
     }
 
     /// Takes the slot if it is free: `Ok(false)` while another relay holds it.

@@ -1,0 +1,124 @@
+//! `outbox-nats` over TLS, against a NATS server of the test's own that accepts TLS
+//! connections only, with the server certificate of the test CA (`scripts/services.sh`
+//! makes it; it names `localhost`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::ConnectOptions;
+use outbox_core::consumer::Consumer;
+use outbox_core::inbox::Inbox;
+use outbox_core::{OutboxMessage, Relay};
+use outbox_nats::{Error, NatsPublisher, NatsTransport};
+use outbox_tests::kafka::Job;
+use outbox_tests::nats::{OwnNats, fresh_stream_on};
+use outbox_tests::{TestDb, tls_dir, wait_until};
+
+fn ca(name: &str) -> PathBuf {
+    PathBuf::from(format!("{}/{name}", tls_dir()))
+}
+
+/// Options that trust only the CA in `tls_dir()/ca_file`.
+fn trusting(ca_file: &str) -> ConnectOptions {
+    ConnectOptions::new()
+        .add_root_certificates(ca(ca_file))
+        .require_tls(true)
+}
+
+/// The relay publishes and a consumer consumes through a server that speaks TLS only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
+    let server = OwnNats::start_tls();
+    let url = server.url();
+    let client = trusting("ca.crt")
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("the test's client over TLS to {url}: {e}"));
+    let (js, stream, prefix) = fresh_stream_on(client).await;
+    let subject = format!("{prefix}.jobs");
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..3 {
+        tx.emit_message(
+            OutboxMessage::new("Job", subject.as_str(), format!(r#"{{"n":{n}}}"#)).with_key("a"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = NatsPublisher::builder(&url)
+        .options(trusting("ca.crt"))
+        .skip_catalog_check()
+        .destination(&subject)
+        .build()
+        .await
+        .expect("a publisher over TLS");
+    let relay = Relay::builder(outbox.clone(), publisher).spawn();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = std::sync::Arc::clone(&seen);
+    let transport = NatsTransport::builder(&url, &stream, "over-tls")
+        .options(trusting("ca.crt"))
+        .filter_subject(&subject)
+        .build()
+        .await
+        .expect("a consumer transport over TLS");
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "over-tls"))
+        .on_event_type::<Job, _>("Job", move |_tx, msg| {
+            into.lock().expect("seen").push(msg.event.n);
+            Box::pin(async { Ok(()) })
+        })
+        .build()
+        .expect("consumer")
+        .spawn();
+    wait_until(
+        "the consumer handled the 3 events over TLS",
+        Duration::from_secs(30),
+        || async { consumer.stats().handled >= 3 },
+    )
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    relay.shutdown().await;
+    assert_eq!(*seen.lock().expect("seen"), [0, 1, 2], "in key order");
+    js.delete_stream(&stream).await.expect("delete stream");
+    db.cleanup().await;
+}
+
+/// A server whose certificate the trusted CA did not sign: `Error::Tls`, naming TLS,
+/// for the publisher and the consumer, not "check that the server runs" (failed on main:
+/// `Error::Connect`); a `nats://` client without the CA is refused too.
+#[tokio::test]
+async fn a_server_the_ca_does_not_vouch_for_is_a_tls_error() {
+    let server = OwnNats::start_tls();
+    let url = server.url();
+    let e = NatsPublisher::builder(&url)
+        .options(trusting("other-ca.crt"))
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect_err("the server's certificate is not signed by other-ca");
+    assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("TLS") && text.contains("add_root_certificates"),
+        "{text}"
+    );
+    assert!(!text.contains("check that the server runs"), "{text}");
+
+    let e = NatsTransport::builder(&url, "ANY", "reader")
+        .options(trusting("other-ca.crt"))
+        .build()
+        .await
+        .expect_err("the consumer's transport too");
+    assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+
+    let plain = url.replace("tls://", "nats://");
+    let e = NatsPublisher::builder(&plain)
+        .skip_catalog_check()
+        .build()
+        .await
+        .expect_err("a server that requires TLS refuses a plain client");
+    // The client upgrades to TLS when the server asks for it, and then trusts only the
+    // Mozilla roots, which did not sign the test CA's certificate.
+    assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+}
