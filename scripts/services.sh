@@ -4,6 +4,9 @@
 #   PostgreSQL on 127.0.0.1:5432 (started with pg_ctlcluster if it is down), with
 #   wal_level = logical and pg_stat_statements preloaded (set, and restarted once, only
 #   when they are not)
+#   a test CA and a server certificate for localhost/127.0.0.1 ($OUTBOX_TOOLS_DIR/tls), a
+#   PostgreSQL role and a MariaDB user that may connect over TLS only (`outbox_tls`;
+#   PostgreSQL reloads, MariaDB restarts once to read its certificates)
 #   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
 #   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
 #   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
@@ -216,6 +219,42 @@ ensure_mariadb() {
   log "MariaDB is up on 127.0.0.1:3306"
 }
 
+# MariaDB with TLS on (the test CA's server certificate), and a user that may connect
+# over TLS only (`REQUIRE SSL`): the MySQL TLS tests connect as `outbox_tls`. MariaDB
+# reads its certificates at start only: set once in its configuration, one restart.
+ensure_mariadb_tls() {
+  local mysql=(mysql -uroot -N -B) cnf=/etc/mysql/my.cnf dst=/etc/mysql/outbox-tls
+  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
+    mkdir -p "$dst"
+    cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
+    chown -R mysql:mysql "$dst" 2>/dev/null || true
+    chmod 600 "$dst/server.key"
+  fi
+  if [ -f "$cnf" ] && ! grep -q '^# outbox tests: TLS' "$cnf"; then
+    printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' '[mysqld]' \
+      "ssl_ca = $dst/ca.crt" "ssl_cert = $dst/server.crt" "ssl_key = $dst/server.key" >>"$cnf"
+  fi
+  if [ "$("${mysql[@]}" -e "SELECT @@have_ssl" 2>/dev/null)" != YES ] \
+    || [ "$("${mysql[@]}" -e "SELECT @@ssl_cert" 2>/dev/null)" != "$dst/server.crt" ]; then
+    log "restarting MariaDB with TLS (certificates in $dst)"
+    mysqladmin -uroot shutdown >/dev/null 2>&1 || die "cannot shut MariaDB down for TLS (mysqladmin -uroot shutdown)"
+    local i
+    for ((i = 0; i < 300; i++)); do port_open 127.0.0.1 3306 || break; sleep 0.1; done
+    daemon "$OUTBOX_TOOLS_DIR/mariadb-start.log" start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+    wait $! || true
+    wait_port mariadb 127.0.0.1 3306 30 || die "MariaDB did not come back on 127.0.0.1:3306 within 30 s after the TLS restart; see /var/log/mysql/error.log"
+    [ "$("${mysql[@]}" -e "SELECT @@have_ssl")" = YES ] || die "MariaDB started without TLS; see /var/log/mysql/error.log and the outbox lines at the end of $cnf"
+  fi
+  "${mysql[@]}" -e "CREATE USER IF NOT EXISTS 'outbox_tls'@'%' REQUIRE SSL; GRANT ALL PRIVILEGES ON *.* TO 'outbox_tls'@'%'" \
+    || die "cannot create the MariaDB user outbox_tls"
+  mysql -uoutbox_tls -h 127.0.0.1 --protocol=TCP --ssl-ca="$TLS_DIR/ca.crt" --ssl-verify-server-cert -N -B -e "SELECT 1" >/dev/null \
+    || die "MariaDB does not accept outbox_tls over TLS (CA $TLS_DIR/ca.crt); see /var/log/mysql/error.log"
+  if mysql -uoutbox_tls -h 127.0.0.1 --protocol=TCP --skip-ssl -N -B -e "SELECT 1" >/dev/null 2>&1; then
+    die "MariaDB accepts outbox_tls without TLS; its user should be REQUIRE SSL"
+  fi
+  log "MariaDB accepts user outbox_tls over TLS only (CA $TLS_DIR/ca.crt)"
+}
+
 # --------------------------------------------------------------------- tansu
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -359,7 +398,7 @@ ensure_postgres
 ensure_pg_settings
 ensure_tls_certs
 ensure_pg_tls
-if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; fi
+if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; ensure_mariadb_tls; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
 if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
 ensure_kafka
@@ -368,4 +407,7 @@ ensure_python_tools
 echo "export TANSU_BIN=$TANSU_BIN"
 echo "export OUTBOX_PYTHON=$OUTBOX_PYTHON"
 echo "export OUTBOX_TEST_TLS_DIR=$TLS_DIR"
+if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then
+  echo "export OUTBOX_TEST_MYSQL_TLS_URL='mysql://outbox_tls@localhost:3306/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=$TLS_DIR/ca.crt'"
+fi
 echo "export OUTBOX_TEST_PG_TLS_URL='postgres://outbox_tls@localhost:5432/test?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.crt'"

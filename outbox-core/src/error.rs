@@ -81,12 +81,13 @@ pub enum Error {
     },
 
     /// The TLS handshake with the database failed (a certificate the URL's `sslrootcert`
-    /// does not vouch for, a host name the certificate does not name), or the URL asks for
+    /// or `ssl-ca` does not vouch for, a host name the certificate does not name), or the URL asks for
     /// TLS and this build has none.
     #[error(
-        "TLS with the database{target} failed: {source}; check `sslmode` and `sslrootcert` in \
-         the URL (the server's certificate must be signed by that CA and, with \
-         verify-full, name the host), and that this build has TLS (feature `tls-rustls`)"
+        "TLS with the database{target} failed: {source}; check the URL's TLS settings \
+         (PostgreSQL: `sslmode` and `sslrootcert`; MySQL: `ssl-mode` and `ssl-ca`): the \
+         server's certificate must be signed by that CA and, with verify-full or \
+         VERIFY_IDENTITY, name the host; and that this build has TLS (feature `tls-rustls`)"
     )]
     Tls {
         /// Where we tried to connect (password removed), prefixed with " at ", or empty.

@@ -1,6 +1,7 @@
 //! The library over TLS, against a PostgreSQL role that may connect over TLS only
 //! (`scripts/services.sh`: `hostssl` for `outbox_tls`, everything else rejected), with
-//! the server verified against the test CA (`sslmode=verify-full`, `sslrootcert`).
+//! the server verified against the test CA (`sslmode=verify-full`, `sslrootcert`), and
+//! a MariaDB user that may connect over TLS only (`REQUIRE SSL`, `ssl-mode=VERIFY_IDENTITY`).
 //! The logs are the global subscriber's (`Captured`): this binary is its own.
 
 use std::sync::OnceLock;
@@ -200,4 +201,108 @@ async fn a_replication_connection_to_a_server_its_ca_does_not_vouch_for_says_tls
     );
     relay.shutdown().await;
     outbox_tests::wal::cleanup(db, &slot).await;
+}
+
+/// `OUTBOX_TEST_MYSQL_TLS_URL` (`scripts/services.sh`) with the database `database`.
+fn mysql_tls_url(database: &str) -> String {
+    let url = std::env::var("OUTBOX_TEST_MYSQL_TLS_URL").unwrap_or_else(|_| {
+        panic!(
+            "OUTBOX_TEST_MYSQL_TLS_URL is not set: run the tests with `scripts/test.sh`, or \
+             `eval \"$(scripts/services.sh)\"` first (it makes the TLS-only user)"
+        )
+    });
+    url.replace(":3306/test?", &format!(":3306/{database}?"))
+}
+
+/// A database of the test's own on the shared MariaDB, made as root over the plain
+/// connection; dropped by [`drop_mysql_database`].
+async fn mysql_database() -> String {
+    use outbox_core::sqlx::{Connection as _, Executor as _};
+    let database = format!("outbox_tls_{}", uuid::Uuid::now_v7().simple());
+    let mut admin =
+        outbox_core::sqlx::MySqlConnection::connect(&outbox_tests::backends::mysql_url())
+            .await
+            .expect("connect to MariaDB as root");
+    admin
+        .execute(format!("CREATE DATABASE `{database}`").as_str())
+        .await
+        .expect("create the test database");
+    database
+}
+
+async fn drop_mysql_database(database: &str) {
+    use outbox_core::sqlx::{Connection as _, Executor as _};
+    let mut admin =
+        outbox_core::sqlx::MySqlConnection::connect(&outbox_tests::backends::mysql_url())
+            .await
+            .expect("connect to MariaDB as root");
+    admin
+        .execute(format!("DROP DATABASE `{database}`").as_str())
+        .await
+        .expect("drop the test database");
+}
+
+/// MySQL/MariaDB over TLS: a user that may connect over TLS only writes, and the relay
+/// publishes, through `Outbox::connect_mysql` (feature `tls-rustls`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_the_relay_publishes_over_a_tls_only_connection() {
+    logs();
+    let database = mysql_database().await;
+    let outbox = Outbox::<outbox_core::sqlx::MySql>::connect_mysql(&mysql_tls_url(&database))
+        .await
+        .expect("connect over TLS (VERIFY_IDENTITY against the test CA)");
+    outbox.migrate().await.expect("migrate over TLS");
+    let cipher: (String, String) =
+        outbox_core::sqlx::query_as("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            .fetch_one(outbox.pool())
+            .await
+            .expect("read Ssl_cipher");
+    assert!(
+        !cipher.1.is_empty(),
+        "the pool's connection is not encrypted: {cipher:?}"
+    );
+
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("Shipped", "orders", r#"{"id":4}"#).with_key("4"))
+        .expect("emit");
+    tx.commit().await.expect("commit over TLS");
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    assert!(
+        publisher.wait_for(1, WAIT).await,
+        "the relay published nothing over TLS within {WAIT:?}: {:?}",
+        relay.stats()
+    );
+    relay.shutdown().await;
+    assert_eq!(publisher.published()[0].event_type, "Shipped");
+    outbox.pool().close().await;
+    drop_mysql_database(&database).await;
+}
+
+/// A MariaDB whose certificate the CA did not sign is `Error::Tls`; the TLS-only user
+/// without TLS is refused by the server itself.
+#[tokio::test]
+async fn mysql_a_server_the_ca_does_not_vouch_for_is_a_tls_error() {
+    logs();
+    let url = mysql_tls_url("test").replace(
+        &format!("{}/ca.crt", tls_dir()),
+        &format!("{}/other-ca.crt", tls_dir()),
+    );
+    assert!(url.contains("other-ca.crt"), "{url}");
+    let e = Outbox::<outbox_core::sqlx::MySql>::connect_mysql(&url)
+        .await
+        .expect_err("a server signed by another CA must be refused");
+    assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+    assert!(e.to_string().contains("ssl-ca"), "{e}");
+    assert!(
+        !e.to_string().contains("check that the server is running"),
+        "{e}"
+    );
+
+    let plain = mysql_tls_url("test").replace("ssl-mode=VERIFY_IDENTITY", "ssl-mode=DISABLED");
+    let e = Outbox::<outbox_core::sqlx::MySql>::connect_mysql(&plain)
+        .await
+        .expect_err("the user may connect over TLS only");
+    assert!(matches!(e, Error::Database { .. }), "{e:?}");
+    assert!(e.to_string().contains("Access denied"), "{e}");
 }
