@@ -8,11 +8,13 @@
 #   PostgreSQL role and a MariaDB user that may connect over TLS only (`outbox_tls`;
 #   PostgreSQL reloads, MariaDB restarts once to read its certificates)
 #   MariaDB on 127.0.0.1:3306 (started if it is down; skipped if OUTBOX_TEST_MYSQL_URL is set)
-#   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use
+#   a Kafka-protocol broker (tansu) on 127.0.0.1:9092, installed on first use, and a
+#   second one reached over TLS only on localhost:9193 (stunnel4 in front of it)
 #   NATS with JetStream on 127.0.0.1:4222 (started if it is down and nats-server is
 #   installed; skipped if OUTBOX_TEST_NATS_URL is set)
 #   RabbitMQ on 127.0.0.1:5672 (started with the service manager if it is down and
-#   installed; waited for up to 60 s; skipped if OUTBOX_TEST_RABBITMQ_URL is set)
+#   installed; waited for up to 60 s; skipped if OUTBOX_TEST_RABBITMQ_URL is set), with
+#   a TLS listener on 127.0.0.1:5671 (set once in its configuration, one restart)
 #   Chromium and ChromeDriver (Debian's chromium and chromium-driver), installed on
 #   first use, for the dashboard's browser test (outbox-cli/tests/browser.rs)
 #   a Python venv in $OUTBOX_TOOLS_DIR/py with the official CloudEvents SDK and each
@@ -312,6 +314,66 @@ ensure_kafka() {
   log "Kafka-protocol broker is up on $KAFKA_ADDR"
 }
 
+# The tests build librdkafka with TLS (outbox-kafka's feature `ssl`), against the
+# system's OpenSSL: its development files and pkg-config (Debian: libssl-dev).
+ensure_build_deps() {
+  if pkg-config --exists openssl 2>/dev/null; then return 0; fi
+  command -v apt-get >/dev/null 2>&1 || die "OpenSSL's development files are missing (pkg-config openssl) and apt-get is not here; install them (Debian: libssl-dev pkg-config)"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  log "installing libssl-dev and pkg-config (librdkafka with TLS builds against them)"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -qq --no-install-recommends libssl-dev pkg-config >&2 \
+    || { $sudo apt-get update -qq >&2 && $sudo apt-get install -y -qq --no-install-recommends libssl-dev pkg-config >&2; } \
+    || die "cannot install libssl-dev and pkg-config with apt-get"
+}
+
+# Kafka over TLS. The test broker speaks plain TCP only, so a second one sits behind
+# stunnel (Debian's stunnel4), which terminates TLS with the test CA's server
+# certificate; that broker advertises stunnel's port, so every connection a client makes
+# (bootstrap and partition leaders) goes through TLS. Its plain port is loopback-only
+# and used by nothing but stunnel.
+KAFKA_TLS_PORT="${KAFKA_TLS_PORT:-9193}"
+KAFKA_TLS_BACKEND_PORT="${KAFKA_TLS_BACKEND_PORT:-9192}"
+ensure_kafka_tls() {
+  if ! command -v stunnel4 >/dev/null 2>&1 && ! command -v stunnel >/dev/null 2>&1; then
+    command -v apt-get >/dev/null 2>&1 || die "stunnel is not installed and apt-get is not here; the Kafka TLS tests need it (Debian: stunnel4)"
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+    log "installing stunnel4 (the TLS terminator in front of the Kafka TLS tests' broker)"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -qq --no-install-recommends stunnel4 >&2 \
+      || { $sudo apt-get update -qq >&2 && $sudo apt-get install -y -qq --no-install-recommends stunnel4 >&2; } \
+      || die "cannot install stunnel4 with apt-get"
+  fi
+  local stunnel; stunnel="$(command -v stunnel4 || command -v stunnel)"
+  if ! port_open 127.0.0.1 "$KAFKA_TLS_BACKEND_PORT"; then
+    local logf="$OUTBOX_TOOLS_DIR/tansu-$KAFKA_TLS_BACKEND_PORT.log"
+    log "starting tansu on 127.0.0.1:$KAFKA_TLS_BACKEND_PORT, advertised as localhost:$KAFKA_TLS_PORT (TLS through stunnel)"
+    : >"$logf"
+    daemon "$logf" "$TANSU_BIN" broker \
+      --listener-url "tcp://127.0.0.1:$KAFKA_TLS_BACKEND_PORT" \
+      --advertised-listener-url "tcp://localhost:$KAFKA_TLS_PORT" \
+      --storage-engine memory://tansu-tls/
+    wait_port kafka-tls-backend 127.0.0.1 "$KAFKA_TLS_BACKEND_PORT" 20 \
+      || die "tansu did not start listening on 127.0.0.1:$KAFKA_TLS_BACKEND_PORT within 20 s; see $logf"
+  fi
+  if ! port_open 127.0.0.1 "$KAFKA_TLS_PORT"; then
+    local conf="$OUTBOX_TOOLS_DIR/stunnel-kafka.conf"
+    printf '%s\n' 'foreground = yes' 'pid =' "output = $OUTBOX_TOOLS_DIR/stunnel-kafka.log" \
+      '[kafka-tls]' "accept = 127.0.0.1:$KAFKA_TLS_PORT" "connect = 127.0.0.1:$KAFKA_TLS_BACKEND_PORT" \
+      "cert = $TLS_DIR/server.crt" "key = $TLS_DIR/server.key" >"$conf"
+    log "starting stunnel: TLS on 127.0.0.1:$KAFKA_TLS_PORT to the broker on $KAFKA_TLS_BACKEND_PORT"
+    daemon "$OUTBOX_TOOLS_DIR/stunnel-kafka.log" "$stunnel" "$conf"
+    wait_port kafka-tls 127.0.0.1 "$KAFKA_TLS_PORT" 20 \
+      || die "stunnel did not listen on 127.0.0.1:$KAFKA_TLS_PORT within 20 s; see $OUTBOX_TOOLS_DIR/stunnel-kafka.log"
+  fi
+  echo | openssl s_client -connect "127.0.0.1:$KAFKA_TLS_PORT" -servername localhost \
+      -CAfile "$TLS_DIR/ca.crt" -verify_hostname localhost -verify_return_error >/dev/null 2>&1 \
+    || die "no verified TLS handshake on 127.0.0.1:$KAFKA_TLS_PORT (CA $TLS_DIR/ca.crt); see $OUTBOX_TOOLS_DIR/stunnel-kafka.log"
+  log "Kafka-protocol broker over TLS on localhost:$KAFKA_TLS_PORT (CA $TLS_DIR/ca.crt)"
+}
+
 # ---------------------------------------------------------------------- NATS
 ensure_nats() {
   if port_open 127.0.0.1 4222; then
@@ -337,7 +399,11 @@ ensure_rabbitmq() {
     daemon "$OUTBOX_TOOLS_DIR/rabbitmq-start.log" service rabbitmq-server start
     wait $! || daemon "$OUTBOX_TOOLS_DIR/rabbitmq.log" /usr/sbin/rabbitmq-server
   fi
-  # The port opens before the broker accepts logins: wait for the AMQP handshake.
+  wait_rabbitmq
+}
+
+# The port opens before the broker accepts logins: waits for the AMQP handshake.
+wait_rabbitmq() {
   local i
   for ((i = 0; i < 600; i++)); do
     if timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/5672 && printf 'AMQP\\x00\\x00\\x09\\x01' >&3 \
@@ -348,6 +414,39 @@ ensure_rabbitmq() {
     sleep 0.1
   done
   die "RabbitMQ did not answer on 127.0.0.1:5672 within 60 s"
+}
+
+# RabbitMQ's TLS listener on 127.0.0.1:5671 with the test CA's server certificate
+# (`amqps://`). RabbitMQ reads its listeners at start only: set once in its
+# configuration, one restart, only while the listener is missing.
+ensure_rabbitmq_tls() {
+  local conf=/etc/rabbitmq/rabbitmq.conf dst=/etc/rabbitmq/outbox-tls
+  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
+    mkdir -p "$dst"
+    cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
+    chown -R rabbitmq:rabbitmq "$dst" 2>/dev/null || true
+    chmod 600 "$dst/server.key"
+  fi
+  if ! grep -q '^# outbox tests: TLS' "$conf" 2>/dev/null; then
+    printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' \
+      'listeners.ssl.local = 127.0.0.1:5671' \
+      "ssl_options.cacertfile = $dst/ca.crt" "ssl_options.certfile = $dst/server.crt" \
+      "ssl_options.keyfile = $dst/server.key" 'ssl_options.verify = verify_none' \
+      'ssl_options.fail_if_no_peer_cert = false' >>"$conf"
+  fi
+  if ! port_open 127.0.0.1 5671; then
+    log "restarting RabbitMQ with its TLS listener on 127.0.0.1:5671"
+    rabbitmqctl stop >/dev/null 2>&1 || true
+    local i
+    for ((i = 0; i < 300; i++)); do port_open 127.0.0.1 5672 || break; sleep 0.1; done
+    daemon "$OUTBOX_TOOLS_DIR/rabbitmq.log" rabbitmq-server
+    wait_rabbitmq
+    wait_port rabbitmq-tls 127.0.0.1 5671 60 || die "RabbitMQ did not listen on 127.0.0.1:5671 within 60 s; see /var/log/rabbitmq/ and the outbox lines at the end of $conf"
+  fi
+  echo | openssl s_client -connect 127.0.0.1:5671 -servername localhost -CAfile "$TLS_DIR/ca.crt" \
+      -verify_hostname localhost -verify_return_error >/dev/null 2>&1 \
+    || die "no verified TLS handshake with RabbitMQ on 127.0.0.1:5671 (CA $TLS_DIR/ca.crt); see /var/log/rabbitmq/"
+  log "RabbitMQ speaks TLS on localhost:5671 (CA $TLS_DIR/ca.crt)"
 }
 
 # ---------------------------------------------------------------------- Chromium
@@ -400,8 +499,10 @@ ensure_tls_certs
 ensure_pg_tls
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then ensure_mariadb; ensure_mariadb_tls; fi
 if [ -z "${OUTBOX_TEST_NATS_URL:-}" ]; then ensure_nats; fi
-if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; fi
+if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then ensure_rabbitmq; ensure_rabbitmq_tls; fi
+ensure_build_deps
 ensure_kafka
+ensure_kafka_tls
 ensure_chromium
 ensure_python_tools
 echo "export TANSU_BIN=$TANSU_BIN"
@@ -409,5 +510,9 @@ echo "export OUTBOX_PYTHON=$OUTBOX_PYTHON"
 echo "export OUTBOX_TEST_TLS_DIR=$TLS_DIR"
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then
   echo "export OUTBOX_TEST_MYSQL_TLS_URL='mysql://outbox_tls@localhost:3306/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=$TLS_DIR/ca.crt'"
+fi
+echo "export OUTBOX_TEST_KAFKA_TLS_BROKERS=localhost:$KAFKA_TLS_PORT"
+if [ -z "${OUTBOX_TEST_RABBITMQ_URL:-}" ]; then
+  echo "export OUTBOX_TEST_RABBITMQ_TLS_URL=amqps://guest:guest@localhost:5671/%2f"
 fi
 echo "export OUTBOX_TEST_PG_TLS_URL='postgres://outbox_tls@localhost:5432/test?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.crt'"

@@ -14,8 +14,9 @@ pub enum Error {
 
     /// The cluster could not be asked which topics exist.
     #[error(
-        "cannot read the topic list from the Kafka cluster at {brokers}: {source}; check that the brokers are \
-         reachable and that `bootstrap.servers` points at them"
+        "cannot read the topic list from the Kafka cluster at {brokers}: {source}{}; {}",
+        reason.as_deref().map(|r| format!(" (librdkafka: {r})")).unwrap_or_default(),
+        metadata_hint(reason.as_deref())
     )]
     Metadata {
         /// `bootstrap.servers`.
@@ -23,6 +24,10 @@ pub enum Error {
         /// librdkafka's error.
         #[source]
         source: KafkaError,
+        /// Why, as librdkafka reported it meanwhile (a failed TLS handshake, a refused
+        /// SASL authentication: the request's own error says only that the transport
+        /// failed), with secret settings' values masked.
+        reason: Option<Box<str>>,
     },
 
     /// Destinations that the publisher must serve have no topic.
@@ -62,3 +67,21 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to check when the cluster could not be asked for metadata, after what
+/// librdkafka reported.
+fn metadata_hint(reason: Option<&str>) -> &'static str {
+    match reason {
+        Some(r) if r.contains("SSL") => {
+            "check `ssl.ca.location` (the CA that signed the brokers' certificates), that the \
+             brokers' certificates name the hosts in `bootstrap.servers`, and `security.protocol`"
+        }
+        Some(r) if r.contains("SASL") || r.contains("uthenticat") => {
+            "check `sasl.mechanism`, `sasl.username` and `sasl.password`, and `security.protocol`"
+        }
+        _ => {
+            "check that the brokers are reachable and that `bootstrap.servers` points at them \
+             (and `security.protocol`, if they speak TLS or SASL)"
+        }
+    }
+}

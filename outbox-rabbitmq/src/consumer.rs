@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,7 @@ pub struct RabbitTransportBuilder {
     ack_timeout: Duration,
     stall_check: Duration,
     dead_letter: Option<String>,
+    ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for RabbitTransportBuilder {
@@ -129,6 +131,8 @@ pub struct RabbitTransport {
     /// The dead-letter connection and its confirm-mode channel, opened at the first
     /// dead letter.
     dead_letter_link: Mutex<Option<(Connection, Channel)>>,
+    /// `amqps://`: CA certificates to trust beside the system's.
+    ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for RabbitTransport {
@@ -196,6 +200,7 @@ impl RabbitTransport {
             ack_timeout: Duration::from_secs(10),
             stall_check: Duration::from_secs(30),
             dead_letter: None,
+            ca_file: None,
         }
     }
 
@@ -208,16 +213,18 @@ impl RabbitTransport {
             self.prefetch,
             self.connect_timeout,
         );
+        let ca_file = self.ca_file.clone();
         let stall_check = self.stall_check;
         let generation = self
             .generations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Box::pin(async move {
             let open = async {
-                let connection = Connection::connect(
+                let connection = crate::tls::connect(
                     &url,
                     ConnectionProperties::default()
                         .with_connection_name("outbox-rabbitmq consumer".into()),
+                    ca_file.as_deref(),
                 )
                 .await?;
                 let channel = connection.create_channel().await?;
@@ -390,6 +397,14 @@ impl RabbitTransportBuilder {
         self
     }
 
+    /// `amqps://`: also trust the CA certificates in the PEM file `path` (a private CA
+    /// that signed the broker's certificate), beside the system's roots. Read at every
+    /// connect.
+    pub fn tls_root_certificates(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
     /// Connects, checks that the queue and the dead-letter destination exist, and
     /// starts consuming.
     pub async fn build(self) -> Result<RabbitTransport, Error> {
@@ -418,14 +433,25 @@ impl RabbitTransportBuilder {
             reconnect: std::sync::Mutex::new(Backoff::new(RECONNECT_FIRST, RECONNECT_MOST)),
             dead_letter: self.dead_letter,
             dead_letter_link: Mutex::new(None),
+            ca_file: self.ca_file,
         };
         let connect_error = |reason: String| Error::Connect {
             url: redacted(&transport.url),
             reason,
         };
-        let connection = Connection::connect(&transport.url, ConnectionProperties::default());
+        let connection = crate::tls::connect(
+            &transport.url,
+            ConnectionProperties::default(),
+            transport.ca_file.as_deref(),
+        );
         let connection = match tokio::time::timeout(transport.connect_timeout, connection).await {
             Ok(Ok(connection)) => connection,
+            Ok(Err(e)) if crate::tls::is_tls_failure(&e) => {
+                return Err(Error::Tls {
+                    url: redacted(&transport.url),
+                    reason: e.to_string(),
+                });
+            }
             Ok(Err(e)) => return Err(connect_error(e.to_string())),
             Err(_) => {
                 return Err(connect_error(format!(
@@ -717,10 +743,11 @@ impl Transport for RabbitTransport {
         let mut link = self.dead_letter_link.lock().await;
         if link.is_none() {
             let open = async {
-                let connection = Connection::connect(
+                let connection = crate::tls::connect(
                     &self.url,
                     ConnectionProperties::default()
                         .with_connection_name("outbox-rabbitmq dead letters".into()),
+                    self.ca_file.as_deref(),
                 )
                 .await?;
                 let channel = connection.create_channel().await?;

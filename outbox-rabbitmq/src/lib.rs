@@ -80,6 +80,7 @@ use crate::returns::{Fate, Returns};
 pub mod cloudevents;
 mod consumer;
 mod returns;
+mod tls;
 
 pub use cloudevents::CloudEventsHeaders;
 pub use consumer::{RabbitToken, RabbitTransport, RabbitTransportBuilder};
@@ -164,6 +165,19 @@ pub enum Error {
         "cannot connect to RabbitMQ at {url}: {reason}; check that the broker runs and that the URL, user and vhost are right"
     )]
     Connect {
+        /// The URL given, without its password.
+        url: String,
+        /// The client's error.
+        reason: String,
+    },
+    /// The TLS handshake with the broker failed (`amqps://`): its certificate is not
+    /// signed by a CA the client trusts, or does not name the URL's host.
+    #[error(
+        "TLS with RabbitMQ at {url} failed: {reason}; check the CA that verifies the broker \
+         (`.tls_root_certificates(path)`, else the system's roots) and that the URL's host \
+         is a name its certificate holds"
+    )]
+    Tls {
         /// The URL given, without its password.
         url: String,
         /// The client's error.
@@ -326,6 +340,7 @@ pub struct RabbitPublisherBuilder {
     batch_budget: Duration,
     cloudevents: Option<CloudEvents>,
     cloudevents_headers: CloudEventsHeaders,
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for RabbitPublisherBuilder {
@@ -370,6 +385,14 @@ impl RabbitPublisherBuilder {
         self
     }
 
+    /// `amqps://`: also trust the CA certificates in the PEM file `path` (a private CA
+    /// that signed the broker's certificate), beside the system's roots. Read at every
+    /// connect.
+    pub fn tls_root_certificates(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
     /// How long a batch may start new messages (default 12 s): a key's chain still going
     /// when it runs out reports its remaining messages as not attempted. A batch takes
     /// at most `2 × connect_timeout + batch_budget + confirm_timeout`
@@ -404,6 +427,7 @@ impl RabbitPublisherBuilder {
         let shown = redacted(&self.url);
         let inner = Inner {
             url: self.url,
+            ca_file: self.ca_file,
             shown: shown.clone(),
             link: tokio::sync::Mutex::new(None),
             known: std::sync::Mutex::new(HashSet::new()),
@@ -414,10 +438,10 @@ impl RabbitPublisherBuilder {
                 .cloudevents
                 .map(|ce| (ce, self.cloudevents_headers.prefix())),
         };
-        let link = inner.connect().await.map_err(|reason| Error::Connect {
-            url: shown.clone(),
-            reason,
-        })?;
+        let link = inner
+            .connect()
+            .await
+            .map_err(|failure| failure.into_error(shown.clone()))?;
         let wanted =
             outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog);
         let mut missing = Vec::new();
@@ -474,6 +498,8 @@ impl fmt::Debug for RabbitPublisher {
 struct Inner {
     /// With its password: only ever handed to the client.
     url: String,
+    /// `amqps://`: CA certificates to trust beside the system's.
+    ca_file: Option<std::path::PathBuf>,
     /// Without it: for errors, logs and `Debug`.
     shown: String,
     /// The connection and its confirm-mode channel; `None` after a transport failure,
@@ -493,13 +519,32 @@ struct Link {
     channel: Channel,
 }
 
+/// Why [`Inner::connect`] failed: lapin's message, and whether it was TLS.
+struct ConnectFailure {
+    reason: String,
+    tls: bool,
+}
+
+impl ConnectFailure {
+    /// The start-up error for the broker shown as `url`.
+    fn into_error(self, url: String) -> Error {
+        let ConnectFailure { reason, tls } = self;
+        if tls {
+            Error::Tls { url, reason }
+        } else {
+            Error::Connect { url, reason }
+        }
+    }
+}
+
 impl Inner {
     /// A connection and a channel in confirm mode, within `connect_timeout`.
-    async fn connect(&self) -> Result<Link, String> {
+    async fn connect(&self) -> Result<Link, ConnectFailure> {
         let connect = async {
-            let connection = Connection::connect(
+            let connection = tls::connect(
                 &self.url,
                 ConnectionProperties::default().with_connection_name("outbox-rabbitmq".into()),
+                self.ca_file.as_deref(),
             )
             .await?;
             let channel = connection.create_channel().await?;
@@ -514,8 +559,14 @@ impl Inner {
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(link)) => Ok(link),
             // lapin's errors do not carry the URL.
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.connect_timeout)),
+            Ok(Err(e)) => Err(ConnectFailure {
+                tls: tls::is_tls_failure(&e),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(ConnectFailure {
+                tls: false,
+                reason: format!("no answer within {:?}", self.connect_timeout),
+            }),
         }
     }
 
@@ -608,6 +659,7 @@ impl RabbitPublisher {
             batch_budget: Duration::from_secs(12),
             cloudevents: None,
             cloudevents_headers: CloudEventsHeaders::default(),
+            ca_file: None,
         }
     }
 
@@ -752,10 +804,10 @@ impl Publisher for RabbitPublisher {
                     lock(&self.inner.known).clear();
                     *guard = Some(link);
                 }
-                Err(reason) => {
+                Err(failure) => {
                     let error = PublishError::unavailable(format!(
-                        "rabbitmq: cannot connect to {}: {reason}",
-                        self.inner.shown
+                        "rabbitmq: {}",
+                        failure.into_error(self.inner.shown.clone())
                     ));
                     return vec![Err(error); batch.len()];
                 }

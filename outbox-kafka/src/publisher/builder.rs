@@ -161,14 +161,7 @@ impl KafkaPublisherBuilder {
             outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog)
                 .into_iter()
                 .collect();
-        topics::ensure(
-            &producer,
-            &self.settings,
-            &wanted,
-            self.create,
-            self.startup_timeout,
-        )
-        .await?;
+        topics::ensure(&self.settings, &wanted, self.create, self.startup_timeout).await?;
         tracing::info!(settings = ?self.settings, "outbox-kafka publisher ready");
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {

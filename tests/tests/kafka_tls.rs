@@ -1,0 +1,103 @@
+//! `outbox-kafka` over TLS (the feature `ssl`), against a Kafka-protocol broker reached
+//! over TLS only: `scripts/services.sh` puts stunnel in front of a second test broker,
+//! which advertises stunnel's port (`OUTBOX_TEST_KAFKA_TLS_BROKERS`), with the test CA's
+//! server certificate for `localhost`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::consumer::Consumer;
+use outbox_core::inbox::Inbox;
+use outbox_core::{OutboxMessage, Relay};
+use outbox_kafka::{Error, KafkaPublisher, KafkaTransport};
+use outbox_tests::kafka::Job;
+use outbox_tests::{TestDb, tls_dir, wait_until};
+
+fn tls_brokers() -> String {
+    std::env::var("OUTBOX_TEST_KAFKA_TLS_BROKERS").unwrap_or_else(|_| {
+        panic!(
+            "OUTBOX_TEST_KAFKA_TLS_BROKERS is not set: run the tests with `scripts/test.sh`, \
+             or `eval \"$(scripts/services.sh)\"` first (it starts the TLS broker)"
+        )
+    })
+}
+
+fn ca(name: &str) -> String {
+    format!("{}/{name}", tls_dir())
+}
+
+/// The relay publishes, creating its topic, and a consumer group consumes, each over
+/// TLS with the server verified against the test CA (host name included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
+    let brokers = tls_brokers();
+    let topic = format!("outbox-tls-{}", uuid::Uuid::now_v7().simple());
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..3 {
+        tx.emit_message(
+            OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":{n}}}"#)).with_key("a"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+
+    let publisher = KafkaPublisher::builder(&brokers)
+        .set("security.protocol", "ssl")
+        .set("ssl.ca.location", ca("ca.crt"))
+        .skip_catalog_check()
+        .destination(&topic)
+        .create_missing_topics(1, 1)
+        .build()
+        .await
+        .expect("a publisher over TLS");
+    let relay = Relay::builder(outbox.clone(), publisher).spawn();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let into = Arc::clone(&seen);
+    let transport = KafkaTransport::builder(&brokers, "over-tls")
+        .set("security.protocol", "ssl")
+        .set("ssl.ca.location", ca("ca.crt"))
+        .topic(&topic)
+        .build()
+        .expect("a consumer transport over TLS");
+    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "over-tls"))
+        .on_event_type::<Job, _>("Job", move |_tx, msg| {
+            into.lock().expect("seen").push(msg.event.n);
+            Box::pin(async { Ok(()) })
+        })
+        .build()
+        .expect("consumer")
+        .spawn();
+    wait_until(
+        "the consumer handled the 3 events over TLS",
+        Duration::from_secs(60),
+        || async { consumer.stats().handled >= 3 },
+    )
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    relay.shutdown().await;
+    assert_eq!(*seen.lock().expect("seen"), [0, 1, 2], "in key order");
+    db.cleanup().await;
+}
+
+/// A broker whose certificate the trusted CA did not sign: the publisher's start-up
+/// error says TLS and the certificate, not only that the cluster could not be asked.
+#[tokio::test]
+async fn a_broker_the_ca_does_not_vouch_for_is_named_tls() {
+    let e = KafkaPublisher::builder(tls_brokers())
+        .set("security.protocol", "ssl")
+        .set("ssl.ca.location", ca("other-ca.crt"))
+        .skip_catalog_check()
+        .destination("anything")
+        .startup_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect_err("the broker's certificate is not signed by other-ca");
+    assert!(matches!(e, Error::Metadata { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("SSL") && text.contains("certificate"),
+        "the error does not name TLS and the certificate: {text}"
+    );
+}
