@@ -225,12 +225,13 @@ ensure_mariadb() {
 # over TLS only (`REQUIRE SSL`): the MySQL TLS tests connect as `outbox_tls`. MariaDB
 # reads its certificates at start only: set once in its configuration, one restart.
 ensure_mariadb_tls() {
-  local mysql=(mysql -uroot -N -B) cnf=/etc/mysql/my.cnf dst=/etc/mysql/outbox-tls
+  local mysql=(mysql -uroot -N -B) cnf=/etc/mysql/my.cnf dst=/etc/mysql/outbox-tls copied=0
   if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
     mkdir -p "$dst"
     cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
     chown -R mysql:mysql "$dst" 2>/dev/null || true
     chmod 600 "$dst/server.key"
+    copied=1
   fi
   if [ -f "$cnf" ] && ! grep -q '^# outbox tests: TLS' "$cnf"; then
     printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' '[mysqld]' \
@@ -246,6 +247,10 @@ ensure_mariadb_tls() {
     wait $! || true
     wait_port mariadb 127.0.0.1 3306 30 || die "MariaDB did not come back on 127.0.0.1:3306 within 30 s after the TLS restart; see /var/log/mysql/error.log"
     [ "$("${mysql[@]}" -e "SELECT @@have_ssl")" = YES ] || die "MariaDB started without TLS; see /var/log/mysql/error.log and the outbox lines at the end of $cnf"
+  elif [ "$copied" = 1 ]; then
+    # A new test CA (its folder was removed): the running server reloads its files.
+    log "MariaDB reloads its TLS certificates (a new test CA)"
+    "${mysql[@]}" -e "FLUSH SSL" || die "MariaDB could not reload its TLS certificates (FLUSH SSL)"
   fi
   "${mysql[@]}" -e "CREATE USER IF NOT EXISTS 'outbox_tls'@'%' REQUIRE SSL; GRANT ALL PRIVILEGES ON *.* TO 'outbox_tls'@'%'" \
     || die "cannot create the MariaDB user outbox_tls"
@@ -358,6 +363,15 @@ ensure_kafka_tls() {
     wait_port kafka-tls-backend 127.0.0.1 "$KAFKA_TLS_BACKEND_PORT" 20 \
       || die "tansu did not start listening on 127.0.0.1:$KAFKA_TLS_BACKEND_PORT within 20 s; see $logf"
   fi
+  local verified=(openssl s_client -connect "127.0.0.1:$KAFKA_TLS_PORT" -servername localhost
+    -CAfile "$TLS_DIR/ca.crt" -verify_hostname localhost -verify_return_error)
+  if port_open 127.0.0.1 "$KAFKA_TLS_PORT" && ! echo | "${verified[@]}" >/dev/null 2>&1; then
+    # stunnel serves the certificate of an earlier test CA (its folder was removed).
+    log "restarting stunnel: it serves a certificate of an earlier test CA"
+    pkill -f "stunnel.* $OUTBOX_TOOLS_DIR/stunnel-kafka.conf" || pkill -f stunnel-kafka.conf || true
+    local i
+    for ((i = 0; i < 100; i++)); do port_open 127.0.0.1 "$KAFKA_TLS_PORT" || break; sleep 0.1; done
+  fi
   if ! port_open 127.0.0.1 "$KAFKA_TLS_PORT"; then
     local conf="$OUTBOX_TOOLS_DIR/stunnel-kafka.conf"
     printf '%s\n' 'foreground = yes' 'pid =' "output = $OUTBOX_TOOLS_DIR/stunnel-kafka.log" \
@@ -368,8 +382,7 @@ ensure_kafka_tls() {
     wait_port kafka-tls 127.0.0.1 "$KAFKA_TLS_PORT" 20 \
       || die "stunnel did not listen on 127.0.0.1:$KAFKA_TLS_PORT within 20 s; see $OUTBOX_TOOLS_DIR/stunnel-kafka.log"
   fi
-  echo | openssl s_client -connect "127.0.0.1:$KAFKA_TLS_PORT" -servername localhost \
-      -CAfile "$TLS_DIR/ca.crt" -verify_hostname localhost -verify_return_error >/dev/null 2>&1 \
+  echo | "${verified[@]}" >/dev/null 2>&1 \
     || die "no verified TLS handshake on 127.0.0.1:$KAFKA_TLS_PORT (CA $TLS_DIR/ca.crt); see $OUTBOX_TOOLS_DIR/stunnel-kafka.log"
   log "Kafka-protocol broker over TLS on localhost:$KAFKA_TLS_PORT (CA $TLS_DIR/ca.crt)"
 }
@@ -420,12 +433,13 @@ wait_rabbitmq() {
 # (`amqps://`). RabbitMQ reads its listeners at start only: set once in its
 # configuration, one restart, only while the listener is missing.
 ensure_rabbitmq_tls() {
-  local conf=/etc/rabbitmq/rabbitmq.conf dst=/etc/rabbitmq/outbox-tls
+  local conf=/etc/rabbitmq/rabbitmq.conf dst=/etc/rabbitmq/outbox-tls copied=0
   if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
     mkdir -p "$dst"
     cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
     chown -R rabbitmq:rabbitmq "$dst" 2>/dev/null || true
     chmod 600 "$dst/server.key"
+    copied=1
   fi
   if ! grep -q '^# outbox tests: TLS' "$conf" 2>/dev/null; then
     printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' \
@@ -434,7 +448,9 @@ ensure_rabbitmq_tls() {
       "ssl_options.keyfile = $dst/server.key" 'ssl_options.verify = verify_none' \
       'ssl_options.fail_if_no_peer_cert = false' >>"$conf"
   fi
-  if ! port_open 127.0.0.1 5671; then
+  # A new test CA (its folder was removed) needs a restart too: the listener keeps the
+  # certificate it started with.
+  if ! port_open 127.0.0.1 5671 || [ "$copied" = 1 ]; then
     log "restarting RabbitMQ with its TLS listener on 127.0.0.1:5671"
     rabbitmqctl stop >/dev/null 2>&1 || true
     local i
