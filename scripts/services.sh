@@ -92,6 +92,18 @@ ensure_tls_certs() {
   ) >"$OUTBOX_TOOLS_DIR/tls.log" 2>&1 || die "openssl could not make the test certificates; see $OUTBOX_TOOLS_DIR/tls.log"
 }
 
+# Copies the test CA and the server's certificate and key into `dir`, owned by `user`
+# (a server reads them as itself): true if they changed (a new test CA), false if they
+# were there already.
+copy_tls_files() { # dir user
+  local dst=$1 user=$2
+  cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null && return 1
+  mkdir -p "$dst"
+  cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
+  chown -R "$user:$user" "$dst" 2>/dev/null || true
+  chmod 600 "$dst/server.key"
+}
+
 # PostgreSQL with TLS on, and a role that may connect over TLS only (`hostssl` for it,
 # everything else rejected): the TLS tests connect as `outbox_tls`.
 ensure_pg_tls() {
@@ -99,13 +111,7 @@ ensure_pg_tls() {
   local hba dst changed=0
   hba=$("${psql[@]}" -c "SHOW hba_file") || die "cannot ask PostgreSQL for its hba_file"
   dst="$(dirname "$hba")/outbox-tls"
-  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
-    mkdir -p "$dst"
-    cp "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
-    chown -R postgres:postgres "$dst" 2>/dev/null || true
-    chmod 600 "$dst/server.key"
-    changed=1
-  fi
+  copy_tls_files "$dst" postgres && changed=1
   if [ "$("${psql[@]}" -c "SHOW ssl_cert_file")" != "$dst/server.crt" ] || [ "$("${psql[@]}" -c "SHOW ssl")" != on ]; then
     "${psql[@]}" -c "ALTER SYSTEM SET ssl_cert_file = '$dst/server.crt'" \
       -c "ALTER SYSTEM SET ssl_key_file = '$dst/server.key'" -c "ALTER SYSTEM SET ssl = on" >/dev/null
@@ -226,13 +232,7 @@ ensure_mariadb() {
 # reads its certificates at start only: set once in its configuration, one restart.
 ensure_mariadb_tls() {
   local mysql=(mysql -uroot -N -B) cnf=/etc/mysql/my.cnf dst=/etc/mysql/outbox-tls copied=0
-  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
-    mkdir -p "$dst"
-    cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
-    chown -R mysql:mysql "$dst" 2>/dev/null || true
-    chmod 600 "$dst/server.key"
-    copied=1
-  fi
+  copy_tls_files "$dst" mysql && copied=1
   if [ -f "$cnf" ] && ! grep -q '^# outbox tests: TLS' "$cnf"; then
     printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' '[mysqld]' \
       "ssl_ca = $dst/ca.crt" "ssl_cert = $dst/server.crt" "ssl_key = $dst/server.key" >>"$cnf"
@@ -434,13 +434,7 @@ wait_rabbitmq() {
 # configuration, one restart, only while the listener is missing.
 ensure_rabbitmq_tls() {
   local conf=/etc/rabbitmq/rabbitmq.conf dst=/etc/rabbitmq/outbox-tls copied=0
-  if ! cmp -s "$TLS_DIR/server.crt" "$dst/server.crt" 2>/dev/null; then
-    mkdir -p "$dst"
-    cp "$TLS_DIR/ca.crt" "$TLS_DIR/server.crt" "$TLS_DIR/server.key" "$dst/"
-    chown -R rabbitmq:rabbitmq "$dst" 2>/dev/null || true
-    chmod 600 "$dst/server.key"
-    copied=1
-  fi
+  copy_tls_files "$dst" rabbitmq && copied=1
   if ! grep -q '^# outbox tests: TLS' "$conf" 2>/dev/null; then
     printf '%s\n' '' '# outbox tests: TLS (scripts/services.sh)' \
       'listeners.ssl.local = 127.0.0.1:5671' \

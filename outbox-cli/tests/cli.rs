@@ -1431,16 +1431,7 @@ async fn partition_converts_the_table_once_and_is_postgresql_only() {
 /// (`OUTBOX_TEST_MYSQL_TLS_URL`, scripts/services.sh), and names TLS for a wrong CA.
 #[tokio::test]
 async fn tls_only_mariadb_is_operated_over_tls_and_a_wrong_ca_is_named() {
-    use outbox_core::sqlx::{Connection as _, Executor as _};
-    let database = format!("outbox_cli_tls_{}", uuid::Uuid::now_v7().simple());
-    let mut admin =
-        outbox_core::sqlx::MySqlConnection::connect(&outbox_tests::backends::mysql_url())
-            .await
-            .expect("connect to MariaDB as root");
-    admin
-        .execute(format!("CREATE DATABASE `{database}`").as_str())
-        .await
-        .expect("create the test database");
+    let database = outbox_tests::backends::mysql_database("outbox_cli_tls").await;
     let url = std::env::var("OUTBOX_TEST_MYSQL_TLS_URL")
         .expect("OUTBOX_TEST_MYSQL_TLS_URL (run scripts/services.sh)")
         .replace(":3306/test?", &format!(":3306/{database}?"));
@@ -1458,10 +1449,7 @@ async fn tls_only_mariadb_is_operated_over_tls_and_a_wrong_ca_is_named() {
     let line = refused.failed();
     assert!(line.contains("TLS") && line.contains("ssl-ca"), "{line}");
     assert!(!line.contains("check that the server is running"), "{line}");
-    admin
-        .execute(format!("DROP DATABASE `{database}`").as_str())
-        .await
-        .expect("drop the test database");
+    outbox_tests::backends::drop_mysql_database(&database).await;
 }
 
 /// A managed PostgreSQL that accepts TLS only: the CLI connects with rustls, verifies

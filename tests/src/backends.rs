@@ -59,6 +59,34 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
+/// A database of the caller's own on the test MariaDB (made as root), named
+/// `<prefix>_<unique>`; drop it with [`drop_mysql_database`].
+pub async fn mysql_database(prefix: &str) -> String {
+    let database = format!("{prefix}_{}", unique());
+    mysql_admin()
+        .await
+        .execute(format!("CREATE DATABASE `{database}`").as_str())
+        .await
+        .expect("create the test database");
+    database
+}
+
+/// Drops a database made by [`mysql_database`].
+pub async fn drop_mysql_database(database: &str) {
+    mysql_admin()
+        .await
+        .execute(format!("DROP DATABASE `{database}`").as_str())
+        .await
+        .expect("drop the test database");
+}
+
+async fn mysql_admin() -> sqlx::MySqlConnection {
+    let url = mysql_url();
+    sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test MariaDB at {url} as root: {e}"))
+}
+
 fn unique() -> String {
     uuid::Uuid::now_v7().simple().to_string()
 }

@@ -414,3 +414,50 @@ impl<T: Transport> Transport for NeverAck<T> {
         self.0.dead_letter(delivery, reason)
     }
 }
+
+/// Commits `count` `Job`s (`{"n":0}`, `{"n":1}`, ..., key `a`) to `destination` in one
+/// transaction.
+pub async fn emit_jobs(outbox: &outbox_core::Outbox, destination: &str, count: i32) {
+    let mut tx = outbox.begin().await.expect("begin");
+    for n in 0..count {
+        tx.emit_message(
+            outbox_core::OutboxMessage::new("Job", destination, format!(r#"{{"n":{n}}}"#))
+                .with_key("a"),
+        )
+        .expect("emit");
+    }
+    tx.commit().await.expect("commit");
+}
+
+/// Runs a consumer of `transport` with the inbox `name` until it handled `count` jobs
+/// (failing after `wait`), shuts it down, and returns the jobs' numbers in the order
+/// they were handled.
+pub async fn handle_jobs<T: Transport>(
+    transport: T,
+    outbox: &outbox_core::Outbox,
+    name: &str,
+    count: u64,
+    wait: Duration,
+) -> Vec<i32> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = std::sync::Arc::clone(&seen);
+    let consumer = outbox_core::consumer::Consumer::builder(
+        transport,
+        outbox_core::inbox::Inbox::new(outbox, name),
+    )
+    .on_event_type::<kafka::Job, _>("Job", move |_tx, msg| {
+        into.lock().expect("seen").push(msg.event.n);
+        Box::pin(async { Ok(()) })
+    })
+    .build()
+    .expect("consumer")
+    .spawn();
+    crate::wait_until(
+        &format!("the consumer {name} handled {count} jobs"),
+        wait,
+        || async { consumer.stats().handled >= count },
+    )
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    seen.lock().expect("seen").clone()
+}

@@ -3,15 +3,12 @@
 //! which advertises stunnel's port (`OUTBOX_TEST_KAFKA_TLS_BROKERS`), with the test CA's
 //! server certificate for `localhost`.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::consumer::Consumer;
-use outbox_core::inbox::Inbox;
-use outbox_core::{OutboxMessage, Relay};
+use outbox_core::Relay;
 use outbox_kafka::{Error, KafkaPublisher, KafkaTransport};
-use outbox_tests::kafka::Job;
-use outbox_tests::{TestDb, tls_dir, wait_until};
+use outbox_tests::consumers::{emit_jobs, handle_jobs};
+use outbox_tests::{TestDb, tls_dir};
 
 fn tls_brokers() -> String {
     std::env::var("OUTBOX_TEST_KAFKA_TLS_BROKERS").unwrap_or_else(|_| {
@@ -34,14 +31,7 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
     let topic = format!("outbox-tls-{}", uuid::Uuid::now_v7().simple());
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
-    let mut tx = outbox.begin().await.expect("begin");
-    for n in 0..3 {
-        tx.emit_message(
-            OutboxMessage::new("Job", topic.as_str(), format!(r#"{{"n":{n}}}"#)).with_key("a"),
-        )
-        .expect("emit");
-    }
-    tx.commit().await.expect("commit");
+    emit_jobs(&outbox, &topic, 3).await;
 
     let publisher = KafkaPublisher::builder(&brokers)
         .set("security.protocol", "ssl")
@@ -53,31 +43,15 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
         .await
         .expect("a publisher over TLS");
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let into = Arc::clone(&seen);
     let transport = KafkaTransport::builder(&brokers, "over-tls")
         .set("security.protocol", "ssl")
         .set("ssl.ca.location", ca("ca.crt"))
         .topic(&topic)
         .build()
         .expect("a consumer transport over TLS");
-    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "over-tls"))
-        .on_event_type::<Job, _>("Job", move |_tx, msg| {
-            into.lock().expect("seen").push(msg.event.n);
-            Box::pin(async { Ok(()) })
-        })
-        .build()
-        .expect("consumer")
-        .spawn();
-    wait_until(
-        "the consumer handled the 3 events over TLS",
-        Duration::from_secs(60),
-        || async { consumer.stats().handled >= 3 },
-    )
-    .await;
-    consumer.shutdown().await.expect("consumer");
+    let seen = handle_jobs(transport, &outbox, "over-tls", 3, Duration::from_secs(60)).await;
     relay.shutdown().await;
-    assert_eq!(*seen.lock().expect("seen"), [0, 1, 2], "in key order");
+    assert_eq!(seen, [0, 1, 2], "in key order");
     db.cleanup().await;
 }
 

@@ -6,13 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::ConnectOptions;
-use outbox_core::consumer::Consumer;
-use outbox_core::inbox::Inbox;
-use outbox_core::{OutboxMessage, Relay};
+use outbox_core::Relay;
 use outbox_nats::{Error, NatsPublisher, NatsTransport};
-use outbox_tests::kafka::Job;
+use outbox_tests::consumers::{emit_jobs, handle_jobs};
 use outbox_tests::nats::{OwnNats, fresh_stream_on};
-use outbox_tests::{TestDb, tls_dir, wait_until};
+use outbox_tests::{TestDb, tls_dir};
 
 fn ca(name: &str) -> PathBuf {
     PathBuf::from(format!("{}/{name}", tls_dir()))
@@ -38,14 +36,7 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
     let subject = format!("{prefix}.jobs");
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
-    let mut tx = outbox.begin().await.expect("begin");
-    for n in 0..3 {
-        tx.emit_message(
-            OutboxMessage::new("Job", subject.as_str(), format!(r#"{{"n":{n}}}"#)).with_key("a"),
-        )
-        .expect("emit");
-    }
-    tx.commit().await.expect("commit");
+    emit_jobs(&outbox, &subject, 3).await;
 
     let publisher = NatsPublisher::builder(&url)
         .options(trusting("ca.crt"))
@@ -55,31 +46,15 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
         .await
         .expect("a publisher over TLS");
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let into = std::sync::Arc::clone(&seen);
     let transport = NatsTransport::builder(&url, &stream, "over-tls")
         .options(trusting("ca.crt"))
         .filter_subject(&subject)
         .build()
         .await
         .expect("a consumer transport over TLS");
-    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "over-tls"))
-        .on_event_type::<Job, _>("Job", move |_tx, msg| {
-            into.lock().expect("seen").push(msg.event.n);
-            Box::pin(async { Ok(()) })
-        })
-        .build()
-        .expect("consumer")
-        .spawn();
-    wait_until(
-        "the consumer handled the 3 events over TLS",
-        Duration::from_secs(30),
-        || async { consumer.stats().handled >= 3 },
-    )
-    .await;
-    consumer.shutdown().await.expect("consumer");
+    let seen = handle_jobs(transport, &outbox, "over-tls", 3, Duration::from_secs(30)).await;
     relay.shutdown().await;
-    assert_eq!(*seen.lock().expect("seen"), [0, 1, 2], "in key order");
+    assert_eq!(seen, [0, 1, 2], "in key order");
     js.delete_stream(&stream).await.expect("delete stream");
     db.cleanup().await;
 }

@@ -3,16 +3,13 @@
 //! `OUTBOX_TEST_RABBITMQ_TLS_URL`). The exchange and the queue are declared over the
 //! plain listener; everything the library does goes through TLS.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::consumer::Consumer;
-use outbox_core::inbox::Inbox;
-use outbox_core::{OutboxMessage, Relay};
+use outbox_core::Relay;
 use outbox_rabbitmq::{Error, RabbitPublisher, RabbitTransport};
-use outbox_tests::kafka::Job;
+use outbox_tests::consumers::{emit_jobs, handle_jobs};
 use outbox_tests::rabbitmq::Topology;
-use outbox_tests::{TestDb, tls_dir, wait_until};
+use outbox_tests::{TestDb, tls_dir};
 
 fn tls_url() -> String {
     std::env::var("OUTBOX_TEST_RABBITMQ_TLS_URL").unwrap_or_else(|_| {
@@ -35,15 +32,7 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_amqps() {
     let destination = format!("{}/jobs", topology.exchange);
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
-    let mut tx = outbox.begin().await.expect("begin");
-    for n in 0..3 {
-        tx.emit_message(
-            OutboxMessage::new("Job", destination.as_str(), format!(r#"{{"n":{n}}}"#))
-                .with_key("a"),
-        )
-        .expect("emit");
-    }
-    tx.commit().await.expect("commit");
+    emit_jobs(&outbox, &destination, 3).await;
 
     let publisher = RabbitPublisher::builder(tls_url())
         .tls_root_certificates(ca("ca.crt"))
@@ -53,30 +42,14 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_amqps() {
         .await
         .expect("a publisher over amqps");
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let into = Arc::clone(&seen);
     let transport = RabbitTransport::builder(tls_url(), &topology.queue)
         .tls_root_certificates(ca("ca.crt"))
         .build()
         .await
         .expect("a consumer transport over amqps");
-    let consumer = Consumer::builder(transport, Inbox::new(&outbox, "over-amqps"))
-        .on_event_type::<Job, _>("Job", move |_tx, msg| {
-            into.lock().expect("seen").push(msg.event.n);
-            Box::pin(async { Ok(()) })
-        })
-        .build()
-        .expect("consumer")
-        .spawn();
-    wait_until(
-        "the consumer handled the 3 events over amqps",
-        Duration::from_secs(30),
-        || async { consumer.stats().handled >= 3 },
-    )
-    .await;
-    consumer.shutdown().await.expect("consumer");
+    let seen = handle_jobs(transport, &outbox, "over-amqps", 3, Duration::from_secs(30)).await;
     relay.shutdown().await;
-    assert_eq!(*seen.lock().expect("seen"), [0, 1, 2], "in key order");
+    assert_eq!(seen, [0, 1, 2], "in key order");
     topology.delete().await;
     db.cleanup().await;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::{Error, Outbox, OutboxMessage, Relay};
+use outbox_tests::backends::{drop_mysql_database, mysql_database};
 use outbox_tests::logs::Captured;
 use outbox_tests::{TestDb, pg_tls_url, tls_dir, wait_until};
 
@@ -214,40 +215,12 @@ fn mysql_tls_url(database: &str) -> String {
     url.replace(":3306/test?", &format!(":3306/{database}?"))
 }
 
-/// A database of the test's own on the shared MariaDB, made as root over the plain
-/// connection; dropped by [`drop_mysql_database`].
-async fn mysql_database() -> String {
-    use outbox_core::sqlx::{Connection as _, Executor as _};
-    let database = format!("outbox_tls_{}", uuid::Uuid::now_v7().simple());
-    let mut admin =
-        outbox_core::sqlx::MySqlConnection::connect(&outbox_tests::backends::mysql_url())
-            .await
-            .expect("connect to MariaDB as root");
-    admin
-        .execute(format!("CREATE DATABASE `{database}`").as_str())
-        .await
-        .expect("create the test database");
-    database
-}
-
-async fn drop_mysql_database(database: &str) {
-    use outbox_core::sqlx::{Connection as _, Executor as _};
-    let mut admin =
-        outbox_core::sqlx::MySqlConnection::connect(&outbox_tests::backends::mysql_url())
-            .await
-            .expect("connect to MariaDB as root");
-    admin
-        .execute(format!("DROP DATABASE `{database}`").as_str())
-        .await
-        .expect("drop the test database");
-}
-
 /// MySQL/MariaDB over TLS: a user that may connect over TLS only writes, and the relay
 /// publishes, through `Outbox::connect_mysql` (feature `tls-rustls`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_the_relay_publishes_over_a_tls_only_connection() {
     logs();
-    let database = mysql_database().await;
+    let database = mysql_database("outbox_tls").await;
     let outbox = Outbox::<outbox_core::sqlx::MySql>::connect_mysql(&mysql_tls_url(&database))
         .await
         .expect("connect over TLS (VERIFY_IDENTITY against the test CA)");
