@@ -41,8 +41,8 @@ pub use crate::model::{
     human_duration,
 };
 
+use crate::store::Backend;
 use crate::store::ops::Behind;
-use crate::store::{Backend, DefaultBackend};
 use crate::{Error, Outbox, Result};
 
 moved! {
@@ -54,7 +54,10 @@ moved! {
 
 /// Operations on the stored messages of one outbox. See the [module](self).
 #[derive(Debug)]
-pub struct Admin<DB: Backend = DefaultBackend> {
+pub struct Admin<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     pub(crate) outbox: Outbox<DB>,
 }
 

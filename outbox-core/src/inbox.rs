@@ -52,7 +52,7 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::error::DbContext;
-use crate::store::{Backend, DefaultBackend};
+use crate::store::Backend;
 use crate::{Error, Outbox, OutboxTx, Result};
 
 /// What [`Inbox::process`] did with a message.
@@ -87,7 +87,10 @@ pub enum InboxError<E> {
 /// Runs message handlers exactly once in effect, for one consumer name.
 ///
 /// Cheap to clone. See the [module docs](self).
-pub struct Inbox<DB: Backend = DefaultBackend> {
+pub struct Inbox<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     outbox: Outbox<DB>,
     consumer: String,
 }

@@ -109,6 +109,12 @@
 //!   acknowledged it; a crash in between publishes it again. Consumers deduplicate on the
 //!   message id (a UUIDv7).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without a database feature the crate is its neutral part only (what the broker crates
+// build on: publisher, transport, consumer layer); the database helpers go unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code, unused_imports)
+)]
 #![warn(missing_docs)]
 
 #[macro_use]
@@ -162,7 +168,9 @@ pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};
 pub use relay::{Relay, RelayHandle};
 pub use retention::{Retention, RetentionHandle, RetentionReport};
-pub use store::{Backend, DefaultBackend};
+pub use store::Backend;
+#[cfg(feature = "postgres")]
+pub use store::DefaultBackend;
 pub use tx::OutboxTx;
 
 /// `#[derive(OutboxEvent)]`: implements [`OutboxEvent`](trait@OutboxEvent) and registers
@@ -227,7 +235,7 @@ pub mod __private {
 
     pub use crate::catalog::probe::{NoJsonSchema, Probe, ViaJsonSchema, none as no_schema};
     pub use crate::catalog::{EventInfo, SchemaGen};
-    pub use crate::store::DefaultBackend;
+    pub use crate::store::default::DefaultBackend;
     pub use crate::transactional::{FromOutboxError, begin, commit, rollback};
     pub use crate::{Destination, Outbox, OutboxEvent, OutboxTx, PartitionKey};
 }

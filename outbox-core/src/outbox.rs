@@ -26,7 +26,10 @@ use crate::{OutboxEvent, OutboxMessage, OutboxTx, Result};
 /// outbox.migrate().await?;
 /// # Ok(()) }
 /// ```
-pub struct Outbox<DB: Backend = crate::store::DefaultBackend> {
+pub struct Outbox<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     inner: Arc<Inner<DB>>,
 }
 
@@ -163,7 +166,10 @@ impl<DB: Backend> Outbox<DB> {
 /// Builds an [`Outbox`] with non-default table names. Names are validated in
 /// [`build`](Self::build).
 #[derive(Debug)]
-pub struct OutboxBuilder<DB: Backend = crate::store::DefaultBackend> {
+pub struct OutboxBuilder<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     pub(crate) pool: Pool<DB>,
     outbox: Option<String>,
     processed: Option<String>,

@@ -64,7 +64,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::error::DbContext;
-use crate::store::{Backend, DefaultBackend};
+use crate::store::Backend;
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
 
@@ -162,7 +162,10 @@ impl fmt::Display for RetentionReport {
 
 /// Configures retention. Start with [`Retention::builder`].
 #[derive(Debug)]
-pub struct RetentionBuilder<DB: Backend = DefaultBackend> {
+pub struct RetentionBuilder<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     outbox: Outbox<DB>,
     config: RetentionConfig,
 }
@@ -219,7 +222,10 @@ impl<DB: Backend> RetentionBuilder<DB> {
 }
 
 /// Deletes old sent messages and processed ids of one outbox. See the [module](self).
-pub struct Retention<DB: Backend = DefaultBackend> {
+pub struct Retention<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     outbox: Outbox<DB>,
     config: RetentionConfig,
     last: Arc<Mutex<Option<RetentionReport>>>,

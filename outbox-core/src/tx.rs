@@ -32,7 +32,11 @@ use crate::{Outbox, OutboxEvent, OutboxMessage, Result};
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub struct OutboxTx<'c, DB: Backend = crate::DefaultBackend> {
+pub struct OutboxTx<
+    'c,
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     tx: Transaction<'c, DB>,
     /// Opened by [`Outbox::begin`] at the top level, so its commit may take the one-round-
     /// trip path where the database has one ([`Backend::write_commit_and_begin`]).

@@ -12,14 +12,18 @@ use serde::de::DeserializeOwned;
 use crate::backoff::Backoff;
 use crate::event::OutboxEvent;
 use crate::inbox::Inbox;
-use crate::store::{Backend, DefaultBackend};
+use crate::store::Backend;
 
 use super::dispatch::{Dispatch, Typed};
 use super::handle::Shared;
 use super::{Consumer, ConsumerStats, Error, Handler, Policy, Transport};
 
 /// Configures a [`Consumer`]; start with [`Consumer::builder`].
-pub struct ConsumerBuilder<T: Transport, DB: Backend = DefaultBackend> {
+pub struct ConsumerBuilder<
+    T: Transport,
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     transport: T,
     inbox: Inbox<DB>,
     handlers: HashMap<String, Arc<dyn Dispatch<DB>>>,

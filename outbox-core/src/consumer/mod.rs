@@ -67,7 +67,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::store::{Backend, DefaultBackend};
+use crate::store::Backend;
 use crate::task::TaskHandle;
 use crate::tx::OutboxTx;
 
@@ -462,7 +462,11 @@ impl ConsumerStats {
 /// Consumes outbox messages through a [`Transport`], dispatching each by its event type
 /// to a typed handler that runs inside an [`Inbox`](crate::inbox::Inbox) transaction.
 /// Start with [`Consumer::builder`]; see the [module docs](self).
-pub struct Consumer<T: Transport, DB: Backend = DefaultBackend> {
+pub struct Consumer<
+    T: Transport,
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     inner: Arc<handle::Shared<T, DB>>,
     concurrency: usize,
     max_in_flight: usize,

@@ -18,10 +18,12 @@ mod sqlite;
 mod connect;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod lite;
+// The retry rule the databases without it in SQL apply (and WAL mode's stream).
+#[cfg(any(feature = "wal", feature = "mysql", feature = "sqlite"))]
 mod retry;
 mod rows;
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "wal")]
 pub(crate) use retry::retry_plan;
 
 // For the fuzz targets (`crate::fuzzing`).

@@ -47,7 +47,7 @@ mod postgres;
 use crate::admin;
 
 use crate::model::{ListFilter, human_duration};
-use crate::store::{Backend, DefaultBackend};
+use crate::store::Backend;
 use crate::{Outbox, Result};
 
 moved! {
@@ -183,7 +183,10 @@ impl Report {
 
 /// The health check of one outbox. See the [module](self).
 #[derive(Debug)]
-pub struct Doctor<DB: Backend = DefaultBackend> {
+pub struct Doctor<
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     admin: Admin<DB>,
     limits: Limits,
 }

@@ -60,8 +60,8 @@ use crate::Outbox;
 use crate::backoff::Backoff;
 pub use crate::config::{OnDeadLetter, OnSent, RelayConfig};
 use crate::publisher::Publisher;
+use crate::store::Backend;
 use crate::store::session::Source;
-use crate::store::{Backend, DefaultBackend};
 use crate::task::TaskHandle;
 
 /// Counters of what a relay did, readable while it runs ([`RelayHandle::stats`]).
@@ -118,7 +118,11 @@ impl RelayStats {
 }
 
 /// Configures a relay. Start with [`Relay::builder`].
-pub struct RelayBuilder<P, DB: Backend = DefaultBackend> {
+pub struct RelayBuilder<
+    P,
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     outbox: Outbox<DB>,
     publisher: P,
     config: RelayConfig,
@@ -263,7 +267,11 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
 }
 
 /// A relay between one outbox and one publisher.
-pub struct Relay<P, DB: Backend = DefaultBackend> {
+pub struct Relay<
+    P,
+    #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
+    #[cfg(not(feature = "postgres"))] DB: Backend,
+> {
     outbox: Outbox<DB>,
     publisher: P,
     config: RelayConfig,
@@ -298,13 +306,10 @@ impl<P, DB: Backend> fmt::Debug for Relay<P, DB> {
     }
 }
 
-impl Relay<()> {
+impl<DB: Backend> Relay<(), DB> {
     /// Starts configuring a relay from `outbox` to `publisher`, with the defaults of the
     /// outbox's database (the poll interval differs, see [`RelayConfig::poll_interval`]).
-    pub fn builder<P: Publisher, DB: Backend>(
-        outbox: Outbox<DB>,
-        publisher: P,
-    ) -> RelayBuilder<P, DB> {
+    pub fn builder<P: Publisher>(outbox: Outbox<DB>, publisher: P) -> RelayBuilder<P, DB> {
         RelayBuilder {
             outbox,
             publisher,

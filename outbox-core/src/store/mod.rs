@@ -23,21 +23,30 @@ use crate::{OutboxMessage, Result};
 use ops::Ops;
 use schema::Schema;
 
-#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
-compile_error!("outbox-core needs at least one database feature: `postgres`, `mysql` or `sqlite`");
-
-/// The database `Outbox`, `OutboxTx` and `Relay` use when none is named:
-/// PostgreSQL if the `postgres` feature is on, else MySQL, else SQLite.
+/// The database `Outbox`, `OutboxTx`, `Relay` and the other handles use when none is
+/// named: PostgreSQL. It exists with the `postgres` feature only, and never means another
+/// database: features are additive, so code written against MySQL or SQLite names its
+/// database (`Outbox<sqlx::MySql>`, `OutboxTx<'_, sqlx::Sqlite>`) and keeps compiling when
+/// something else in the build turns `postgres` on.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub type DefaultBackend = sqlx::Postgres;
-/// The database `Outbox`, `OutboxTx` and `Relay` use when none is named:
-/// PostgreSQL if the `postgres` feature is on, else MySQL, else SQLite.
-#[cfg(all(not(feature = "postgres"), feature = "mysql"))]
-pub type DefaultBackend = sqlx::MySql;
-/// The database `Outbox`, `OutboxTx` and `Relay` use when none is named:
-/// PostgreSQL if the `postgres` feature is on, else MySQL, else SQLite.
-#[cfg(all(not(feature = "postgres"), not(feature = "mysql"), feature = "sqlite"))]
-pub type DefaultBackend = sqlx::Sqlite;
+
+/// What `#[transactional_outbox]` names for an `OutboxTx<'_>` without a database: the
+/// default one with `postgres`, else a type that is no database, so that the error says
+/// to name one (the note on [`Backend`]).
+#[doc(hidden)]
+pub mod default {
+    #[cfg(feature = "postgres")]
+    pub type DefaultBackend = sqlx::Postgres;
+    #[cfg(not(feature = "postgres"))]
+    pub type DefaultBackend = NoDatabaseNamed;
+
+    /// Not a database: the backend of an `OutboxTx<'_>` that names none while the
+    /// `postgres` feature (the default database) is off.
+    #[derive(Debug)]
+    pub enum NoDatabaseNamed {}
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -48,6 +57,11 @@ pub(crate) use sealed::Sealed;
 /// operations and a relay session. Implemented by this crate for each supported `sqlx`
 /// database (PostgreSQL, MySQL/MariaDB, SQLite, each behind its cargo feature); not
 /// meant to be implemented outside it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database of outbox",
+    note = "outbox stores events in sqlx::Postgres (feature `postgres`, the database used when none is named), sqlx::MySql (`mysql`) or sqlx::Sqlite (`sqlite`)",
+    note = "with `postgres` off, name the database: `Outbox<sqlx::MySql>`, `OutboxTx<'_, sqlx::Sqlite>`"
+)]
 pub trait Backend: Database + Write + Schema + Ops + session::Source + Sealed {}
 
 impl<DB: Database + Write + Schema + Ops + session::Source + Sealed> Backend for DB {}

@@ -26,7 +26,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::session::lease::{Handover, Lease};
-use super::session::{Either, PgSession, connect_configured};
+use super::session::{AnySession, Either, PgSession, connect_configured};
 use super::{Options, locks};
 use crate::config::{RelayConfig, Tables};
 use crate::store::session::{Context, SessionError, SessionResult, Shared};
@@ -570,7 +570,7 @@ impl Shared for Postgres {
         hub: &'a PgHub,
         cx: Context<'a, Postgres>,
         wake: Arc<Notify>,
-    ) -> SessionResult<Either<PgSession<'a>, super::wal::WalSession<'a>>> {
+    ) -> SessionResult<AnySession<'a>> {
         let timeout = cx.config.connect_timeout;
         let mut reuse = true;
         let session = loop {
@@ -611,10 +611,7 @@ impl Shared for Postgres {
         hub.waiting.load(Ordering::Relaxed) > 0
     }
 
-    async fn park<'a>(
-        hub: &'a PgHub,
-        session: Either<PgSession<'a>, super::wal::WalSession<'a>>,
-    ) -> SessionResult<()> {
+    async fn park<'a>(hub: &'a PgHub, session: AnySession<'a>) -> SessionResult<()> {
         use crate::store::session::Session;
         if let Either::Table(s) = &session {
             let (table, key) = (s.table_name(), s.table_key());

@@ -4,10 +4,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use sqlx::Postgres;
-
+use crate::Result;
 use crate::config::{TableName, Tables};
-use crate::{OutboxBuilder, Result};
+#[cfg(feature = "wal")]
+use {crate::OutboxBuilder, sqlx::Postgres};
 
 /// What an outbox on PostgreSQL has beyond its table names
 /// ([`Outbox::options`](crate::Outbox::options)).
@@ -45,6 +45,7 @@ impl TlsFiles {
     /// The files a connection URL names (`sslrootcert`, `sslcert`, `sslkey`), else those
     /// of libpq's variables (`PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`), as sqlx does for
     /// the pool.
+    #[cfg(feature = "wal")]
     fn from_url(url: &str) -> TlsFiles {
         let file = |param: &str, var: &str| {
             url_query_param(url, param)
@@ -154,6 +155,8 @@ impl Wal {
     }
 }
 
+#[cfg(feature = "wal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wal")))]
 impl OutboxBuilder<Postgres> {
     /// WAL mode: commits write events into PostgreSQL's write-ahead log
     /// (`pg_logical_emit_message`), not into the outbox table, and the relay reads them
@@ -208,6 +211,8 @@ impl OutboxBuilder<Postgres> {
     }
 }
 
+#[cfg(feature = "wal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wal")))]
 impl crate::Outbox<Postgres> {
     /// Connects to PostgreSQL at `url` in WAL mode (see [`OutboxBuilder::wal`]), with the
     /// default table names; the relay's replication connection uses the URL's password
@@ -224,6 +229,7 @@ impl crate::Outbox<Postgres> {
     }
 }
 
+#[cfg(feature = "wal")]
 /// The percent-decoded password of a `postgres://user:password@host/db` URL, or of its
 /// `password=` query parameter.
 fn url_password(url: &str) -> Option<String> {
@@ -240,6 +246,7 @@ fn url_password(url: &str) -> Option<String> {
     }
 }
 
+#[cfg(feature = "wal")]
 /// The percent-decoded value of the query parameter `name` of a connection URL.
 fn url_query_param(url: &str, name: &str) -> Option<String> {
     let query = url.split_once('?')?.1;
@@ -249,6 +256,7 @@ fn url_query_param(url: &str, name: &str) -> Option<String> {
     })
 }
 
+#[cfg(feature = "wal")]
 fn percent_decode(text: &str) -> Option<String> {
     percent_encoding::percent_decode_str(text)
         .decode_utf8()
@@ -260,6 +268,7 @@ fn percent_decode(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "wal")]
     #[test]
     fn the_password_comes_from_the_url_decoded() {
         assert_eq!(
@@ -283,6 +292,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "wal")]
     #[test]
     fn the_tls_files_come_from_the_url() {
         let files = TlsFiles::from_url(

@@ -87,15 +87,78 @@ pub(super) async fn connect_configured(
     .await?;
     Ok(conn)
 }
+/// A relay session on PostgreSQL: table mode's or WAL mode's, as the outbox was built.
+pub type AnySession<'a> = Either<PgSession<'a>, WalSession<'a>>;
+
+#[cfg(feature = "wal")]
+use super::wal::WalSession;
+
+/// Without the `wal` feature no outbox is in WAL mode (the builder's `wal*` methods come
+/// with it), and no WAL session can exist.
+#[cfg(not(feature = "wal"))]
+pub type WalSession<'a> = NoWal;
+
+/// The WAL session of a build without the `wal` feature: a type without values.
+#[cfg(not(feature = "wal"))]
+#[derive(Debug)]
+pub enum NoWal {}
+
+#[cfg(not(feature = "wal"))]
+impl Session for NoWal {
+    async fn probe(&mut self) -> SessionResult<Option<Probe>> {
+        match *self {}
+    }
+    fn probe_interval(&self) -> Duration {
+        match *self {}
+    }
+    async fn own(&mut self) -> SessionResult<bool> {
+        match *self {}
+    }
+    async fn wait(&mut self, _: &mut watch::Receiver<bool>, _: Instant) -> SessionResult<()> {
+        match *self {}
+    }
+    async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
+        match *self {}
+    }
+    async fn claim(&mut self, _: Option<i64>) -> SessionResult<Vec<OutboxRecord>> {
+        match *self {}
+    }
+    async fn acknowledge(&mut self, _: &Outcome) -> SessionResult<()> {
+        match *self {}
+    }
+    async fn record_and_claim(
+        &mut self,
+        _: &Outcome,
+        _: Option<i64>,
+    ) -> SessionResult<(u64, Vec<OutboxRecord>)> {
+        match *self {}
+    }
+    async fn fail(&mut self, _: &Outcome) -> SessionResult<u64> {
+        match *self {}
+    }
+    async fn close(self) {
+        match self {}
+    }
+}
+
 impl Source for Postgres {
     const POLL_INTERVAL: Duration = Duration::from_secs(5);
 
-    type Session<'a> = Either<PgSession<'a>, super::wal::WalSession<'a>>;
+    type Session<'a> = AnySession<'a>;
 
     async fn open<'a>(cx: Context<'a, Self>) -> SessionResult<Self::Session<'a>> {
         Ok(match &cx.options.wal {
             None => Either::Table(PgSession::connect(cx).await?),
-            Some(wal) => Either::Wal(super::wal::WalSession::open(cx, wal).await?),
+            #[cfg(feature = "wal")]
+            Some(wal) => Either::Wal(WalSession::open(cx, wal).await?),
+            #[cfg(not(feature = "wal"))]
+            Some(_) => {
+                return Err(SessionError::Refused(format!(
+                    "{} is a WAL-mode outbox; its relay reads the replication slot, which \
+                     needs outbox's `wal` feature",
+                    cx.tables.outbox
+                )));
+            }
         })
     }
 }

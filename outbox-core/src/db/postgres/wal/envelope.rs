@@ -24,6 +24,7 @@ pub(super) struct EnvelopeOut<'a> {
     pub(super) payload: &'a RawValue,
 }
 
+#[cfg(feature = "wal")]
 #[derive(Deserialize)]
 pub(super) struct EnvelopeIn {
     pub(super) v: u8,
@@ -66,6 +67,7 @@ pub(crate) fn envelope(message: &OutboxMessage, created_at: DateTime<Utc>) -> Re
     serde_json::to_string(&out).map_err(|e| Error::InvalidMessage(e.to_string().into()))
 }
 
+#[cfg(feature = "wal")]
 /// Why a WAL message is not a record this relay can read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DecodeError {
@@ -79,6 +81,7 @@ pub(crate) enum DecodeError {
     Version(u8),
 }
 
+#[cfg(feature = "wal")]
 /// The record an envelope holds, at position `seq`.
 pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxRecord, DecodeError> {
     let e: EnvelopeIn = serde_json::from_slice(content).map_err(DecodeError::Json)?;
@@ -99,7 +102,7 @@ pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxReco
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "wal"))]
 mod tests {
     use super::*;
 

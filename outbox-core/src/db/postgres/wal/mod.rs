@@ -9,39 +9,58 @@
 
 mod commit;
 mod envelope;
+// The relay's side: the replication stream (feature `wal`).
+#[cfg(feature = "wal")]
 mod session;
 mod slot;
+#[cfg(feature = "wal")]
 mod stream;
+#[cfg(feature = "wal")]
 mod table;
 
 pub(crate) use commit::{commit_sql, emit};
-pub(crate) use envelope::{decode, envelope};
+#[cfg(feature = "wal")]
+pub(crate) use envelope::decode;
+pub(crate) use envelope::envelope;
+#[cfg(feature = "wal")]
 pub use session::WalSession;
+#[cfg(feature = "wal")]
+pub(crate) use slot::check_slot;
 pub use slot::{Slot, SlotStatus};
-pub(crate) use slot::{check_slot, ensure_slot, slot_status};
+pub(crate) use slot::{ensure_slot, slot_status};
 
 // What the sub-wings share (each opens with `use super::*`).
 #[allow(unused_imports)]
-use self::{envelope::*, session::*, slot::*, stream::*, table::*};
-use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::time::Duration;
+use self::{envelope::*, slot::*};
+#[cfg(feature = "wal")]
+#[allow(unused_imports)]
+use self::{session::*, stream::*, table::*};
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use pgwire_replication::{
-    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
-};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::{Executor, PgConnection, Postgres};
-use tokio::sync::watch;
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::Wal;
 use super::write::{UTF8_GUARD, dollar_tag, literal};
 use crate::config::Tables;
 use crate::error::DbContext;
-use crate::publisher::OutboxRecord;
-use crate::store::session::{Context, Outcome, Probe, Session, SessionError, SessionResult};
-use crate::task::stopped;
+
+// What only the relay's side (the stream, feature `wal`) uses.
 use crate::{Error, OutboxMessage, Result};
+#[cfg(feature = "wal")]
+use {
+    crate::publisher::OutboxRecord,
+    crate::store::session::{Context, Outcome, Probe, Session, SessionError, SessionResult},
+    crate::task::stopped,
+    pgwire_replication::{
+        Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
+    },
+    serde::Deserialize,
+    std::collections::{HashSet, VecDeque},
+    std::time::Duration,
+    tokio::sync::watch,
+    tokio::time::Instant,
+};

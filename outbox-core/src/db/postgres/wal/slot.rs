@@ -96,6 +96,7 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
 /// created, so one made by the relay after the old one was lost would skip, silently,
 /// every event committed in between. [`Outbox::migrate`](crate::Outbox::migrate)
 /// creates it (before the first event).
+#[cfg(feature = "wal")]
 pub(crate) async fn check_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal) -> Result<()> {
     let mut conn = logical_conn(pool, tables, "checking the replication slot").await?;
     let slot: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(
