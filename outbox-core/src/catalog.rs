@@ -239,8 +239,8 @@ impl SchemaGen {
 }
 
 /// How `#[derive(OutboxEvent)]` finds a type's schema without a bound on it: the
-/// method of [`ViaJsonSchema`] is found first when the type implements
-/// `schemars::JsonSchema`, the one of [`NoJsonSchema`] (one auto-reference further)
+/// method of `ViaJsonSchema` is found first when the type implements
+/// `schemars::JsonSchema`, the one of `NoJsonSchema` (one auto-reference further)
 /// otherwise. Not a public API.
 #[doc(hidden)]
 pub mod probe {

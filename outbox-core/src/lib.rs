@@ -204,7 +204,7 @@ pub use outbox_macros::OutboxEvent;
 #[cfg(feature = "macros")]
 pub use outbox_macros::transactional_outbox;
 
-/// Every event type registered by `#[derive(OutboxEvent)]` in this binary; see [`catalog`].
+/// Every event type registered by `#[derive(OutboxEvent)]` in this binary; see [`catalog`](mod@catalog).
 pub fn catalog() -> Vec<&'static EventInfo> {
     catalog::entries()
 }

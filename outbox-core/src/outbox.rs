@@ -166,6 +166,7 @@ impl<DB: Backend> Outbox<DB> {
 /// Builds an [`Outbox`] with non-default table names. Names are validated in
 /// [`build`](Self::build).
 #[derive(Debug)]
+#[must_use = "a builder does nothing until it is built or spawned"]
 pub struct OutboxBuilder<
     #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
     #[cfg(not(feature = "postgres"))] DB: Backend,

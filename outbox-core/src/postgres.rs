@@ -13,6 +13,7 @@
 //! [`OutboxBuilder::wal`](crate::OutboxBuilder::wal) and its siblings.
 //!
 //! ```no_run
+//! # #[cfg(feature = "wal")]
 //! # async fn demo() -> outbox_core::Result<()> {
 //! use outbox_core::Outbox;
 //! use outbox_core::postgres::Slot;

@@ -162,6 +162,7 @@ impl fmt::Display for RetentionReport {
 
 /// Configures retention. Start with [`Retention::builder`].
 #[derive(Debug)]
+#[must_use = "a builder does nothing until it is built or spawned"]
 pub struct RetentionBuilder<
     #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
     #[cfg(not(feature = "postgres"))] DB: Backend,
@@ -449,6 +450,7 @@ impl<DB: Backend> Retention<DB> {
 
 /// Controls a spawned retention task.
 #[derive(Debug)]
+#[must_use = "dropping the handle detaches the retention task: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct RetentionHandle {
     task: TaskHandle,
     last: Arc<Mutex<Option<RetentionReport>>>,

@@ -37,6 +37,7 @@ pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 
 /// A task on the tokio runtime, with a way to ask it to stop.
 #[derive(Debug)]
+#[must_use = "dropping the handle detaches the task: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct TaskHandle<T = ()> {
     shutdown: watch::Sender<bool>,
     task: JoinHandle<T>,

@@ -106,7 +106,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     }
 
     /// Collects a message built by hand. Checked now: an empty event type or destination,
-    /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`].
+    /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`](crate::Error::InvalidMessage).
     pub fn emit_message(&mut self, mut message: OutboxMessage) -> Result<Uuid> {
         message.validate()?;
         crate::trace::capture(&mut message.headers);

@@ -107,6 +107,7 @@ impl fmt::Debug for KafkaTransport {
 }
 
 /// Configures a [`KafkaTransport`].
+#[must_use = "a builder does nothing until `build`"]
 pub struct KafkaTransportBuilder {
     settings: Settings,
     topics: Vec<String>,

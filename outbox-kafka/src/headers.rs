@@ -17,7 +17,7 @@
 //! `ce_specversion`, `ce_type`, `ce_time`); row headers named `ce_*` are then not copied.
 
 //!
-//! The two ends are functions of this module alone ([`encode`], [`decode`]), without
+//! The two ends are functions of this module alone (`encode`, `decode`), without
 //! librdkafka, so that the fuzz targets in `fuzz/` include this file as it is.
 
 use std::collections::BTreeMap;

@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 use crate::{Credentials, Error, check_streams, connect, headers, split_credentials};
 
 /// Configures a [`NatsTransport`]; start with [`NatsTransport::builder`].
+#[must_use = "a builder does nothing until `build`"]
 pub struct NatsTransportBuilder {
     url: String,
     credentials: Option<Credentials>,

@@ -327,6 +327,7 @@ async fn check_streams(
 }
 
 /// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
+#[must_use = "a builder does nothing until `build`"]
 pub struct NatsPublisherBuilder {
     /// The URL(s) without credentials.
     url: String,

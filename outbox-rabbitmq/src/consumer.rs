@@ -67,6 +67,7 @@ pub struct RabbitToken {
 }
 
 /// Configures a [`RabbitTransport`]; start with [`RabbitTransport::builder`].
+#[must_use = "a builder does nothing until `build`"]
 pub struct RabbitTransportBuilder {
     url: String,
     queue: String,

@@ -331,6 +331,7 @@ async fn exists(connection: &Connection, needed: &Needed) -> Result<bool, lapin:
 }
 
 /// Configures a [`RabbitPublisher`]; start with [`RabbitPublisher::builder`].
+#[must_use = "a builder does nothing until `build`"]
 pub struct RabbitPublisherBuilder {
     url: String,
     destinations: Vec<String>,

@@ -98,24 +98,17 @@
 //!
 //! ## Databases
 //!
-//! [`Outbox`] is `Outbox<Postgres>`, the default backend. With the `mysql` or `sqlite`
-//! feature, name the backend: `Outbox<outbox::sqlx::MySql>`,
-//! `Outbox<outbox::sqlx::Sqlite>`. The `sqlx` the outbox shares your transaction with is
-//! re-exported as [`sqlx`]: use the same major version in your own code.
+//! [`Outbox`] is `Outbox<Postgres>`: PostgreSQL is the database every handle uses when
+//! none is named, with the `postgres` feature only. With `mysql` or `sqlite`, name it:
+//! `Outbox<outbox::sqlx::MySql>`, `OutboxTx<'_, outbox::sqlx::Sqlite>`. Features add
+//! up: turning one on never changes what code written without it means, and a MySQL or
+//! SQLite build compiles no PostgreSQL code. The `sqlx` the outbox shares your
+//! transaction with is re-exported as [`sqlx`]: use the same major version in your own
+//! code.
 //!
 //! ## Features
 //!
-//! | feature | what it adds |
-//! | --- | --- |
-//! | `postgres` (default) | the PostgreSQL store: LISTEN wake-up, partitioned relays, tenants, WAL mode |
-//! | `mysql` | the MySQL 8 / MariaDB 10.6+ store |
-//! | `sqlite` | the SQLite store |
-//! | `macros` (default) | `#[derive(OutboxEvent)]`, `#[transactional_outbox]` |
-//! | `kafka` | `outbox::kafka`: the Kafka publisher and consumer transport (rdkafka) |
-//! | `nats` | `outbox::nats`: NATS JetStream |
-//! | `rabbitmq` | `outbox::rabbitmq`: RabbitMQ (lapin) |
-//! | `opentelemetry` | W3C trace context at `emit`, span links from the relay and the consumer |
-//! | `schema` | event contracts: JSON Schemas, the AsyncAPI document, compatibility checks |
+#![doc = document_features::document_features!()]
 //!
 //! The guide, the guarantees and every document are in the
 //! [repository](https://github.com/outbox-rs/outbox#readme).

@@ -19,6 +19,7 @@ use super::handle::Shared;
 use super::{Consumer, ConsumerStats, Error, Handler, Policy, Transport};
 
 /// Configures a [`Consumer`]; start with [`Consumer::builder`].
+#[must_use = "a builder does nothing until it is built or spawned"]
 pub struct ConsumerBuilder<
     T: Transport,
     #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,

@@ -1,7 +1,7 @@
 //! Consumers: typed, idempotent handling of outbox messages from any broker.
 //!
 //! The broker-neutral part lives here: typed dispatch (`.on::<T, _>(handler)`), the
-//! [`Inbox`] transaction, retries of a failing handler, the policies for messages that
+//! [`Inbox`](crate::inbox::Inbox) transaction, retries of a failing handler, the policies for messages that
 //! cannot be handled, and per-key scheduling. A broker crate supplies only a
 //! [`Transport`]: receive, acknowledge after the database commit, and write a dead
 //! letter (`outbox_kafka::KafkaTransport`, `outbox_nats::NatsTransport`,
@@ -35,7 +35,7 @@
 //! ```
 //!
 //! # What a consumer guarantees
-//! - **Effect once.** The handler runs in an [`Inbox`] transaction that also records the
+//! - **Effect once.** The handler runs in an [`Inbox`](crate::inbox::Inbox) transaction that also records the
 //!   message id; a redelivered message whose transaction committed is skipped.
 //! - **Acknowledged after the commit.** A message is acknowledged (Kafka: its offset
 //!   stored; JetStream: `+ACK`; RabbitMQ: `basic.ack`) only after its transaction
@@ -521,6 +521,7 @@ impl<T: Transport, DB: Backend> Consumer<T, DB> {
 
 /// Controls a spawned [`Consumer`].
 #[derive(Debug)]
+#[must_use = "dropping the handle detaches the consumer: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct ConsumerHandle {
     task: TaskHandle<Result<(), Error>>,
     stats: Arc<ConsumerStats>,

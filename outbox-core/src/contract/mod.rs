@@ -2,7 +2,7 @@
 //! events this binary emits, and a breaking-change check against a committed copy of
 //! it. See [`docs/contracts.md`](https://github.com/outbox-rs/outbox/blob/main/docs/contracts.md).
 //!
-//! The catalog ([`crate::catalog`]) knows every event type `#[derive(OutboxEvent)]` saw:
+//! The catalog ([`crate::catalog`](mod@crate::catalog)) knows every event type `#[derive(OutboxEvent)]` saw:
 //! its destination, version and key. With `schemars::JsonSchema` derived on the same
 //! type, it also knows the payload's JSON Schema. From that, [`asyncapi`] writes one
 //! channel per destination and one message per event type (payload schema, the headers

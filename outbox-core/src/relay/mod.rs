@@ -1,16 +1,36 @@
 //! The relay: publishes pending outbox rows to a [`Publisher`], in order, and marks them
 //! sent.
 //!
-//! ```no_run
-//! # async fn demo(outbox: outbox_core::Outbox) {
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
 //! use outbox_core::publisher::InMemoryPublisher;
 //! use outbox_core::relay::Relay;
+//! use outbox_core::{Outbox, OutboxMessage};
+//!
+//! # let dir = std::env::temp_dir().join(format!("outbox-doc-relay-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let path = dir.join("app.db");
+//! # let path = path.to_str().ok_or("path")?;
+//! let outbox = Outbox::<outbox_core::sqlx::Sqlite>::open(path).await?;
+//! outbox.migrate().await?;
+//! let mut tx = outbox.begin().await?;
+//! tx.emit_message(OutboxMessage::new("OrderPlaced", "orders", r#"{"id":7}"#).with_key("7"))?;
+//! tx.commit().await?;
 //!
 //! let publisher = InMemoryPublisher::new();
 //! let relay = Relay::builder(outbox, publisher.clone()).batch_size(500).spawn();
-//! // ... later, on shutdown:
+//! assert!(publisher.wait_for(1, Duration::from_secs(10)).await, "published");
+//! assert_eq!(publisher.published()[0].event_type, "OrderPlaced");
+//! // ... on shutdown:
 //! relay.shutdown().await;
-//! # }
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
 //! ```
 //!
 //! # How it works
@@ -118,6 +138,7 @@ impl RelayStats {
 }
 
 /// Configures a relay. Start with [`Relay::builder`].
+#[must_use = "a builder does nothing until it is built or spawned"]
 pub struct RelayBuilder<
     P,
     #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
@@ -331,6 +352,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
 
 /// Controls a spawned relay.
 #[derive(Debug)]
+#[must_use = "dropping the handle detaches the relay: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct RelayHandle {
     task: TaskHandle,
     stats: Arc<RelayStats>,

@@ -88,6 +88,7 @@ enum List {
 }
 
 /// Configures a relay for many outboxes.
+#[must_use = "a builder does nothing until it is built or spawned"]
 pub struct TenantsBuilder<P, DB: Backend> {
     publisher: P,
     config: RelayConfig,
@@ -241,6 +242,7 @@ struct Common<P> {
 }
 
 /// Controls a spawned relay of many outboxes.
+#[must_use = "dropping the handle detaches the relay: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct TenantsHandle {
     task: TaskHandle,
     stats: Box<dyn Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync>,

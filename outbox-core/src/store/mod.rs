@@ -1,8 +1,8 @@
 //! What a database provides, as narrow traits that the services and the relay drive:
 //!
 //! - [`Write`]: the write path (insert a commit's events, begin, the commit shortcut);
-//! - [`Schema`](schema::Schema): the migration dialect the one runner uses;
-//! - [`Ops`](ops::Ops): the SQL behind the inbox, retention and admin;
+//! - [`schema::Schema`]: the migration dialect the one runner uses;
+//! - [`ops::Ops`]: the SQL behind the inbox, retention and admin;
 //! - [`Source`](session::Source): a relay session (open, claim, acknowledge, fail, wait
 //!   for work, ownership), run by the one relay loop.
 //!

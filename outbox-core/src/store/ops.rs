@@ -1,7 +1,7 @@
 //! The SQL behind `Inbox`, `Retention` and `Admin`, implemented by each database module
 //! (`db/<database>/`). Those services hold the logic (transactions, state checks, error
 //! messages, batching); this trait only runs statements, over the data types of
-//! [`model`](crate::model). Not a public API: it changes without notice.
+//! `model`. Not a public API: it changes without notice.
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;

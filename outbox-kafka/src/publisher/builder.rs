@@ -18,6 +18,7 @@ const DEFAULT_DELIVERY_WAIT: Duration = Duration::from_secs(20);
 
 /// Configures a [`KafkaPublisher`]; start with [`KafkaPublisher::builder`].
 #[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build`"]
 pub struct KafkaPublisherBuilder {
     settings: Settings,
     destinations: BTreeSet<String>,
