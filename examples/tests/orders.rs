@@ -4,6 +4,12 @@ use outbox_examples::orders::{Config, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_orders_flow_reserves_each_order_once() {
+    // Shown if the test fails: what the relay and the consumer did (the group's
+    // assignment among it).
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("info")
+        .try_init();
     let config = Config {
         database_url: std::env::var("OUTBOX_TEST_DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),

@@ -85,7 +85,7 @@ impl Offsets {
 ///   with the original key, payload and headers.
 /// - The message key is the partition key: one key is on one partition, in order.
 pub struct KafkaTransport {
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<GroupLog>,
     settings: Settings,
     /// The dead-letter topic and the producer writing to it.
     dead_letters: Option<(String, FutureProducer)>,
@@ -201,7 +201,9 @@ impl KafkaTransportBuilder {
             .set_default("enable.auto.offset.store", "false");
         self.settings.set_default("auto.commit.interval.ms", "1000");
         self.settings.set_default("auto.offset.reset", "earliest");
-        let consumer: StreamConsumer = self.settings.create()?;
+        let group = self.settings.get("group.id").unwrap_or_default().to_owned();
+        let consumer: StreamConsumer<GroupLog> =
+            self.settings.create_with_context(GroupLog { group })?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(Error::Consumer)?;
         tracing::info!(settings = ?self.settings, ?topics, "outbox-kafka consumer subscribed");
@@ -212,6 +214,49 @@ impl KafkaTransportBuilder {
             dead_letter_settings,
             offsets: Mutex::new(Offsets::default()),
         })
+    }
+}
+
+/// Says at info what the group gave this member and took from it: a consumer that waits
+/// for the group (a new member, a member that took over a killed one's partitions after
+/// its session timed out) is visible in the log, not silent.
+struct GroupLog {
+    group: String,
+}
+
+impl rdkafka::ClientContext for GroupLog {}
+
+impl rdkafka::consumer::ConsumerContext for GroupLog {
+    fn post_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        rebalance: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        use rdkafka::consumer::Rebalance;
+        let partitions = |list: &rdkafka::TopicPartitionList| {
+            list.elements()
+                .iter()
+                .map(|e| format!("{}/{}", e.topic(), e.partition()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match rebalance {
+            Rebalance::Assign(list) => tracing::info!(
+                group = %self.group,
+                partitions = %partitions(list),
+                "outbox-kafka consumer: the group assigned partitions"
+            ),
+            Rebalance::Revoke(list) => tracing::info!(
+                group = %self.group,
+                partitions = %partitions(list),
+                "outbox-kafka consumer: the group revoked partitions"
+            ),
+            Rebalance::Error(e) => tracing::warn!(
+                group = %self.group,
+                error = %e,
+                "outbox-kafka consumer: the group's rebalance failed"
+            ),
+        }
     }
 }
 

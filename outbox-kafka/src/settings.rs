@@ -79,6 +79,17 @@ impl Settings {
             .map_err(|e| crate::Error::Config(self.redact(&e.to_string())))
     }
 
+    /// Like [`create`](Self::create), with a client context.
+    pub(crate) fn create_with_context<C, T>(&self, context: C) -> crate::Result<T>
+    where
+        C: rdkafka::ClientContext,
+        T: rdkafka::config::FromClientConfigAndContext<C>,
+    {
+        self.client_config()
+            .create_with_context(context)
+            .map_err(|e| crate::Error::Config(self.redact(&e.to_string())))
+    }
+
     pub(crate) fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         for (k, v) in &self.map {
