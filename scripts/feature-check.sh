@@ -46,6 +46,10 @@ for f in postgres wal mysql sqlite kafka-ssl nats rabbitmq; do
   lint -p outbox --no-default-features --features "$f"
 done
 
+# The README's demo command (`cargo run -p outbox-examples --example quickstart`) resolves
+# the examples' own features; CI runs the quick-start the test build made.
+lint -p outbox-examples --example quickstart
+
 started=$SECONDS
 project="$target/feature-check-sqlite"
 rm -rf "$project"

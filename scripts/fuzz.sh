@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets in fuzz/ and runs each for a bounded time (docs/reliability.md).
 #
-#   scripts/fuzz.sh                  every target, OUTBOX_FUZZ_SECONDS (default 30) each
+#   scripts/fuzz.sh                  every target, OUTBOX_FUZZ_SECONDS (default 30) each,
+#                                    OUTBOX_FUZZ_JOBS (default: the cores) at a time
 #   scripts/fuzz.sh mask_sql         one target
 #
 # Stable Rust: libFuzzer (libfuzzer-sys) with the coverage instrumentation cargo-fuzz
@@ -33,23 +34,40 @@ echo "== fuzz: building ${#targets[@]} targets ($triple, stable, no sanitizer)"
 # --target: the instrumentation applies to the targets, not to build scripts and macros.
 cargo build --manifest-path fuzz/Cargo.toml --release --locked --target "$triple" \
     $(printf -- '--bin %s ' "${targets[@]}")
+echo "== fuzz: built in $SECONDS s"
 
-failed=()
-for target in "${targets[@]}"; do
-    mkdir -p "$work/$target" "$artifacts/$target"
-    log="$artifacts/$target/log.txt"
-    echo "== fuzz: $target for ${seconds}s"
+# One libFuzzer process per core (each is single-threaded): the same time per target,
+# in a fraction of the wall time.
+jobs="${OUTBOX_FUZZ_JOBS:-$(nproc)}"
+fuzz_one() {
+    local target="$1" log="$artifacts/$1/log.txt"
     if "$CARGO_TARGET_DIR/$triple/release/$target" "$work/$target" "fuzz/seeds/$target" \
         -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=2048 -max_len=4096 \
         -print_final_stats=1 -artifact_prefix="$artifacts/$target/" >"$log" 2>&1; then
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
         cover=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-        echo "   ok: $runs executions, $cover"
+        echo "== fuzz: $target ran ${seconds}s: ok: $runs executions, $cover"
     else
-        echo "   CRASH (the input and the log are in $artifacts/$target/):"
+        echo "== fuzz: $target ran ${seconds}s: CRASH (the input and the log are in $artifacts/$target/):"
         grep -E "panicked at|assertion|ERROR: libFuzzer|Test unit written|SUMMARY" "$log" | head -20 | sed 's/^/   /'
-        failed+=("$target")
+        return 1
     fi
+}
+
+failed=()
+declare -A running=()
+for target in "${targets[@]}"; do
+    mkdir -p "$work/$target" "$artifacts/$target"
+    while [ ${#running[@]} -ge "$jobs" ]; do
+        wait -n -p done_pid || failed+=("${running[$done_pid]}")
+        unset "running[$done_pid]"
+    done
+    fuzz_one "$target" &
+    running[$!]="$target"
+done
+while [ ${#running[@]} -gt 0 ]; do
+    wait -n -p done_pid || failed+=("${running[$done_pid]}")
+    unset "running[$done_pid]"
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "== fuzz: FAILED: ${failed[*]}; reproduce with" \

@@ -42,11 +42,29 @@ pub struct Args {
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|consume|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|consume|partitions|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
         [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--partitions-seconds S (120)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
+
+    /// Every scenario `run` knows, in the order of [`USAGE`](Self::USAGE).
+    pub const SCENARIOS: [&'static str; 14] = [
+        "drain",
+        "latency",
+        "write",
+        "notify",
+        "enqueue",
+        "sustained",
+        "idle",
+        "history",
+        "scale",
+        "wal",
+        "nats",
+        "rabbitmq",
+        "consume",
+        "partitions",
+    ];
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
@@ -95,7 +113,14 @@ impl Args {
                         ]
                         .map(String::from),
                     ),
-                    _ => args.scenarios.push(word),
+                    _ if Self::SCENARIOS.contains(&word.as_str()) => args.scenarios.push(word),
+                    // Refused here, not when its turn comes after minutes of the others.
+                    other => {
+                        return Err(format!(
+                            "unknown scenario {other:?}: one of {} or all",
+                            Self::SCENARIOS.join(", ")
+                        ));
+                    }
                 }
                 continue;
             }

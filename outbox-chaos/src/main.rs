@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             Some("relay") => procs::relay(rest).await,
             Some("consume") => procs::consume(rest).await,
             _ => Err(format!(
-                "usage: outbox-chaos run [--broker kafka|nats] [--fault all|{}] [--seed N] [--short]",
+                "usage: outbox-chaos run [--broker kafka|nats] [--fault all|{}] [--seed N] [--short] [--wal]",
                 rig::FAULTS.join("|")
             )),
         }

@@ -11,7 +11,7 @@ use outbox_core::relay::{RelayConfig, Tenants};
 use outbox_core::{Outbox, OutboxMessage};
 use outbox_nats::NatsPublisher;
 use outbox_tests::nats::{fresh_stream, nats_url};
-use outbox_tests::{TestDb, wait_until};
+use outbox_tests::{TestDb, wait_until, wait_until_or};
 use sqlx::PgPool;
 
 /// The documented bound (docs/relay.md, "Many outboxes, one relay") for 50 tenants on one
@@ -216,7 +216,23 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         .iter()
         .flat_map(|(_, s)| s.iter().map(|(id, _)| id.clone()))
         .collect();
-    wait_until(
+    // What arrived so far, per tenant and of the flood: printed if a wait times out.
+    let progress = || {
+        let r = received.lock().expect("received");
+        let behind: Vec<String> = sent
+            .iter()
+            .filter_map(|(subject, events)| {
+                let missing = events
+                    .iter()
+                    .filter(|(id, _)| !r.at.contains_key(id))
+                    .count();
+                (missing > 0).then(|| format!("{subject}: {missing} of {}", events.len()))
+            })
+            .collect();
+        let flood = r.by_subject.get(&flooded).map_or(0, Vec::len);
+        format!("the flood: {flood} of {FLOOD} arrived; tenants with events missing: {behind:?}")
+    };
+    wait_until_or(
         "every other tenant's events reach the broker",
         Duration::from_secs(60),
         || {
@@ -227,6 +243,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
                 ids.iter().all(|id| r.at.contains_key(id))
             }
         },
+        progress,
     )
     .await;
     let flood_left_when_others_done = FLOOD - of_flood() as i64;
@@ -264,13 +281,14 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
     );
 
     // The flood arrives whole, each key in order.
-    wait_until(
+    wait_until_or(
         "the flood reaches the broker",
         Duration::from_secs(120),
         || {
             let done = of_flood() as i64 >= FLOOD;
             async move { done }
         },
+        progress,
     )
     .await;
     {
