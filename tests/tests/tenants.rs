@@ -19,9 +19,9 @@ use sqlx::PgPool;
 /// flooded tenant's turn and one short turn of each other tenant.
 const BOUND: Duration = Duration::from_secs(3);
 
-/// Held by the tests that measure commit -> broker latency against a bound, one at a
-/// time: each one's 10 to 50 tenants and writers would load the 2 cores the others
-/// measure on.
+/// Held by the tests that measure commit -> broker latency against a bound (each
+/// [`arrives`] included), one at a time: each one's 10 to 50 tenants and writers would
+/// load the 2 cores the others measure on.
 static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The discovery query for the tenants of `db`.
@@ -112,13 +112,34 @@ async fn flood(pool: &PgPool, outbox: &Outbox, subject: &str, n: i64) {
     .expect("flood a tenant");
 }
 
-/// Waits until message `id` reached the broker, within the wake-up [`BOUND`].
+/// Waits until message `id` reached the broker, within the wake-up [`BOUND`]. A miss
+/// fails the test after looking on for 30 s more, saying which it was: late (it
+/// arrived, after how long) or lost (a tenant that was never woken: it never did).
 async fn arrives(received: &Arc<Mutex<Received>>, id: String, what: &str) {
-    wait_until(what, BOUND, || {
-        let id = id.clone();
-        async move { received.lock().expect("received").at.contains_key(&id) }
-    })
-    .await;
+    let started = Instant::now();
+    let arrived = || received.lock().expect("received").at.contains_key(&id);
+    while started.elapsed() < BOUND {
+        if arrived() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    while started.elapsed() < BOUND + Duration::from_secs(30) && !arrived() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let at = received.lock().expect("received").at.get(&id).copied();
+    match at {
+        Some(at) => panic!(
+            "not within the bound ({BOUND:?}): {what}; it arrived late, {:?} after the wait \
+             began (a slow turn, not a lost wake-up)",
+            at.saturating_duration_since(started)
+        ),
+        None => panic!(
+            "not within the bound ({BOUND:?}): {what}; it had not arrived {:?} later either \
+             (a tenant that was never woken, or a publish that never came back)",
+            started.elapsed()
+        ),
+    }
 }
 
 /// Commits one event to `outbox`; returns its id and when the commit returned.
@@ -321,6 +342,7 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_tenants_are_woken_again_after_their_connections_are_terminated() {
+    let _timed = TIMED.lock().await;
     const TENANTS: usize = 5;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
@@ -513,6 +535,7 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
 /// channel, or the tenant's commits wait for its poll (#33: they did).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
+    let _timed = TIMED.lock().await;
     use outbox_core::postgres::PartitionInterval;
     const TENANTS: usize = 3;
     let (js, name, prefix) = fresh_stream().await;
@@ -544,7 +567,10 @@ async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
             arrives(
                 &received,
                 id,
-                "each tenant's event arrives within the wake-up bound after the conversion",
+                &format!(
+                    "tenant {i}'s event of round {round} arrives within the wake-up bound \
+                     after tenant 1's conversion"
+                ),
             )
             .await;
         }
