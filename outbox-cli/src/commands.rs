@@ -493,16 +493,14 @@ fn print_slot(out: &mut impl Write, slot: &SlotStatus) -> io::Result<()> {
 }
 
 fn list_filter(filter: Filter) -> ListFilter {
-    ListFilter {
-        destination: filter.destination,
-        event_type: filter.event_type,
-        key: filter.key,
-        since: filter.since,
-        until: filter.until,
-        in_retry_only: false,
-        limit: filter.limit,
-        after_seq: None,
-    }
+    let mut list = ListFilter::default();
+    list.destination = filter.destination;
+    list.event_type = filter.event_type;
+    list.key = filter.key;
+    list.since = filter.since;
+    list.until = filter.until;
+    list.limit = filter.limit;
+    list
 }
 
 fn age(secs: Option<f64>) -> String {

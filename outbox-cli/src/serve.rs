@@ -358,12 +358,11 @@ fn filter(page: Page) -> std::result::Result<ListFilter, ApiError> {
             format!("limit must be between 1 and {MAX_PAGE}"),
         ));
     }
-    Ok(ListFilter {
-        key: page.key,
-        after_seq: page.after_seq,
-        limit,
-        ..ListFilter::default()
-    })
+    let mut filter = ListFilter::default();
+    filter.key = page.key;
+    filter.after_seq = page.after_seq;
+    filter.limit = limit;
+    Ok(filter)
 }
 
 fn listing(messages: Vec<outbox_core::admin::MessageInfo>, limit: u32) -> Listing {

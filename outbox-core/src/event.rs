@@ -212,9 +212,12 @@ impl<T: OutboxEvent + ?Sized> OutboxEvent for &T {
 /// One row of the outbox, ready to be written: an event serialized with its routing
 /// data and headers.
 ///
-/// Built from an event with [`OutboxMessage::from_event`], or field by field for events
-/// that are not Rust types (a gateway forwarding JSON, say).
+/// Built from an event with [`OutboxMessage::from_event`], or with
+/// [`OutboxMessage::new`] and the `with_*` methods for events that are not Rust types (a
+/// gateway forwarding JSON, say). It grows new fields, so it is not built with a struct
+/// literal outside this crate.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct OutboxMessage {
     /// The message id (UUIDv7): consumers deduplicate on it.
     pub id: Uuid,

@@ -92,8 +92,17 @@ pub struct MessageInfo {
 }
 
 /// Which messages `Admin::pending` and `Admin::dead` list. `Default` lists the first
-/// 100 in `seq` order.
+/// 100 in `seq` order; set the fields you need on it (the struct grows new fields, so
+/// it is not built with a struct literal outside this crate):
+///
+/// ```
+/// # use outbox_core::admin::ListFilter;
+/// let mut filter = ListFilter::default();
+/// filter.key = Some("customer-7".to_owned());
+/// filter.limit = 20;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListFilter {
     /// Only this destination.
     pub destination: Option<String>,

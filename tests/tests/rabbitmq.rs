@@ -311,11 +311,10 @@ async fn an_unroutable_message_never_lets_the_next_of_its_key_go_first() {
         )
         .await
         .expect("bind the unbound routing key");
+    let mut all = ListFilter::default();
+    all.limit = keys as u32;
     let dead: Vec<uuid::Uuid> = admin
-        .dead(&ListFilter {
-            limit: keys as u32,
-            ..ListFilter::default()
-        })
+        .dead(&all)
         .await
         .expect("dead letters")
         .into_iter()

@@ -1174,10 +1174,8 @@ async fn messages_parked_behind_a_discarded_dead_letter_are_not_overtaken() {
         .await;
         emit(message(&p, 2)).await;
         emit(message(&p, 3)).await;
-        let filter = outbox_core::admin::ListFilter {
-            key: Some(p.clone()),
-            ..Default::default()
-        };
+        let mut filter = outbox_core::admin::ListFilter::default();
+        filter.key = Some(p.clone());
         let dead = loop {
             let dead = admin.dead(&filter).await.expect("dead letters");
             if let Some(m) = dead.first() {

@@ -137,8 +137,10 @@ impl fmt::Debug for TableName {
     }
 }
 
-/// The names the outbox uses in the database.
+/// The names the outbox uses in the database ([`Tables::new`] derives them from the
+/// outbox table's name).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Tables {
     /// The outbox table (default `outbox`).
     pub outbox: TableName,
