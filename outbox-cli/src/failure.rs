@@ -20,7 +20,8 @@ pub enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Outbox(e) => write!(f, "{e}"),
+            // The whole chain: the driver's message is the error's source.
+            Failure::Outbox(e) => write!(f, "{}", outbox_core::ErrorChain(e)),
             Failure::Message(m) => f.write_str(m),
             Failure::Output(e) => write!(f, "cannot write the output: {e}"),
             Failure::NeedsAction => f.write_str("something needs action"),

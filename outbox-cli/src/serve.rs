@@ -274,7 +274,7 @@ impl From<outbox_core::Error> for ApiError {
             Error::Unavailable { .. } | Error::Tls { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError(code, e.to_string())
+        ApiError(code, outbox_core::ErrorChain(&e).to_string())
     }
 }
 

@@ -5,7 +5,10 @@ use std::borrow::Cow;
 /// Everything that can go wrong in `outbox-core`.
 ///
 /// Each variant says what happened, to what, and what to do about it. Match on the
-/// variant to act; print it (`Display`) to tell a person.
+/// variant to act; print it to tell a person. A variant that wraps the driver's error
+/// returns it from [`source`](std::error::Error::source) and does not repeat it in its
+/// own message: print the whole chain with [`ErrorChain`] (or `anyhow`'s `{:#}`), as
+/// the library's logs and the `outbox` command do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -31,7 +34,7 @@ pub enum Error {
     /// An event could not be serialized to JSON. The transaction is still usable and
     /// can be rolled back (or committed without this event).
     #[error(
-        "could not serialize event `{event_type}` to JSON: {source}; check its `Serialize` implementation"
+        "could not serialize event `{event_type}` to JSON; check its `Serialize` implementation"
     )]
     Serialize {
         /// The event type that failed.
@@ -69,7 +72,7 @@ pub enum Error {
 
     /// The database could not be reached.
     #[error(
-        "cannot reach the database{target}: {source}; check that the server is running and that \
+        "cannot reach the database{target}; check that the server is running and that \
          the URL (e.g. DATABASE_URL) points at it"
     )]
     Unavailable {
@@ -84,7 +87,7 @@ pub enum Error {
     /// or `ssl-ca` does not vouch for, a host name the certificate does not name), or the URL asks for
     /// TLS and this build has none.
     #[error(
-        "TLS with the database{target} failed: {source}; check the URL's TLS settings \
+        "TLS with the database{target} failed; check the URL's TLS settings \
          (PostgreSQL: `sslmode` and `sslrootcert`; MySQL: `ssl-mode` and `ssl-ca`): the \
          server's certificate must be signed by that CA and, with verify-full or \
          VERIFY_IDENTITY, name the host; and that this build has TLS (feature `tls-rustls`)"
@@ -153,7 +156,7 @@ pub enum Error {
     },
 
     /// A database operation failed.
-    #[error("database error while {context}: {source}")]
+    #[error("database error while {context}")]
     Database {
         /// What the library was doing.
         context: &'static str,
@@ -165,6 +168,50 @@ pub enum Error {
 
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and its sources on one line, `what happened: why: why`: the way to print an
+/// [`Error`] (or any error) whole.
+///
+/// The outbox's errors do not repeat their source in their own message (so that
+/// `anyhow`'s `{:#}` or a reporter walking [`source`](std::error::Error::source) prints
+/// it once); `ErrorChain` walks the sources, and leaves out one whose text the message
+/// before it already holds (some drivers' errors do both).
+///
+/// ```
+/// use outbox_core::ErrorChain;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let e = outbox_core::Error::Unavailable { target: " at 127.0.0.1:5432".into(), source: io.into() };
+/// let line = ErrorChain(&e).to_string();
+/// assert!(line.starts_with("cannot reach the database at 127.0.0.1:5432; check that the server"));
+/// assert!(line.ends_with(": connection refused"), "{line}");
+/// assert_eq!(line.matches("connection refused").count(), 1, "{line}");
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut before = self.0.to_string();
+        f.write_str(&before)?;
+        let mut next = self.0.source();
+        while let Some(source) = next {
+            let text = source.to_string();
+            if !text.is_empty() && !before.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            before = text;
+            next = source.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 impl Error {
     /// Wraps a driver error, recognising an unreachable server and missing tables.
@@ -235,4 +282,39 @@ fn is_connection_error(e: &sqlx::Error) -> bool {
         e,
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a source prints its own message only; the chain prints the source
+    /// once (failed on the old messages, which printed it twice in a chain).
+    #[test]
+    fn a_wrapped_driver_error_is_printed_once_in_the_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
+        let e = Error::Unavailable {
+            target: " at db:5432".to_owned(),
+            source: io.into(),
+        };
+        assert!(!e.to_string().contains("refused by peer"), "{e}");
+        let chain = ErrorChain(&e).to_string();
+        assert_eq!(chain.matches("refused by peer").count(), 1, "{chain}");
+        assert!(
+            chain.starts_with("cannot reach the database at db:5432; "),
+            "{chain}"
+        );
+
+        let e = Error::db(
+            "claiming a batch",
+            "outbox",
+            sqlx::Error::Protocol("unexpected message".to_owned()),
+        );
+        assert_eq!(e.to_string(), "database error while claiming a batch");
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            "database error while claiming a batch: encountered unexpected or invalid data: \
+             unexpected message"
+        );
+    }
 }

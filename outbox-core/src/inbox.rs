@@ -166,7 +166,7 @@ impl<DB: Backend> Inbox<DB> {
                 // Nothing recorded: a redelivery runs the handler again. A failed rollback
                 // is harmless (the server rolls back when the connection goes).
                 if let Err(rollback) = tx.rollback().await {
-                    tracing::warn!(error = %rollback, "rolling back a failed handler's transaction");
+                    tracing::warn!(error = %crate::ErrorChain(&rollback), "rolling back a failed handler's transaction");
                 }
                 Err(InboxError::Handler(e))
             }

@@ -161,7 +161,7 @@ pub mod fuzzing {
 
 pub use catalog::EventInfo;
 pub use config::{TableName, Tables};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorChain, Result};
 pub use event::{Destination, OutboxEvent, OutboxMessage};
 pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};

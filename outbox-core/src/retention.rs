@@ -298,7 +298,7 @@ impl<DB: Backend> Retention<DB> {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?self.config.interval, "outbox retention run failed");
+                    tracing::error!(error = %crate::ErrorChain(&e), retry_in = ?self.config.interval, "outbox retention run failed");
                     metrics::counter!("outbox_retention_failures_total").increment(1);
                 }
             }
@@ -334,7 +334,7 @@ impl<DB: Backend> Retention<DB> {
                 {
                     Ok(partitions) => partitions,
                     Err(e) => {
-                        tracing::error!(error = %e, "outbox retention could not maintain the outbox's partitions; trying at the next run");
+                        tracing::error!(error = %crate::ErrorChain(&e), "outbox retention could not maintain the outbox's partitions; trying at the next run");
                         metrics::counter!("outbox_retention_failures_total").increment(1);
                         None
                     }

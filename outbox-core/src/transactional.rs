@@ -40,6 +40,6 @@ pub async fn commit<DB: Backend, E: FromOutboxError>(tx: OutboxTx<'static, DB>) 
 /// a failed rollback is logged (the server rolls back anyway when the connection goes).
 pub async fn rollback<DB: Backend>(tx: OutboxTx<'static, DB>) {
     if let Err(error) = tx.rollback().await {
-        tracing::warn!(%error, "rolling back after an error returned by a #[transactional_outbox] function failed");
+        tracing::warn!(error = %crate::ErrorChain(&error), "rolling back after an error returned by a #[transactional_outbox] function failed");
     }
 }

@@ -14,7 +14,7 @@ pub enum Error {
 
     /// The cluster could not be asked which topics exist.
     #[error(
-        "cannot read the topic list from the Kafka cluster at {brokers}: {source}{}; {}",
+        "cannot read the topic list from the Kafka cluster at {brokers}{}; {}",
         reason.as_deref().map(|r| format!(" (librdkafka: {r})")).unwrap_or_default(),
         metadata_hint(reason.as_deref())
     )]
@@ -57,7 +57,7 @@ pub enum Error {
     Incomplete(&'static str),
 
     /// The consumer could not subscribe, or librdkafka reported a fatal consumer error.
-    #[error("Kafka consumer error: {0}")]
+    #[error("the Kafka consumer could not subscribe, or librdkafka reported a fatal error")]
     Consumer(#[source] KafkaError),
 
     /// The database failed.

@@ -43,7 +43,8 @@ async fn connecting_to_a_server_that_never_answers_fails_within_the_connect_time
         let took = started.elapsed();
         assert!(took < Duration::from_secs(3), "{url}: {took:?}");
         assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
-        let text = err.to_string();
+        // What a person is shown: the error and its source (the driver's words).
+        let text = outbox_core::ErrorChain(&err).to_string();
         assert!(
             text.contains("did not answer within 1s") && !text.contains("secret"),
             "{text}"

@@ -108,7 +108,8 @@ async fn without_tls_the_tls_only_role_is_refused_by_the_server() {
         .expect_err("the role may connect over TLS only");
     // The server's own refusal (pg_hba.conf), reported as such.
     assert!(matches!(e, Error::Database { .. }), "{e:?}");
-    assert!(e.to_string().contains("pg_hba.conf"), "{e}");
+    let shown = outbox_core::ErrorChain(&e).to_string();
+    assert!(shown.contains("pg_hba.conf"), "{shown}");
 }
 
 /// WAL mode over TLS: the replication connection of a role that may connect over TLS
@@ -277,5 +278,6 @@ async fn mysql_a_server_the_ca_does_not_vouch_for_is_a_tls_error() {
         .await
         .expect_err("the user may connect over TLS only");
     assert!(matches!(e, Error::Database { .. }), "{e:?}");
-    assert!(e.to_string().contains("Access denied"), "{e}");
+    let shown = outbox_core::ErrorChain(&e).to_string();
+    assert!(shown.contains("Access denied"), "{shown}");
 }

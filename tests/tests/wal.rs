@@ -1093,11 +1093,13 @@ async fn a_connection_not_in_utf8_is_refused_in_wal_mode() {
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit_message(message("é", 0)).expect("emit");
     let err = tx.commit().await.expect_err("refused on the commit path");
-    assert!(err.to_string().contains("client_encoding"), "{err}");
+    let shown = outbox_core::ErrorChain(&err).to_string();
+    assert!(shown.contains("client_encoding"), "{shown}");
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit_message(message("é", 1)).expect("emit");
     let err = tx.flush().await.expect_err("refused on the bound path");
-    assert!(err.to_string().contains("client_encoding"), "{err}");
+    let shown = outbox_core::ErrorChain(&err).to_string();
+    assert!(shown.contains("client_encoding"), "{shown}");
     drop(tx);
     sqlx::query("SET client_encoding = 'UTF8'")
         .execute(&db.pool)

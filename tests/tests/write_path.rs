@@ -875,7 +875,8 @@ async fn a_connection_switched_to_sjis_cannot_inject_sql_through_an_event() {
         .commit()
         .await
         .expect_err("a non-UTF-8 connection is refused");
-    assert!(err.to_string().contains("client_encoding"), "{err}");
+    let shown = outbox_core::ErrorChain(&err).to_string();
+    assert!(shown.contains("client_encoding"), "{shown}");
     // The bound path (flush before commit) refuses it too.
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit_message(OutboxMessage::new("T", "d", "{}").with_key(key.as_str()))
@@ -884,7 +885,8 @@ async fn a_connection_switched_to_sjis_cannot_inject_sql_through_an_event() {
         .flush()
         .await
         .expect_err("a non-UTF-8 connection is refused");
-    assert!(err.to_string().contains("client_encoding"), "{err}");
+    let shown = outbox_core::ErrorChain(&err).to_string();
+    assert!(shown.contains("client_encoding"), "{shown}");
     drop(tx);
     let mut other = db.connect().await;
     let injected: Option<String> = sqlx::query_scalar("SELECT to_regclass('injected')::text")

@@ -261,7 +261,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     }
                     let error = match &e {
                         InboxError::Handler(e) => e.to_string(),
-                        InboxError::Database(e) => e.to_string(),
+                        InboxError::Database(e) => crate::ErrorChain(e).to_string(),
                     };
                     let error = self.transport.redact(&error);
                     if let Some((max, then)) =

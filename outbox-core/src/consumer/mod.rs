@@ -351,7 +351,7 @@ pub enum Error {
     },
 
     /// The transport failed for good (not a transient failure it retries itself).
-    #[error("the {transport} consumer failed: {source}")]
+    #[error("the {transport} consumer failed and stopped")]
     Transport {
         /// [`Transport::NAME`].
         transport: &'static str,

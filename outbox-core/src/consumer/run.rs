@@ -175,7 +175,7 @@ pub(super) async fn run<T: Transport, DB: Backend>(
                 match joined {
                     Ok((_, Err(e))) if result.is_ok() => result = Err(e),
                     Ok((_, Err(e))) => {
-                        tracing::error!(transport = T::NAME, error = %e, "outbox consumer: a handler failed while stopping")
+                        tracing::error!(transport = T::NAME, error = %crate::ErrorChain(&e), "outbox consumer: a handler failed while stopping")
                     }
                     Ok(_) => {}
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

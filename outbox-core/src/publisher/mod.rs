@@ -7,6 +7,7 @@ mod memory;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -39,11 +40,25 @@ pub struct OutboxRecord {
 }
 
 /// Why one message could not be published.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its message says what failed; the client's own error can come with it as the
+/// [`source`](std::error::Error::source) ([`with_source`](Self::with_source)), and the
+/// relay records the whole chain ([`ErrorChain`](crate::ErrorChain)) as the row's
+/// `last_error`. Two errors are equal when their kind and message are.
+#[derive(Debug, Clone)]
 pub struct PublishError {
     kind: PublishErrorKind,
     message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
+
+impl PartialEq for PublishError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for PublishError {}
 
 /// What the relay does with a failed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +85,7 @@ impl PublishError {
         PublishError {
             kind: PublishErrorKind::Retryable,
             message: message.into(),
+            source: None,
         }
     }
 
@@ -79,6 +95,7 @@ impl PublishError {
         PublishError {
             kind: PublishErrorKind::Unavailable,
             message: message.into(),
+            source: None,
         }
     }
 
@@ -87,6 +104,7 @@ impl PublishError {
         PublishError {
             kind: PublishErrorKind::Permanent,
             message: message.into(),
+            source: None,
         }
     }
 
@@ -95,6 +113,7 @@ impl PublishError {
         PublishError {
             kind: PublishErrorKind::NotAttempted,
             message: "not attempted: an earlier message with the same key failed".to_owned(),
+            source: None,
         }
     }
 
@@ -103,7 +122,16 @@ impl PublishError {
         self.kind
     }
 
-    /// The error text stored in `last_error`.
+    /// The client's error behind this failure, returned by
+    /// [`source`](std::error::Error::source): keep it out of the message, which then says
+    /// what failed and what to do.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// What failed, without the source (the row's `last_error` holds both).
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -115,7 +143,13 @@ impl fmt::Display for PublishError {
     }
 }
 
-impl std::error::Error for PublishError {}
+impl std::error::Error for PublishError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// The messages of `batch` as chains of indexes, one chain per partition key in batch
 /// order (a message without a key is a chain of its own), the chains in the order of

@@ -764,7 +764,7 @@ fn whole_batch_failures(
     if others > 0 {
         let error = PublishError::unavailable(format!(
             "every message of the batch failed the same way: {}",
-            first.message()
+            crate::ErrorChain(&first)
         ));
         for r in results.iter_mut().filter(|r| attempted(r)) {
             *r = Err(error.clone());
@@ -863,11 +863,11 @@ fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Ou
                 if let Some(key) = key {
                     outcome.failed_keys.insert(key.to_owned());
                 }
-                tracing::warn!(seq = record.seq, id = %record.id, error = %e, "outbox message failed to publish");
+                tracing::warn!(seq = record.seq, id = %record.id, error = %crate::ErrorChain(&e), "outbox message failed to publish");
                 outcome.failed.push(Failure {
                     seq: record.seq,
                     attempts: record.attempts,
-                    error: e.message().to_owned(),
+                    error: crate::ErrorChain(&e).to_string(),
                     permanent: e.kind() == PublishErrorKind::Permanent,
                     unavailable: e.kind() == PublishErrorKind::Unavailable,
                 });

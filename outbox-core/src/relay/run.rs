@@ -208,7 +208,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 Ok(()) => return,
                 Err(e) => {
                     let delay = backoff.next();
-                    tracing::error!(error = %e, retry_in = ?delay, "outbox relay: database session failed; reconnecting");
+                    tracing::error!(error = %crate::ErrorChain(&e), retry_in = ?delay, "outbox relay: database session failed; reconnecting");
                     self.counter("outbox_relay_reconnects_total").increment(1);
                     RelayStats::add(&self.stats.reconnects, 1);
                     delay

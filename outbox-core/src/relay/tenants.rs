@@ -299,7 +299,7 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
             ),
         };
         let delay = backoff.next();
-        tracing::error!(error = %failed, retry_in = ?delay, "outbox relay of many outboxes: cannot connect to a database; retrying");
+        tracing::error!(error = %crate::ErrorChain(&failed), retry_in = ?delay, "outbox relay of many outboxes: cannot connect to a database; retrying");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = stopped(&mut shutdown) => return,
@@ -356,13 +356,13 @@ async fn run_database<P: Publisher + Clone, DB: Backend + Shared>(
                         }
                         Err(e) => {
                             missing = true;
-                            tracing::error!(outbox = %name, error = %e, "outbox relay: cannot serve this outbox; trying again at the next look at the tenant list");
+                            tracing::error!(outbox = %name, error = %crate::ErrorChain(&e), "outbox relay: cannot serve this outbox; trying again at the next look at the tenant list");
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "outbox relay of many outboxes: the discovery query failed; keeping the tenants it found before")
+                tracing::error!(error = %crate::ErrorChain(&e), "outbox relay of many outboxes: the discovery query failed; keeping the tenants it found before")
             }
         }
         let again = match list {
@@ -503,7 +503,7 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
             Err(e) => {
                 backoff.reset_if_worked(started.elapsed(), WORKED_A_WHILE);
                 let delay = backoff.next();
-                tracing::error!(outbox = %tenant, error = %e, retry_in = ?delay, "outbox relay: the tenant's session failed; trying again");
+                tracing::error!(outbox = %tenant, error = %crate::ErrorChain(&e), retry_in = ?delay, "outbox relay: the tenant's session failed; trying again");
                 relay.counter("outbox_relay_reconnects_total").increment(1);
                 RelayStats::add(&relay.stats.reconnects, 1);
                 ready_at = Instant::now() + delay;

@@ -181,7 +181,7 @@ impl Control {
                     }
                     Ok(Err(e)) => {
                         let delay = backoff.next();
-                        tracing::error!(error = %e, retry_in = ?delay, "outbox relay: cannot open the control connection; parked tenants are woken by their poll until it is back");
+                        tracing::error!(error = %crate::ErrorChain(&e), retry_in = ?delay, "outbox relay: cannot open the control connection; parked tenants are woken by their poll until it is back");
                         delay
                     }
                     Err(_) => {
@@ -213,7 +213,7 @@ impl Control {
                         Err(_) => Err(Lost::Silent(timeout)),
                     };
                     if let Err(why) = outcome {
-                        tracing::warn!(error = %why, "outbox relay: the control connection failed; connecting it again");
+                        tracing::warn!(error = %crate::ErrorChain(&why), "outbox relay: the control connection failed; connecting it again");
                         self.listener = None;
                     }
                 }
@@ -238,7 +238,7 @@ impl Control {
                         self.listener = None;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "outbox relay: the control connection failed; connecting it again");
+                        tracing::warn!(error = %crate::ErrorChain(&e), "outbox relay: the control connection failed; connecting it again");
                         self.listener = None;
                     }
                 },
@@ -588,7 +588,7 @@ impl Shared for Postgres {
                 // A connection the server ended while it waited in the hub (a restart,
                 // a terminated backend): once more, on a new one.
                 Ok(Err(SessionError::Database(e))) if reused && connection_lost(&e) => {
-                    tracing::debug!(error = %e, "outbox relay: a hub connection was gone; opening a new one");
+                    tracing::debug!(error = %crate::ErrorChain(&e), "outbox relay: a hub connection was gone; opening a new one");
                     reuse = false;
                 }
                 Ok(Err(e)) => return Err(e),

@@ -83,7 +83,7 @@ impl<'a> Lease<'a> {
                 }
             }
             Err(e) => {
-                tracing::debug!(error = %e, "outbox relay: closing a hub connection that failed");
+                tracing::debug!(error = %crate::ErrorChain(&e), "outbox relay: closing a hub connection that failed");
             }
         }
     }

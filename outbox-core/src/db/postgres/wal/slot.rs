@@ -208,7 +208,7 @@ pub(super) async fn first_commit_age(pool: &sqlx::PgPool, wal: &Wal) -> sqlx::Re
         // Taken by a relay meanwhile (55006), too slow (57014), a role without
         // REPLICATION (42501)...: the age is unknown, the rest of the status stands.
         Err(e) if e.as_database_error().is_some() => {
-            tracing::debug!(error = %e, "outbox status: cannot peek at the replication slot");
+            tracing::debug!(error = %crate::ErrorChain(&e), "outbox status: cannot peek at the replication slot");
             return Ok(None);
         }
         Err(e) => return Err(e),
