@@ -8,7 +8,8 @@
 # Stable Rust: libFuzzer (libfuzzer-sys) with the coverage instrumentation cargo-fuzz
 # would ask rustc for, no sanitizer (the code is safe Rust; a target fails on a panic,
 # a wrong answer it asserts, or an input that runs longer than OUTBOX_FUZZ_TIMEOUT).
-# Fails on the first crash, leaving the input in $OUTBOX_FUZZ_ARTIFACTS and the log.
+# Every target runs; the script fails if any crashed, leaving the input in
+# $OUTBOX_FUZZ_ARTIFACTS and the log.
 # Each target starts from its committed seeds in fuzz/seeds/<target>/; what it finds
 # goes to a scratch corpus, not into the repository.
 set -euo pipefail
@@ -39,7 +40,7 @@ echo "== fuzz: built in $SECONDS s"
 # One libFuzzer process per core (each is single-threaded): the same time per target,
 # in a fraction of the wall time.
 jobs="${OUTBOX_FUZZ_JOBS:-$(nproc)}"
-fuzz_one() {
+fuzz_one() { # target: its result goes to its summary, printed when it is reaped
     local target="$1" log="$artifacts/$1/log.txt"
     if "$CARGO_TARGET_DIR/$triple/release/$target" "$work/$target" "fuzz/seeds/$target" \
         -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=2048 -max_len=4096 \
@@ -56,19 +57,20 @@ fuzz_one() {
 
 failed=()
 declare -A running=()
+# Waits for one target to end and prints its summary whole (two targets never interleave).
+reap() {
+    local done_pid
+    wait -n -p done_pid || failed+=("${running[$done_pid]}")
+    cat "$artifacts/${running[$done_pid]}/summary.txt"
+    unset "running[$done_pid]"
+}
 for target in "${targets[@]}"; do
     mkdir -p "$work/$target" "$artifacts/$target"
-    while [ ${#running[@]} -ge "$jobs" ]; do
-        wait -n -p done_pid || failed+=("${running[$done_pid]}")
-        unset "running[$done_pid]"
-    done
-    fuzz_one "$target" &
+    while [ ${#running[@]} -ge "$jobs" ]; do reap; done
+    fuzz_one "$target" >"$artifacts/$target/summary.txt" &
     running[$!]="$target"
 done
-while [ ${#running[@]} -gt 0 ]; do
-    wait -n -p done_pid || failed+=("${running[$done_pid]}")
-    unset "running[$done_pid]"
-done
+while [ ${#running[@]} -gt 0 ]; do reap; done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "== fuzz: FAILED: ${failed[*]}; reproduce with" \
         "\"$CARGO_TARGET_DIR/$triple/release/<target>\" <the crash file>, then make it a regression test"
