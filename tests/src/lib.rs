@@ -6,6 +6,7 @@
 //! A missing server fails the test with a message saying how to start it; it never skips.
 
 pub mod consumers;
+pub mod hooks;
 pub mod kafka;
 pub mod logs;
 pub mod metrics;
@@ -187,16 +188,11 @@ use sqlx::Connection as _;
 pub const LOG_FILTER: &str = "warn,outbox_core=info,outbox_kafka=info,outbox_nats=info,\
      outbox_rabbitmq=info,outbox_cli=info,outbox_tests=info";
 
-/// Logs to the test's captured output ([`LOG_FILTER`]); `RUST_LOG=outbox_core=debug` for
-/// more.
+/// Logs to the test's captured output ([`LOG_FILTER`], or `RUST_LOG` given as
+/// `target=level` pairs: `RUST_LOG=outbox_core=debug` for more), and hands every
+/// `outbox_core` event to the hooks of [`hooks::on_event`].
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER)),
-        )
-        .with_test_writer()
-        .try_init();
+    hooks::init(LOG_FILTER);
 }
 
 pub mod backends;

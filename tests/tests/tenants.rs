@@ -199,6 +199,24 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
     flood(&db.pool, &outboxes[0], &flooded, FLOOD).await;
     let received = receive(js, name);
 
+    // How often each tenant's log says it took partitions: once (each turn takes them
+    // again; 50 tenants saying so every turn buried this test's own message in CI).
+    let took: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let _hook = {
+        let (took, schema) = (Arc::clone(&took), db.schema.clone());
+        outbox_tests::hooks::on_event(move |event| {
+            let fields = outbox_tests::hooks::Fields::of(event);
+            if fields.get("message") == Some("outbox relay took partitions")
+                && let Some(outbox) = fields.get("outbox").filter(|o| o.starts_with(&schema))
+            {
+                *took
+                    .lock()
+                    .expect("took")
+                    .entry(outbox.to_owned())
+                    .or_default() += 1;
+            }
+        })
+    };
     let app = format!("tenants-{}", &db.schema[12..]);
     let (most, stop) = count_connections(db.pool.clone(), app.clone());
     let publisher = nats_publisher().await;
@@ -335,6 +353,17 @@ async fn fifty_outboxes_one_flooded_each_reaches_the_broker_within_the_bound() {
         most <= 2,
         "the relay held {most} connections at once; with connections(1) it holds at most 2 \
          (one session connection and the control connection)"
+    );
+    let took = took.lock().expect("took").clone();
+    assert_eq!(
+        took.len(),
+        TENANTS,
+        "every tenant's log says once that it took partitions: {took:?}"
+    );
+    assert!(
+        took.values().all(|n| *n == 1),
+        "a tenant takes its partitions again each turn; its log says so once, not each \
+         time: {took:?}"
     );
     db.drop_tenants(TENANTS).await;
     db.cleanup().await;
@@ -535,12 +564,148 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
 /// channel, or the tenant's commits wait for its poll (#33: they did).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
+    converted_tenant(0).await;
+}
+
+/// As above, with the conversion slowed down by a history of sent rows it copies: the
+/// relay's control connection, which the conversion ends first, is back and wakes the
+/// tenants while the conversion still runs, so tenant 1 opens a session on the table
+/// about to be replaced (#35: a fresh-clone CI run found its commits never woke it
+/// again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_converted_while_its_relay_looks_at_it_is_still_woken_by_its_commits() {
+    converted_tenant(300_000).await;
+}
+
+/// A commit to a converted tenant that lands as the tenant parks on its new table, after
+/// its session declared itself idle there and looked for rows once more: the commit
+/// notifies on the new table's channel, which the control connection must already
+/// listen on (#35: it began to listen only once the tenant parked, so such a commit
+/// woke no one and waited for the safety poll; a fresh-clone CI run lost one that way).
+/// Deterministic: the commit is made from inside the relay, by a hook on its log event
+/// "a tenant parks" that holds the parking tenant until the commit returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_as_a_converted_tenant_parks_wakes_it() {
     let _timed = TIMED.lock().await;
     use outbox_core::postgres::PartitionInterval;
     const TENANTS: usize = 3;
     let (js, name, prefix) = fresh_stream().await;
     let db = TestDb::new().await;
     let outboxes = db.tenants(TENANTS).await;
+    let received = receive(js, name);
+    let app = format!("tenants-{}", &db.schema[12..]);
+    let relay = Tenants::builder(nats_publisher().await)
+        .connections(1)
+        .config(config(&app, Duration::from_secs(600)))
+        .outboxes(db.pool.clone(), names_of(&outboxes))
+        .spawn()
+        .expect("spawn the relay");
+    for (i, outbox) in outboxes.iter().enumerate() {
+        let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
+        arrives(&received, id, "a first event of each tenant arrives").await;
+    }
+    let table = outboxes[1].tables().outbox.clone();
+    outboxes[1]
+        .partition_by_time(PartitionInterval::Daily)
+        .await
+        .expect("partition tenant 1");
+    let key: i32 = sqlx::query_scalar("SELECT $1::text::regclass::oid::int4")
+        .bind(table.quoted())
+        .fetch_one(&db.pool)
+        .await
+        .expect("the new table's oid");
+    // The commit, once, on a runtime and a connection of its own, while the tenant's
+    // thread waits in its log event: it parks only after the commit returned.
+    let committed: Arc<Mutex<Option<String>>> = Arc::default();
+    let _hook = {
+        let (options, subject) = (db.options.clone(), format!("{prefix}.t01"));
+        let name = table.to_string();
+        // The event names the table quoted, as the hub knows it.
+        let (outbox, key) = (table.quoted(), key.to_string());
+        let committed = Arc::clone(&committed);
+        outbox_tests::hooks::on_event(move |event| {
+            let fields = outbox_tests::hooks::Fields::of(event);
+            let parks = fields.get("message") == Some("outbox relay: a tenant parks")
+                && fields.get("outbox") == Some(outbox.as_str())
+                && fields.get("key") == Some(key.as_str());
+            if !parks || committed.lock().expect("committed").is_some() {
+                return;
+            }
+            let (options, table, subject) = (options.clone(), name.clone(), subject.clone());
+            let id = std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the writer's runtime")
+                    .block_on(async move {
+                        let pool = sqlx::postgres::PgPoolOptions::new()
+                            .max_connections(1)
+                            .connect_with(options)
+                            .await
+                            .expect("the writer connects");
+                        let outbox = Outbox::builder(pool.clone())
+                            .table(table)
+                            .build()
+                            .expect("the writer's outbox");
+                        let (id, _) = emit(&outbox, &subject, 100).await;
+                        pool.close().await;
+                        id
+                    })
+            })
+            .join()
+            .expect("the writer");
+            *committed.lock().expect("committed") = Some(id);
+        })
+    };
+    // Tenant 1 parks on its new table once the conversion woke it (it ended the control
+    // connection, which wakes every tenant when it is back).
+    wait_until(
+        "tenant 1 parks on its new table, and the hook commits",
+        Duration::from_secs(30),
+        || {
+            let done = committed.lock().expect("committed").is_some();
+            async move { done }
+        },
+    )
+    .await;
+    let id = committed
+        .lock()
+        .expect("committed")
+        .clone()
+        .expect("committed");
+    arrives(
+        &received,
+        id,
+        "the event committed as tenant 1 parked on its new table arrives within the wake-up \
+         bound",
+    )
+    .await;
+    relay.shutdown().await;
+    db.drop_tenants(TENANTS).await;
+    db.cleanup().await;
+}
+
+/// Three tenants, tenant 1 (with `history` sent rows) converted to partitions while the
+/// relay runs; then three rounds of one commit per tenant, each within the bound.
+async fn converted_tenant(history: i64) {
+    let _timed = TIMED.lock().await;
+    use outbox_core::postgres::PartitionInterval;
+    const TENANTS: usize = 3;
+    let (js, name, prefix) = fresh_stream().await;
+    let db = TestDb::new().await;
+    let outboxes = db.tenants(TENANTS).await;
+    if history > 0 {
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, event_type, destination, partition_key, payload, headers, sent_at) \
+             SELECT gen_random_uuid(), 'Sent', 'history', 'k', '{{}}'::jsonb, '{{}}'::jsonb, now() \
+             FROM generate_series(1, $1)",
+            outboxes[1].tables().outbox.quoted()
+        ))
+        .bind(history)
+        .execute(&db.pool)
+        .await
+        .expect("a history of sent rows for tenant 1");
+    }
     let received = receive(js, name);
     let app = format!("tenants-{}", &db.schema[12..]);
     let publisher = nats_publisher().await;
@@ -555,10 +720,15 @@ async fn a_tenant_converted_to_partitions_is_still_woken_by_its_commits() {
         let (id, _) = emit(outbox, &format!("{prefix}.t{i:02}"), 0).await;
         arrives(&received, id, "a first event of each tenant arrives").await;
     }
-    outboxes[1]
+    let converting = Instant::now();
+    let converted = outboxes[1]
         .partition_by_time(PartitionInterval::Daily)
         .await
         .expect("partition tenant 1");
+    eprintln!(
+        "tenant 1 converted in {:?}: {converted:?}",
+        converting.elapsed()
+    );
     // Each tenant, the converted one included, is woken by its commits again (the
     // converted tenant re-registers on the new table first), in three rounds.
     for round in 1..4 {

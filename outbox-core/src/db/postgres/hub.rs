@@ -15,6 +15,12 @@
 //! - **The control connection lost**: its locks went with it, so notifications may have
 //!   been missed. It connects again, takes the parked tenants' locks again, and wakes
 //!   every tenant.
+//! - **A table replaced** (`outbox partition` gives it a new oid, so a new channel and new
+//!   lock keys): a tenant's turn that finds a key other than the one the control
+//!   connection listens for has it listen on the new channel *before* the turn begins.
+//!   Its session declares itself idle on the new key, and commits then notify on the new
+//!   channel: were it only heard from when the tenant parks, a commit in between would
+//!   wake no one (#35: a fresh-clone CI run lost one that way).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -41,9 +47,16 @@ pub struct PgHub {
     /// What passes from one tenant's session to the next: connections, notices, state.
     handover: Handover,
     control: mpsc::UnboundedSender<Command>,
+    /// The key (table oid) the control connection listens for, by outbox: a turn whose
+    /// session found another one asks the control task to follow the table first.
+    listened: Listening,
     /// How long the control task may take per command.
     timeout: Duration,
 }
+
+/// The key each outbox's commits are listened for under, by the table's quoted name;
+/// written by the control task, read by the tenants as their turns begin.
+type Listening = Arc<std::sync::Mutex<HashMap<String, i32>>>;
 
 impl std::fmt::Debug for PgHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,6 +86,14 @@ enum Command {
     },
     /// Give the outbox's idle lock back.
     Unpark { key: i32 },
+    /// A tenant's turn begins on a session that found the table under `key`, not the key
+    /// the control connection listens for: listen for the table as it is now, give its
+    /// idle lock back, then reply (before the session may declare itself idle).
+    Begin {
+        table: String,
+        key: i32,
+        reply: oneshot::Sender<SessionResult<()>>,
+    },
 }
 
 impl Command {
@@ -82,7 +103,7 @@ impl Command {
             Command::Join { reply, .. } => {
                 let _ = reply.send(Err(control_down()));
             }
-            Command::Park { reply, .. } => {
+            Command::Park { reply, .. } | Command::Begin { reply, .. } => {
                 let _ = reply.send(Err(control_down()));
             }
             Command::Leave { .. } | Command::Unpark { .. } => {}
@@ -131,6 +152,8 @@ struct Control {
     listener: Option<PgListener>,
     /// By the table's quoted name.
     tables: HashMap<String, Listened>,
+    /// Each table's key, for the tenants (kept equal to `tables`).
+    listened: Listening,
     /// Channel -> wake-up.
     wakes: HashMap<String, Arc<Notify>>,
     parked: BTreeSet<i32>,
@@ -263,6 +286,7 @@ impl Control {
     /// Drops an outbox from the books; with whether it was parked.
     fn forget(&mut self, table: &str) -> Option<(Listened, bool)> {
         let listened = self.tables.remove(table)?;
+        self.publish_key(table, None);
         self.wakes.remove(&listened.channel);
         let parked = self.parked.remove(&listened.key);
         Some((listened, parked))
@@ -291,39 +315,75 @@ impl Control {
         Ok(())
     }
 
-    /// The outbox `table` now has oid `key`: if it had another when it joined (the table
-    /// was replaced, by `outbox partition`), listen on its new channel instead of the old
-    /// one, under the same wake-up. `Err` when the control connection is lost.
-    async fn follow(&mut self, table: &str, key: i32) -> Result<(), Lost> {
-        let Some(known) = self.tables.get_mut(table) else {
-            return Ok(());
+    /// Tells the tenants which key `table`'s commits are listened for under (`None`: no
+    /// longer listened for).
+    fn publish_key(&self, table: &str, key: Option<i32>) {
+        if let Ok(mut listened) = self.listened.lock() {
+            match key {
+                Some(key) => listened.insert(table.to_owned(), key),
+                None => listened.remove(table),
+            };
+        }
+    }
+
+    /// A session found the outbox `table` under oid `key`. If the control connection
+    /// listens for it under another one, the table was replaced (`outbox partition`)
+    /// since: listen on the channel of the table as it is now (looked up here, so that a
+    /// session that found the old table, as the replacement committed, cannot send the
+    /// control connection back to it) instead of the old one, under the same wake-up.
+    /// Returns the key now listened for (`key` for a table not joined); `Err` when the
+    /// control connection is lost.
+    async fn follow(&mut self, table: &str, key: i32) -> Result<i32, Lost> {
+        let Some(known) = self.tables.get(table) else {
+            return Ok(key);
         };
         if known.key == key {
-            return Ok(());
+            return Ok(key);
         }
-        let (old_key, old_channel) = (known.key, known.channel.clone());
-        let channel = format!("outbox_{}", u32::from_ne_bytes(key.to_ne_bytes()));
-        known.key = key;
-        known.channel = channel.clone();
+        let old_key = known.key;
+        let Some(listener) = self.listener.as_mut() else {
+            return Ok(old_key);
+        };
+        let now: Result<i32, sqlx::Error> =
+            sqlx::query_scalar("SELECT $1::text::regclass::oid::int4")
+                .bind(table)
+                .fetch_one(&mut *listener)
+                .await;
+        let now = match now {
+            Ok(now) => now,
+            Err(e) if connection_lost(&e) => return Err(e.into()),
+            // Gone altogether: its tenant's session says so in its turn.
+            Err(_) => return Ok(old_key),
+        };
+        if now == old_key {
+            return Ok(old_key);
+        }
+        let channel = format!("outbox_{}", u32::from_ne_bytes(now.to_ne_bytes()));
+        let Some(known) = self.tables.get_mut(table) else {
+            return Ok(key);
+        };
+        let old_channel = std::mem::replace(&mut known.channel, channel.clone());
+        known.key = now;
         let wake = Arc::clone(&known.wake);
         self.wakes.remove(&old_channel);
         self.wakes.insert(channel.clone(), wake);
+        self.publish_key(table, Some(now));
         let was_parked = self.parked.remove(&old_key);
         tracing::info!(
             table,
             old = old_key,
-            new = key,
+            new = now,
             "outbox relay: the outbox table was replaced; listening for its new channel"
         );
         let Some(listener) = self.listener.as_mut() else {
-            return Ok(());
+            return Ok(now);
         };
         listener.unlisten(&old_channel).await?;
         listener.listen(&channel).await?;
         if was_parked {
             idle_lock(listener, old_key, false).await?;
         }
-        Ok(())
+        Ok(now)
     }
 
     /// Runs one command; `Err` when the control connection is lost (the command was
@@ -380,6 +440,7 @@ impl Control {
                 }
                 let wake = Arc::new(Notify::new());
                 self.wakes.insert(channel.clone(), Arc::clone(&wake));
+                self.publish_key(&table, Some(key));
                 self.tables.insert(
                     table,
                     Listened {
@@ -399,10 +460,14 @@ impl Control {
                 }
             }
             Command::Park { table, key, reply } => {
-                if let Err(e) = self.follow(&table, key).await {
-                    let _ = reply.send(Err(control_down()));
-                    return Err(e);
-                }
+                // The key listened for is the one whose lock makes commits notify.
+                let key = match self.follow(&table, key).await {
+                    Ok(key) => key,
+                    Err(e) => {
+                        let _ = reply.send(Err(control_down()));
+                        return Err(e);
+                    }
+                };
                 let Some(listener) = self.listener.as_mut() else {
                     return Ok(());
                 };
@@ -419,6 +484,23 @@ impl Control {
                 if self.parked.remove(&key) {
                     idle_lock(listener, key, false).await?;
                 }
+            }
+            Command::Begin { table, key, reply } => {
+                let key = match self.follow(&table, key).await {
+                    Ok(key) => key,
+                    Err(e) => {
+                        let _ = reply.send(Err(control_down()));
+                        return Err(e);
+                    }
+                };
+                if self.parked.remove(&key)
+                    && let Some(listener) = self.listener.as_mut()
+                    && let Err(e) = idle_lock(listener, key, false).await
+                {
+                    let _ = reply.send(Err(control_down()));
+                    return Err(e.into());
+                }
+                let _ = reply.send(Ok(()));
             }
         }
         Ok(())
@@ -525,10 +607,12 @@ impl Shared for Postgres {
                 })
             })
             .connect_lazy_with(options.clone());
+        let listened = Listening::default();
         let mut control = Control {
             pool: control_pool,
             listener: None,
             tables: HashMap::new(),
+            listened: Arc::clone(&listened),
             wakes: HashMap::new(),
             parked: BTreeSet::new(),
             timeout: config.connect_timeout,
@@ -544,6 +628,7 @@ impl Shared for Postgres {
             waiting: AtomicUsize::new(0),
             handover: Handover::default(),
             control: tx,
+            listened,
             timeout: config.connect_timeout,
         })
     }
@@ -600,10 +685,23 @@ impl Shared for Postgres {
                 }
             }
         };
-        // Its commits stop notifying: the tenant looks for rows by itself now.
-        let _ = hub.control.send(Command::Unpark {
-            key: session.table_key(),
-        });
+        // Its commits stop notifying: the tenant looks for rows by itself now. A table
+        // replaced since the control connection last heard of it is followed first, so
+        // that the commits of this turn, once the session declares itself idle, notify
+        // on a channel the control connection listens on.
+        let (table, key) = (session.table_name(), session.table_key());
+        let listened = hub
+            .listened
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&table).copied());
+        if listened == Some(key) {
+            let _ = hub.control.send(Command::Unpark { key });
+        } else if let Err(e) = hub.ask(|reply| Command::Begin { table, key, reply }).await {
+            // The control connection is down: back, it wakes every tenant, and this
+            // tenant's next turn asks again.
+            tracing::debug!(error = %crate::ErrorChain(&e), "outbox relay: the control connection could not follow a replaced table yet");
+        }
         Ok(Either::Table(session))
     }
 
@@ -615,6 +713,7 @@ impl Shared for Postgres {
         use crate::store::session::Session;
         if let Either::Table(s) = &session {
             let (table, key) = (s.table_name(), s.table_key());
+            tracing::trace!(outbox = %table, key, "outbox relay: a tenant parks");
             hub.ask(|reply| Command::Park { table, key, reply }).await?;
         }
         session.close().await;

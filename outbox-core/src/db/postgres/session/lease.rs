@@ -29,6 +29,9 @@ pub(in crate::db::postgres) struct Carried {
     pub(in crate::db::postgres) horizon: super::horizon::Horizon,
     pub(in crate::db::postgres) held_since: Option<Instant>,
     pub(in crate::db::postgres) held_reported: bool,
+    /// The partitions its log last said it holds: a tenant takes them again each turn
+    /// (a connection handed back drops its locks), and says so only when they change.
+    pub(in crate::db::postgres) reported_partitions: std::collections::BTreeSet<i32>,
 }
 
 /// A tenant's hold on one of the hub's connections, for one turn.

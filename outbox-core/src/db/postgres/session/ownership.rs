@@ -57,6 +57,17 @@ pub(super) async fn register_partition_count(
 }
 
 impl PgSession<'_> {
+    /// Whether the partitions held differ from what the log last said (then it is the
+    /// log's new word). A tenant of a relay of many outboxes takes the same partitions
+    /// again each turn: said once, not 50 tenants times every turn.
+    fn partitions_changed(&mut self) -> bool {
+        if self.owned == self.reported_partitions {
+            return false;
+        }
+        self.reported_partitions.clone_from(&self.owned);
+        true
+    }
+
     pub(super) async fn count_relays(&mut self) -> SessionResult<i64> {
         self.count_queries(1);
         Ok(sqlx::query_scalar(&self.sql.count_relays)
@@ -87,7 +98,9 @@ impl PgSession<'_> {
             for p in &extra {
                 self.owned.remove(p);
             }
-            tracing::info!(released = ?extra, relays, "outbox relay gave partitions back");
+            if self.partitions_changed() {
+                tracing::info!(outbox = %self.cx.tables.outbox, released = ?extra, relays, "outbox relay gave partitions back");
+            }
         } else if self.owned.len() < share {
             // Start looking at a slot-dependent offset so relays don't all race for partition 0.
             let start = (self.slot * i32::try_from(share).unwrap_or(1)).rem_euclid(total);
@@ -105,10 +118,13 @@ impl PgSession<'_> {
             .bind(i64::try_from(share - self.owned.len()).unwrap_or(0))
             .fetch_all(&mut self.conn)
             .await?;
-            if !got.is_empty() {
-                tracing::info!(acquired = ?got, relays, "outbox relay took partitions");
+            let took = !got.is_empty();
+            self.owned.extend(got.iter().copied());
+            if took && self.partitions_changed() {
+                tracing::info!(outbox = %self.cx.tables.outbox, acquired = ?got, relays, "outbox relay took partitions");
+            } else if took {
+                tracing::debug!(outbox = %self.cx.tables.outbox, acquired = ?got, relays, "outbox relay took its partitions again");
             }
-            self.owned.extend(got);
         }
         self.cx
             .gauge("outbox_relay_partitions", self.owned.len() as f64);

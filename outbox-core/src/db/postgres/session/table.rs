@@ -48,6 +48,8 @@ pub struct PgSession<'a> {
     pub(super) table_key: i32,
     pub(super) slot: i32,
     pub(super) owned: BTreeSet<i32>,
+    /// The partitions the log last said this outbox's relay holds.
+    pub(super) reported_partitions: BTreeSet<i32>,
     pub(super) relays: i64,
     /// `relays` was just counted by a probe: the next ownership check rebalances with it.
     pub(super) relays_probed: bool,
@@ -191,6 +193,7 @@ impl<'a> PgSession<'a> {
             table_key,
             slot,
             owned: BTreeSet::new(),
+            reported_partitions: carried.reported_partitions,
             relays: 1,
             horizon: carried.horizon,
             relays_probed: false,
@@ -482,6 +485,7 @@ impl Session for PgSession<'_> {
                 if taken {
                     self.idle = Idle::Declared;
                     self.idle_retry.reset();
+                    tracing::trace!(outbox = %self.cx.tables.outbox, key = self.table_key, "outbox relay: declared idle; commits notify from now on");
                     return Ok(());
                 }
                 // A commit held it for its probe at that instant: try again shortly,
@@ -626,6 +630,7 @@ impl Session for PgSession<'_> {
                 horizon: self.horizon,
                 held_since: self.held_since,
                 held_reported: self.held_reported,
+                reported_partitions: self.reported_partitions,
             };
             lease.give_back(self.conn, self.table_key, carry).await;
             return;
