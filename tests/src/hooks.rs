@@ -53,18 +53,13 @@ pub(crate) fn init(log_filter: &str) {
         }),
         Err(_) => log_filter.parse().expect("the tests' log filter parses"),
     };
-    let hooked = Targets::new().with_target("outbox_core", tracing::Level::TRACE);
-    let either = printed
-        .iter()
-        .chain(hooked.iter())
-        .fold(Targets::new(), |all, (target, level)| {
-            all.with_target(target, level)
-        })
-        .with_default(
-            printed
-                .default_level()
-                .unwrap_or(tracing::level_filters::LevelFilter::OFF),
-        );
+    // Either wants it: the hooks every `outbox_core` event, the printing layer its own.
+    // (Not two `Targets` merged: the more specific directive wins there, so
+    // `RUST_LOG=outbox_core::db=info` would hide the relay's trace events from the hooks.)
+    let wanted = printed.clone();
+    let either = tracing_subscriber::filter::filter_fn(move |meta| {
+        meta.target().starts_with("outbox_core") || wanted.would_enable(meta.target(), meta.level())
+    });
     let _ = tracing_subscriber::registry()
         .with(either)
         .with(Printed {

@@ -20,7 +20,9 @@
 //!   connection listens for has it listen on the new channel *before* the turn begins.
 //!   Its session declares itself idle on the new key, and commits then notify on the new
 //!   channel: were it only heard from when the tenant parks, a commit in between would
-//!   wake no one (#35: a fresh-clone CI run lost one that way).
+//!   wake no one (#35: a fresh-clone CI run lost one that way). Should the control
+//!   connection learn of the new table only at the park after all (it was down as the
+//!   turn began), the park wakes the tenant once more, to look again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -331,18 +333,18 @@ impl Control {
     /// since: listen on the channel of the table as it is now (looked up here, so that a
     /// session that found the old table, as the replacement committed, cannot send the
     /// control connection back to it) instead of the old one, under the same wake-up.
-    /// Returns the key now listened for (`key` for a table not joined); `Err` when the
-    /// control connection is lost.
-    async fn follow(&mut self, table: &str, key: i32) -> Result<i32, Lost> {
+    /// Returns the key now listened for (`key` for a table not joined), and whether the
+    /// channel changed here; `Err` when the control connection is lost.
+    async fn follow(&mut self, table: &str, key: i32) -> Result<(i32, bool), Lost> {
         let Some(known) = self.tables.get(table) else {
-            return Ok(key);
+            return Ok((key, false));
         };
         if known.key == key {
-            return Ok(key);
+            return Ok((key, false));
         }
         let old_key = known.key;
         let Some(listener) = self.listener.as_mut() else {
-            return Ok(old_key);
+            return Ok((old_key, false));
         };
         let now: Result<i32, sqlx::Error> =
             sqlx::query_scalar("SELECT $1::text::regclass::oid::int4")
@@ -353,14 +355,14 @@ impl Control {
             Ok(now) => now,
             Err(e) if connection_lost(&e) => return Err(e.into()),
             // Gone altogether: its tenant's session says so in its turn.
-            Err(_) => return Ok(old_key),
+            Err(_) => return Ok((old_key, false)),
         };
         if now == old_key {
-            return Ok(old_key);
+            return Ok((old_key, false));
         }
         let channel = format!("outbox_{}", u32::from_ne_bytes(now.to_ne_bytes()));
         let Some(known) = self.tables.get_mut(table) else {
-            return Ok(key);
+            return Ok((key, false));
         };
         let old_channel = std::mem::replace(&mut known.channel, channel.clone());
         known.key = now;
@@ -376,14 +378,14 @@ impl Control {
             "outbox relay: the outbox table was replaced; listening for its new channel"
         );
         let Some(listener) = self.listener.as_mut() else {
-            return Ok(now);
+            return Ok((now, true));
         };
         listener.unlisten(&old_channel).await?;
         listener.listen(&channel).await?;
         if was_parked {
             idle_lock(listener, old_key, false).await?;
         }
-        Ok(now)
+        Ok((now, true))
     }
 
     /// Runs one command; `Err` when the control connection is lost (the command was
@@ -461,13 +463,23 @@ impl Control {
             }
             Command::Park { table, key, reply } => {
                 // The key listened for is the one whose lock makes commits notify.
-                let key = match self.follow(&table, key).await {
-                    Ok(key) => key,
+                let (listened, changed) = match self.follow(&table, key).await {
+                    Ok(followed) => followed,
                     Err(e) => {
                         let _ = reply.send(Err(control_down()));
                         return Err(e);
                     }
                 };
+                // Listened for under another key than the session's, or only from now on
+                // (the turn began while the control connection was down, or the table was
+                // replaced again): a commit since the session declared itself idle may
+                // have notified no one. The tenant looks once more.
+                if (changed || listened != key)
+                    && let Some(known) = self.tables.get(&table)
+                {
+                    known.wake.notify_one();
+                }
+                let key = listened;
                 let Some(listener) = self.listener.as_mut() else {
                     return Ok(());
                 };
@@ -487,7 +499,7 @@ impl Control {
             }
             Command::Begin { table, key, reply } => {
                 let key = match self.follow(&table, key).await {
-                    Ok(key) => key,
+                    Ok((key, _)) => key,
                     Err(e) => {
                         let _ = reply.send(Err(control_down()));
                         return Err(e);
