@@ -83,13 +83,17 @@ fuzz_target!(|input: Input| {
         (url, public)
     };
     let redacted = redact_url(&url);
+    // The marks in place of secrets, as one character no secret holds: a secret made of
+    // `*` and shown text (`*@/F` beside `***@/F`) is not shown.
+    let unmarked = redacted.replace("***", "\u{fffd}");
     for secret in &secrets {
         // A secret that is also a piece of what may be shown cannot be told apart.
         if secret.is_empty() || public.contains(secret.as_str()) {
             continue;
         }
+        let shown = if secret.contains('\u{fffd}') { &redacted } else { &unmarked };
         assert!(
-            !redacted.contains(secret.as_str()),
+            !shown.contains(secret.as_str()),
             "secret {secret:?} shown: {url:?} -> {redacted:?}"
         );
     }
