@@ -24,19 +24,25 @@ lint() {
 
 # What each choice compiles: a user of another database, with every broker, gets neither
 # PostgreSQL's driver nor the replication client; PostgreSQL without WAL mode, no
-# replication client.
+# replication client; MySQL without `mysql-rsa`, not the `rsa` crate (an advisory without
+# a fix, docs/dependencies.md).
 compiles() { cargo tree --locked -e normal -p outbox --no-default-features --features "$1" --prefix none | cut -d' ' -f1 | sort -u; }
 for f in "mysql,sqlite,kafka,nats,rabbitmq" "postgres,kafka,nats,rabbitmq,tls-rustls"; do
-  for unwanted in sqlx-postgres pgwire-replication; do
+  for unwanted in sqlx-postgres pgwire-replication rsa; do
     if [ "$unwanted" = sqlx-postgres ] && [[ "$f" == postgres* ]]; then continue; fi
     if compiles "$f" | grep -qx "$unwanted"; then
-      echo "feature-check: outbox with features $f compiles $unwanted, which only $( [ "$unwanted" = sqlx-postgres ] && echo postgres || echo wal ) needs:" >&2
+      case "$unwanted" in
+        sqlx-postgres) needs=postgres ;;
+        pgwire-replication) needs=wal ;;
+        *) needs=mysql-rsa ;;
+      esac
+      echo "feature-check: outbox with features $f compiles $unwanted, which only $needs needs:" >&2
       cargo tree --locked -e normal,features -p outbox --no-default-features --features "$f" -i "$unwanted" >&2 || true
       exit 1
     fi
   done
 done
-echo "feature-check: ok: no PostgreSQL driver without \`postgres\`, no replication client without \`wal\`"
+echo "feature-check: ok: no PostgreSQL driver without \`postgres\`, no replication client without \`wal\`, no rsa without \`mysql-rsa\`"
 
 lint -p outbox-rs-core --no-default-features
 for f in postgres wal mysql sqlite macros tls-rustls opentelemetry schema; do

@@ -139,13 +139,15 @@ pub async fn run(
 ) -> Result<Summary, Box<dyn std::error::Error + Send + Sync>> {
     let schema = format!("orders_demo_{}", Uuid::now_v7().simple());
     let admin_pool = sqlx::PgPool::connect(&config.database_url).await?;
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin_pool)
         .await?;
     let result = scenario(config, &schema, &mut log).await;
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&admin_pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin_pool)
+    .await?;
     result
 }
 

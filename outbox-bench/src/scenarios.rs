@@ -10,6 +10,7 @@ use crate::kafka;
 use crate::publisher::CountingPublisher;
 use crate::report::{Report, Target};
 use crate::setup::{Args, BenchDb, peak_rss, quantile, reset_peak_rss};
+use crate::trusted_sql;
 
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -305,7 +306,7 @@ pub(crate) async fn commit_timings(
         "INSERT INTO orders SELECT g, 'new' FROM generate_series(0, 9999) g",
         "CREATE TABLE plain_row (LIKE outbox INCLUDING ALL)",
     ] {
-        sqlx::query(sql).execute(pool).await?;
+        sqlx::query(trusted_sql(sql)).execute(pool).await?;
     }
     let mut timings = vec![vec![Vec::new(); VARIANTS.len() + 1]; outboxes.len()];
     let payload = format!(
@@ -320,7 +321,10 @@ pub(crate) async fn commit_timings(
             for (v, &events) in VARIANTS.iter().enumerate() {
                 let started = Instant::now();
                 let mut tx = outbox.begin().await?;
-                sqlx::query(update).bind(order).execute(&mut *tx).await?;
+                sqlx::query(trusted_sql(update))
+                    .bind(order)
+                    .execute(&mut *tx)
+                    .await?;
                 for e in 0..events {
                     tx.emit_message(
                         OutboxMessage::new("OrderConfirmed", "orders", payload.clone())
@@ -334,7 +338,10 @@ pub(crate) async fn commit_timings(
             }
             let started = Instant::now();
             let mut tx = outbox.pool().begin().await?;
-            sqlx::query(update).bind(order).execute(&mut *tx).await?;
+            sqlx::query(trusted_sql(update))
+                .bind(order)
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(
                 "INSERT INTO plain_row \
                  (id, event_type, event_version, destination, partition_key, payload, headers) \
@@ -454,9 +461,11 @@ impl ServerStatements {
         .fetch_one(&pool)
         .await?;
         // Loaded at server start only: without it the view errors on first use.
-        if let Err(e) = sqlx::query(&format!("SELECT count(*) FROM {schema}.pg_stat_statements"))
-            .execute(&pool)
-            .await
+        if let Err(e) = sqlx::query(trusted_sql(format!(
+            "SELECT count(*) FROM {schema}.pg_stat_statements"
+        )))
+        .execute(&pool)
+        .await
         {
             return Err(format!(
                 "pg_stat_statements is not usable ({e}): add it to shared_preload_libraries \
@@ -468,10 +477,10 @@ impl ServerStatements {
     }
 
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
-        sqlx::query(&format!(
+        sqlx::query(trusted_sql(format!(
             "SELECT {}.pg_stat_statements_reset()",
             self.schema
-        ))
+        )))
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -480,14 +489,14 @@ impl ServerStatements {
     /// Every statement run in this database since the reset (but these readings), or only
     /// those whose text contains `like`.
     pub(crate) async fn calls(&self, like: Option<&str>) -> Result<Executed, BoxError> {
-        let (calls, total_ms): (f64, f64) = sqlx::query_as(&format!(
+        let (calls, total_ms): (f64, f64) = sqlx::query_as(trusted_sql(format!(
             "SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(total_exec_time), 0)::float8 \
              FROM {}.pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND query NOT LIKE '%pg_stat_statements%' \
                AND ($1::text IS NULL OR strpos(query, $1) > 0)",
             self.schema
-        ))
+        )))
         .bind(like)
         .fetch_one(&self.pool)
         .await?;

@@ -7,6 +7,7 @@ use outbox_core::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use outbox_core::sqlx::{self, Connection};
 
 use crate::BoxError;
+use crate::trusted_sql;
 
 /// Parsed command line.
 pub struct Args {
@@ -232,7 +233,7 @@ impl BenchDb {
         let schema = format!("outbox_bench_{}", uuid::Uuid::now_v7().simple());
         let base = PgConnectOptions::from_str(&args.database_url)?;
         let mut admin = sqlx::PgConnection::connect_with(&base).await?;
-        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        sqlx::query(trusted_sql(format!("CREATE SCHEMA \"{schema}\"")))
             .execute(&mut admin)
             .await?;
         let pool = PgPoolOptions::new()
@@ -292,9 +293,12 @@ impl BenchDb {
     pub async fn drop(self) -> Result<(), BoxError> {
         self.outbox.pool().close().await;
         let mut admin = sqlx::PgConnection::connect(&self.url).await?;
-        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
-            .execute(&mut admin)
-            .await?;
+        sqlx::query(trusted_sql(format!(
+            "DROP SCHEMA \"{}\" CASCADE",
+            self.schema
+        )))
+        .execute(&mut admin)
+        .await?;
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ use crate::publisher::CountingPublisher;
 use crate::report::{Report, Target};
 use crate::scenarios::sized;
 use crate::setup::{Args, BenchDb, quantile};
+use crate::trusted_sql;
 
 /// Events per filling transaction.
 const PER_COMMIT: u64 = 100;
@@ -70,9 +71,12 @@ impl WalDb {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{}\"", self.slot))
-            .execute(&pool)
-            .await?;
+        sqlx::query(trusted_sql(format!(
+            "DROP PUBLICATION IF EXISTS \"{}\"",
+            self.slot
+        )))
+        .execute(&pool)
+        .await?;
         self.db.drop().await
     }
 

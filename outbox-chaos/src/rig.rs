@@ -24,6 +24,7 @@ use outbox_tests::proxy::{Mode, Proxy};
 
 use crate::ledger::{self, Event, Ledger};
 use crate::procs::{self, SESSION_TIMEOUT};
+use crate::trusted_sql;
 
 /// The faults, each run on its own; `mixed` runs random pairs of them at once.
 pub const FAULTS: [&str; 11] = [
@@ -501,7 +502,7 @@ async fn run_one(
     let admin_pool = PgPool::connect(&env.database_url)
         .await
         .map_err(|e| format!("PostgreSQL at {}: {e}", env.database_url))?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+    sqlx::query(trusted_sql(format!("CREATE SCHEMA {schema}")))
         .execute(&admin_pool)
         .await
         .map_err(|e| e.to_string())?;
@@ -528,7 +529,7 @@ async fn run_one(
         "CREATE TABLE chaos_stats (consumer text, pid bigint, handled bigint, duplicates bigint, PRIMARY KEY (consumer, pid))",
         "CREATE TABLE chaos_acked (key text NOT NULL, n int NOT NULL, at timestamptz NOT NULL)",
     ] {
-        sqlx::query(ddl)
+        sqlx::query(trusted_sql(ddl))
             .execute(&rig)
             .await
             .map_err(|e| e.to_string())?;
@@ -794,7 +795,7 @@ async fn run_one(
     if report.holds() && report.ledger.skipped_by_fetch == 0 {
         rig.close().await;
         run.writer.pool().close().await;
-        let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        let _ = sqlx::query(trusted_sql(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&admin_pool)
             .await;
         let _ = std::fs::remove_dir_all(&logs);
@@ -914,7 +915,10 @@ async fn create_stream(url: &str, stream: &str, subject: &str) -> Result<(), Str
 async fn wait_for(pool: &PgPool, query: &str, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(true) = sqlx::query_scalar::<_, bool>(query).fetch_one(pool).await {
+        if let Ok(true) = sqlx::query_scalar::<_, bool>(trusted_sql(query))
+            .fetch_one(pool)
+            .await
+        {
             return Ok(());
         }
         if Instant::now() > deadline {

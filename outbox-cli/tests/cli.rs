@@ -5,6 +5,7 @@
 use std::process::Output;
 
 use outbox_core::sqlx;
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, database_url};
 use uuid::Uuid;
 
@@ -1022,7 +1023,7 @@ async fn sqlite_and_mysql_urls() {
         .await
         .expect("MariaDB at OUTBOX_TEST_MYSQL_URL");
     admin
-        .execute(format!("CREATE DATABASE `{database}`").as_str())
+        .execute(trusted_sql(format!("CREATE DATABASE `{database}`")))
         .await
         .expect("create database");
     let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
@@ -1046,7 +1047,7 @@ async fn sqlite_and_mysql_urls() {
     );
     outbox.pool().close().await;
     admin
-        .execute(format!("DROP DATABASE `{database}`").as_str())
+        .execute(trusted_sql(format!("DROP DATABASE `{database}`")))
         .await
         .expect("drop database");
 

@@ -12,6 +12,7 @@ use outbox_core::sqlx::{self, Connection as _, Executor as _, MySql, Postgres, S
 use outbox_core::{Backend, Outbox};
 
 use crate::TestDb;
+use crate::trusted_sql;
 
 /// A database the shared suite runs against.
 pub trait TestBackend: Backend {
@@ -65,7 +66,7 @@ pub async fn mysql_database(prefix: &str) -> String {
     let database = format!("{prefix}_{}", unique());
     mysql_admin()
         .await
-        .execute(format!("CREATE DATABASE `{database}`").as_str())
+        .execute(trusted_sql(format!("CREATE DATABASE `{database}`")))
         .await
         .expect("create the test database");
     database
@@ -75,7 +76,7 @@ pub async fn mysql_database(prefix: &str) -> String {
 pub async fn drop_mysql_database(database: &str) {
     mysql_admin()
         .await
-        .execute(format!("DROP DATABASE `{database}`").as_str())
+        .execute(trusted_sql(format!("DROP DATABASE `{database}`")))
         .await
         .expect("drop the test database");
 }
@@ -109,7 +110,7 @@ impl TestBackend for Postgres {
         outbox
     }
     async fn exec_on(conn: &mut sqlx::PgConnection, sql: &str) -> u64 {
-        conn.execute(sql)
+        conn.execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
@@ -118,19 +119,19 @@ impl TestBackend for Postgres {
         fixture
             .outbox
             .pool()
-            .execute(sql)
+            .execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
     }
     async fn int(fixture: &Fixture<Self>, sql: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT ({sql})::int8"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT ({sql})::int8")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
     async fn float(fixture: &Fixture<Self>, sql: &str) -> Option<f64> {
-        sqlx::query_scalar(&format!("SELECT ({sql})::float8"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT ({sql})::float8")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -162,7 +163,7 @@ impl TestBackend for MySql {
             });
         let database = format!("outbox_test_{}", unique());
         admin
-            .execute(format!("CREATE DATABASE `{database}`").as_str())
+            .execute(trusted_sql(format!("CREATE DATABASE `{database}`")))
             .await
             .expect("create the test database");
         let options: sqlx::mysql::MySqlConnectOptions = url.parse().expect("mysql url");
@@ -187,7 +188,7 @@ impl TestBackend for MySql {
         outbox
     }
     async fn exec_on(conn: &mut sqlx::MySqlConnection, sql: &str) -> u64 {
-        conn.execute(sql)
+        conn.execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
@@ -196,19 +197,19 @@ impl TestBackend for MySql {
         fixture
             .outbox
             .pool()
-            .execute(sql)
+            .execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
     }
     async fn int(fixture: &Fixture<Self>, sql: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT CAST(({sql}) AS SIGNED)"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT CAST(({sql}) AS SIGNED)")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
     async fn float(fixture: &Fixture<Self>, sql: &str) -> Option<f64> {
-        sqlx::query_scalar(&format!("SELECT CAST(({sql}) AS DOUBLE)"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT CAST(({sql}) AS DOUBLE)")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -226,7 +227,7 @@ impl TestBackend for MySql {
                 .await
                 .expect("connect to drop the test database");
             admin
-                .execute(format!("DROP DATABASE `{database}`").as_str())
+                .execute(trusted_sql(format!("DROP DATABASE `{database}`")))
                 .await
                 .expect("drop the test database");
         }
@@ -255,7 +256,7 @@ impl TestBackend for Sqlite {
         outbox
     }
     async fn exec_on(conn: &mut sqlx::SqliteConnection, sql: &str) -> u64 {
-        conn.execute(sql)
+        conn.execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
@@ -264,19 +265,19 @@ impl TestBackend for Sqlite {
         fixture
             .outbox
             .pool()
-            .execute(sql)
+            .execute(trusted_sql(sql))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .rows_affected()
     }
     async fn int(fixture: &Fixture<Self>, sql: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT CAST(({sql}) AS INTEGER)"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT CAST(({sql}) AS INTEGER)")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
     async fn float(fixture: &Fixture<Self>, sql: &str) -> Option<f64> {
-        sqlx::query_scalar(&format!("SELECT CAST(({sql}) AS REAL)"))
+        sqlx::query_scalar(trusted_sql(format!("SELECT CAST(({sql}) AS REAL)")))
             .fetch_one(fixture.outbox.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))

@@ -4,6 +4,7 @@
 use outbox_core::Outbox;
 use uuid::Uuid;
 
+use crate::trusted_sql;
 use crate::{TestDb, wait_until};
 
 /// A slot name of this process's own. Slots are server-wide, and one left behind keeps
@@ -33,9 +34,11 @@ pub async fn drop_stale_slots(db: &TestDb) {
             .bind(&slot)
             .execute(&db.pool)
             .await;
-        let _ = sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-            .execute(&db.pool)
-            .await;
+        let _ = sqlx::query(trusted_sql(format!(
+            "DROP PUBLICATION IF EXISTS \"{slot}\""
+        )))
+        .execute(&db.pool)
+        .await;
     }
 }
 
@@ -71,9 +74,11 @@ pub async fn cleanup(db: TestDb, slot: &str) {
         .execute(&db.pool)
         .await
         .expect("drop the slot");
-    sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-        .execute(&db.pool)
-        .await
-        .expect("drop the publication");
+    sqlx::query(trusted_sql(format!(
+        "DROP PUBLICATION IF EXISTS \"{slot}\""
+    )))
+    .execute(&db.pool)
+    .await
+    .expect("drop the publication");
     db.cleanup().await;
 }

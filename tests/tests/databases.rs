@@ -13,6 +13,7 @@ use outbox_core::relay::{OnDeadLetter, Relay};
 use outbox_core::retention::Retention;
 use outbox_core::{Error, Outbox, OutboxMessage, OutboxRecord, OutboxTx};
 use outbox_tests::backends::{Fixture, TestBackend, init_statement_log, logged_statements};
+use outbox_tests::trusted_sql;
 use outbox_tests::{relay_looked_again, wait_until};
 use uuid::Uuid;
 
@@ -1384,9 +1385,9 @@ async fn mysql_marking_a_batch_locks_only_its_rows() {
     .await;
     // An operator's transaction holds the dead letter (as `discard` does while it works).
     let mut operator = f.outbox.pool().begin().await.expect("begin");
-    outbox_core::sqlx::query(&format!(
+    outbox_core::sqlx::query(trusted_sql(format!(
         "SELECT id FROM outbox WHERE id = '{dead}' FOR UPDATE"
-    ))
+    )))
     .fetch_all(&mut *operator)
     .await
     .expect("lock the dead letter");

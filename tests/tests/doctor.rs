@@ -10,6 +10,7 @@ use outbox_core::doctor::{Doctor, Limits, Report, Severity};
 use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::relay::Relay;
 use outbox_core::{Outbox, OutboxMessage, sqlx};
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, wait_until};
 use uuid::Uuid;
 
@@ -300,7 +301,7 @@ async fn a_sequence_that_caches_values_is_found() {
         .fetch_one(&db.pool)
         .await
         .expect("the sequence");
-    sqlx::query(&format!("ALTER SEQUENCE {sequence} CACHE 20"))
+    sqlx::query(trusted_sql(format!("ALTER SEQUENCE {sequence} CACHE 20")))
         .execute(&db.pool)
         .await
         .expect("cache 20");
@@ -417,9 +418,11 @@ async fn a_replication_slot_nobody_reads_and_a_missing_wal_slot_are_found() {
         missing.summary,
         format!("WAL mode's slot {slot} does not exist: the relay cannot start")
     );
-    sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-        .execute(&db.pool)
-        .await
-        .expect("drop the publication");
+    sqlx::query(trusted_sql(format!(
+        "DROP PUBLICATION IF EXISTS \"{slot}\""
+    )))
+    .execute(&db.pool)
+    .await
+    .expect("drop the publication");
     db.cleanup().await;
 }

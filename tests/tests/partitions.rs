@@ -8,6 +8,7 @@ use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::relay::Relay;
 use outbox_core::retention::Retention;
 use outbox_core::{Outbox, OutboxMessage, sqlx};
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, wait_until};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -32,13 +33,13 @@ async fn rows(db: &TestDb, n: i64, days_ago: i64, state: &str) {
         "pending" => ("NULL", "NULL"),
         _ => ("NULL", ts.as_str()),
     };
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "INSERT INTO outbox (id, event_type, destination, partition_key, payload, created_at, sent_at, dead_at) \
          SELECT {id}, 'Old', 'history', 'k' || (i % 7), jsonb_build_object('i', i, 'days_ago', {days_ago}), \
                 {ts}, {sent_at}, {dead_at} \
          FROM generate_series(1, $1) AS i",
         id = v7_at(&ts)
-    ))
+    )))
     .bind(n)
     .execute(&db.pool)
     .await
@@ -68,9 +69,9 @@ async fn partitions(db: &TestDb) -> Vec<String> {
 
 /// The partition name of the day `days_ago` days ago.
 async fn day(db: &TestDb, days_ago: i64) -> String {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(trusted_sql(format!(
         "SELECT 'outbox_p' || to_char((now() - interval '{days_ago} days') AT TIME ZONE 'UTC', 'YYYYMMDD')"
-    ))
+    )))
     .fetch_one(&db.pool)
     .await
     .expect("a day's name")
@@ -279,7 +280,7 @@ async fn retention_drops_old_partitions_whole_and_keeps_those_with_pending_or_de
     let count = |table: String| {
         let pool = db.pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM \"{table}\""))
+            sqlx::query_scalar::<_, i64>(trusted_sql(format!("SELECT count(*) FROM \"{table}\"")))
                 .fetch_one(&pool)
                 .await
                 .expect("count")
@@ -304,9 +305,9 @@ async fn retention_drops_old_partitions_whole_and_keeps_those_with_pending_or_de
     );
 
     // Once its pending row is sent, day -11 goes whole at the next run.
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "UPDATE \"{d11}\" SET sent_at = now() - interval '11 days'"
-    ))
+    )))
     .execute(&db.pool)
     .await
     .expect("send the pending row");
@@ -333,15 +334,15 @@ async fn a_partition_added_late_takes_its_rows_from_the_default_partition() {
     // The day after tomorrow's partition is missing (say retention did not run): its
     // rows land in the default partition, and no write fails.
     let later = day(&db, -2).await;
-    sqlx::query(&format!("DROP TABLE \"{later}\""))
+    sqlx::query(trusted_sql(format!("DROP TABLE \"{later}\"")))
         .execute(&db.pool)
         .await
         .expect("drop a partition ahead");
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "INSERT INTO outbox (id, event_type, destination, payload) \
          VALUES ({}, 'Later', 'x', '{{}}')",
         v7_at("(now() + interval '2 days')")
-    ))
+    )))
     .execute(&db.pool)
     .await
     .expect("a row of the missing day");
@@ -450,7 +451,7 @@ async fn a_writer_parsed_while_the_table_is_replaced_locks_under_the_new_table()
         "ALTER TABLE outbox RENAME TO outbox_before",
         "CREATE TABLE outbox (LIKE outbox_before INCLUDING ALL)",
     ] {
-        sqlx::query(step)
+        sqlx::query(trusted_sql(step))
             .execute(&mut *swapping)
             .await
             .expect("replace the table");

@@ -7,6 +7,7 @@ use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::{OnDeadLetter, Relay, RelayHandle};
 use outbox_core::sqlx;
 use outbox_core::{Outbox, OutboxMessage, OutboxRecord};
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, relay_looked_again, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -682,7 +683,7 @@ async fn a_relay_without_a_second_connection_marks_on_its_own() {
             db.schema
         ),
     ] {
-        sqlx::query(&statement)
+        sqlx::query(trusted_sql(&statement))
             .execute(&db.pool)
             .await
             .unwrap_or_else(|e| panic!("{statement}: {e}"));
@@ -725,7 +726,7 @@ async fn a_relay_without_a_second_connection_marks_on_its_own() {
     let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect_with(&admin)
         .await
         .expect("connect");
-    sqlx::query(&format!("DROP ROLE {role}"))
+    sqlx::query(trusted_sql(format!("DROP ROLE {role}")))
         .execute(&mut admin)
         .await
         .expect("drop the role");

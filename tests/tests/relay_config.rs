@@ -7,6 +7,7 @@ use std::time::Duration;
 use outbox_core::publisher::{InMemoryPublisher, OutboxRecord, PublishError, Publisher};
 use outbox_core::relay::Relay;
 use outbox_tests::logs::Captured;
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, wait_until};
 
 fn logs() -> &'static Captured {
@@ -77,7 +78,7 @@ async fn a_relay_refuses_an_outbox_sequence_with_a_cache() {
         )
     };
     let mut conn = db.connect().await;
-    outbox_core::sqlx::query(&alter(20))
+    outbox_core::sqlx::query(trusted_sql(alter(20)))
         .execute(&mut conn)
         .await
         .expect("set a cache");
@@ -105,7 +106,7 @@ async fn a_relay_refuses_an_outbox_sequence_with_a_cache() {
         line.contains("ERROR") && line.contains("CACHE 1"),
         "says what to run: {line}"
     );
-    outbox_core::sqlx::query(&alter(1))
+    outbox_core::sqlx::query(trusted_sql(alter(1)))
         .execute(&mut conn)
         .await
         .expect("back to CACHE 1");

@@ -11,6 +11,7 @@ use outbox_core::relay::{RelayConfig, Tenants};
 use outbox_core::{Outbox, OutboxMessage};
 use outbox_nats::NatsPublisher;
 use outbox_tests::nats::{fresh_stream, nats_url};
+use outbox_tests::trusted_sql;
 use outbox_tests::{TestDb, wait_until, wait_until_or};
 use sqlx::PgPool;
 
@@ -98,13 +99,13 @@ fn count_of(received: &Mutex<Received>, subject: &str) -> usize {
 
 /// Rows for a backlog, written straight into the table: `n` events over 10 keys.
 async fn flood(pool: &PgPool, outbox: &Outbox, subject: &str, n: i64) {
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "INSERT INTO {} (id, event_type, destination, partition_key, payload, headers) \
          SELECT gen_random_uuid(), 'Flooded', $1, 'k' || (i % 10), \
                 jsonb_build_object('key', 'k' || (i % 10), 'n', i), '{{}}'::jsonb \
          FROM generate_series(1, $2) AS i",
         outbox.tables().outbox.quoted()
-    ))
+    )))
     .bind(subject)
     .bind(n)
     .execute(pool)
@@ -621,7 +622,7 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
     let here = db.outbox().await;
     // A second database on the same server, with an outbox of its own.
     let other_db = format!("outbox_test_{}", &db.schema[12..]);
-    sqlx::query(&format!("CREATE DATABASE \"{other_db}\""))
+    sqlx::query(trusted_sql(format!("CREATE DATABASE \"{other_db}\"")))
         .execute(&db.pool)
         .await
         .expect("create a second database");
@@ -665,10 +666,12 @@ async fn outboxes_in_two_databases_are_served_and_named_by_database() {
     );
     relay.shutdown().await;
     other_pool.close().await;
-    sqlx::query(&format!("DROP DATABASE \"{other_db}\" WITH (FORCE)"))
-        .execute(&db.pool)
-        .await
-        .expect("drop the second database");
+    sqlx::query(trusted_sql(format!(
+        "DROP DATABASE \"{other_db}\" WITH (FORCE)"
+    )))
+    .execute(&db.pool)
+    .await
+    .expect("drop the second database");
     db.cleanup().await;
 }
 
@@ -812,12 +815,12 @@ async fn converted_tenant(history: i64) {
     let db = TestDb::new().await;
     let outboxes = db.tenants(TENANTS).await;
     if history > 0 {
-        sqlx::query(&format!(
+        sqlx::query(trusted_sql(format!(
             "INSERT INTO {} (id, event_type, destination, partition_key, payload, headers, sent_at) \
              SELECT gen_random_uuid(), 'Sent', 'history', 'k', '{{}}'::jsonb, '{{}}'::jsonb, now() \
              FROM generate_series(1, $1)",
             outboxes[1].tables().outbox.quoted()
-        ))
+        )))
         .bind(history)
         .execute(&db.pool)
         .await

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use outbox_core::sqlx::{self, Row};
 use outbox_core::{Destination, Error, Outbox, OutboxEvent, OutboxMessage, OutboxTx};
 use outbox_tests::TestDb;
+use outbox_tests::trusted_sql;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -516,26 +517,29 @@ async fn custom_schema_qualified_tables() {
     let mut tx = outbox.begin().await.expect("begin");
     tx.emit(Heartbeat {}).expect("emit");
     tx.commit().await.expect("commit");
-    let n: i64 = sqlx::query_scalar(&format!(
+    let n: i64 = sqlx::query_scalar(trusted_sql(format!(
         "SELECT count(*) FROM \"{}_custom\".events",
         db.schema
-    ))
+    )))
     .fetch_one(&db.pool)
     .await
     .expect("count");
     assert_eq!(n, 1);
-    let processed: i64 = sqlx::query_scalar(&format!(
+    let processed: i64 = sqlx::query_scalar(trusted_sql(format!(
         "SELECT count(*) FROM \"{}_custom\".events_processed",
         db.schema
-    ))
+    )))
     .fetch_one(&db.pool)
     .await
     .expect("processed table exists");
     assert_eq!(processed, 0);
-    sqlx::query(&format!("DROP SCHEMA \"{}_custom\" CASCADE", db.schema))
-        .execute(&db.pool)
-        .await
-        .expect("drop");
+    sqlx::query(trusted_sql(format!(
+        "DROP SCHEMA \"{}_custom\" CASCADE",
+        db.schema
+    )))
+    .execute(&db.pool)
+    .await
+    .expect("drop");
     db.cleanup().await;
 }
 

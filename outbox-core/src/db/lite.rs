@@ -47,10 +47,10 @@ pub(crate) trait Lite: sqlx::Database {
     fn fail(outbox: &str) -> String;
     /// Binds whether the row dies and the delay before its next attempt (seconds).
     fn bind_plan<'q>(
-        query: Query<'q, Self, <Self as sqlx::Database>::Arguments<'q>>,
+        query: Query<'q, Self, <Self as sqlx::Database>::Arguments>,
         dead: bool,
         delay: f64,
-    ) -> Query<'q, Self, <Self as sqlx::Database>::Arguments<'q>>;
+    ) -> Query<'q, Self, <Self as sqlx::Database>::Arguments>;
     /// Deletes up to `?` processed ids older than `?`, oldest first.
     fn delete_processed(table: &str) -> String;
     /// Sets up the relay's connection. MySQL: the server ends the session once it is idle
@@ -192,7 +192,7 @@ macro_rules! lite_backend {
                     );
                     // A failed statement leaves the transaction usable on both databases;
                     // a plain INSERT (not INSERT IGNORE) never truncates a long name.
-                    match sqlx::query(&sql)
+                    match sqlx::query(crate::store::trusted_sql(&sql))
                         .bind(consumer)
                         .bind(id.to_string())
                         .execute(conn)
@@ -222,7 +222,7 @@ macro_rules! lite_backend {
                         "SELECT COUNT(*) FROM {} WHERE consumer = ? AND message_id = ?",
                         <$db as Lite>::quote(&tables.processed)
                     );
-                    let n: i64 = sqlx::query_scalar(&sql)
+                    let n: i64 = sqlx::query_scalar(crate::store::trusted_sql(&sql))
                         .bind(consumer)
                         .bind(id.to_string())
                         .fetch_one(pool)
@@ -233,7 +233,7 @@ macro_rules! lite_backend {
 
             fn clock_minus(pool: &Pool, age_secs: f64) -> BoxFuture<'_, SqlResult<DateTime<Utc>>> {
                 Box::pin(async move {
-                    sqlx::query_scalar(<$db as Lite>::CLOCK_MINUS)
+                    sqlx::query_scalar(crate::store::trusted_sql(<$db as Lite>::CLOCK_MINUS))
                         .bind(<$db as Lite>::age(age_secs))
                         .fetch_one(pool)
                         .await
@@ -252,10 +252,10 @@ macro_rules! lite_backend {
                     let mut conn = pool.acquire().await?;
                     // The batch's upper end first, then a range delete that checks the
                     // state again (a message replayed in between is kept).
-                    let (found, last): (i64, Option<i64>) = sqlx::query_as(&format!(
+                    let (found, last): (i64, Option<i64>) = sqlx::query_as(crate::store::trusted_sql(format!(
                         "SELECT COUNT(*), MAX(seq) FROM (SELECT seq FROM {t} \
                          WHERE seq > ? AND sent_at < ? AND dead_at IS NULL ORDER BY seq LIMIT ?) d"
-                    ))
+                    )))
                     .bind(after)
                     .bind(<$db as Lite>::ts(cutoff))
                     .bind(limit)
@@ -266,9 +266,9 @@ macro_rules! lite_backend {
                     };
                     drop(conn);
                     let mut tx = pool.begin_with(<$db as Lite>::ADMIN_BEGIN).await?;
-                    let done = sqlx::query(&format!(
+                    let done = sqlx::query(crate::store::trusted_sql(format!(
                         "DELETE FROM {t} WHERE seq > ? AND seq <= ? AND sent_at < ? AND dead_at IS NULL"
-                    ))
+                    )))
                     .bind(after)
                     .bind(last)
                     .bind(<$db as Lite>::ts(cutoff))
@@ -291,7 +291,7 @@ macro_rules! lite_backend {
             ) -> BoxFuture<'c, SqlResult<u64>> {
                 Box::pin(async move {
                     let mut tx = pool.begin_with(<$db as Lite>::ADMIN_BEGIN).await?;
-                    let done = sqlx::query(&<$db as Lite>::delete_processed(&<$db as Lite>::quote(&tables.processed)))
+                    let done = sqlx::query(crate::store::trusted_sql(&<$db as Lite>::delete_processed(&<$db as Lite>::quote(&tables.processed))))
                         .bind(<$db as Lite>::ts(cutoff))
                         .bind(limit)
                         .execute(&mut *tx)
@@ -305,7 +305,7 @@ macro_rules! lite_backend {
                 Box::pin(async move {
                     let t = <$db as Lite>::quote(&tables.outbox);
                     let mut conn = pool.acquire().await?;
-                    let rows = sqlx::query(&format!(
+                    let rows = sqlx::query(crate::store::trusted_sql(format!(
                         "SELECT {destination} AS destination, \
                                 COUNT(CASE WHEN dead = 0 THEN 1 END) AS pending, \
                                 COUNT(CASE WHEN retrying = 1 AND dead = 0 THEN 1 END) AS in_retry, \
@@ -322,7 +322,7 @@ macro_rules! lite_backend {
                         now = <$db as Lite>::NOW,
                         pending = $crate::model::state::PENDING,
                         failed = $crate::model::state::FAILED,
-                    ))
+                    )))
                     .fetch_all(&mut *conn)
                     .await?;
                     let mut status = $crate::db::rows::status(&rows, |row| {
@@ -333,7 +333,7 @@ macro_rules! lite_backend {
                     let (relays, rows_estimate) = <$db as Lite>::relays_and_rows(&mut conn, tables).await?;
                     status.relays = relays;
                     status.rows_estimate = rows_estimate;
-                    let last: (Option<i64>,) = sqlx::query_as(&format!("SELECT MAX(seq) FROM {t}"))
+                    let last: (Option<i64>,) = sqlx::query_as(crate::store::trusted_sql(format!("SELECT MAX(seq) FROM {t}")))
                         .fetch_one(&mut *conn)
                         .await?;
                     status.last_seq = last.0;
@@ -348,10 +348,10 @@ macro_rules! lite_backend {
             ) -> BoxFuture<'c, SqlResult<Vec<$crate::model::DeadGroup>>> {
                 Box::pin(async move {
                     let t = <$db as Lite>::quote(&tables.outbox);
-                    let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+                    let rows: Vec<(String, i64, i64)> = sqlx::query_as(crate::store::trusted_sql(format!(
                         "SELECT COALESCE(last_error, '') AS error, COUNT(*) AS n, MIN(seq) AS first_seq FROM {t} \
                          WHERE dead_at IS NOT NULL GROUP BY COALESCE(last_error, '') ORDER BY n DESC, first_seq LIMIT ?"
-                    ))
+                    )))
                     .bind(i64::from(limit))
                     .fetch_all(pool)
                     .await?;
@@ -387,7 +387,7 @@ macro_rules! lite_backend {
                         }
                     }
                     sql.push_str(" ORDER BY seq LIMIT ?");
-                    let mut query = sqlx::query(&sql);
+                    let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                     for text in [&filter.destination, &filter.event_type, &filter.key]
                         .into_iter()
                         .flatten()
@@ -425,7 +425,7 @@ macro_rules! lite_backend {
                             lock = <$db as Lite>::FOR_UPDATE,
                             failed = $crate::model::state::FAILED,
                         );
-                        let mut query = sqlx::query(&sql);
+                        let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                         for id in chunk {
                             query = query.bind(id.to_string());
                         }
@@ -469,7 +469,7 @@ macro_rules! lite_backend {
                         let reset = requeue_reset(<$db as Lite>::NOW);
                         format!("UPDATE {t} SET sent_at = NULL, {reset} WHERE {sent}")
                     };
-                    let mut query = sqlx::query(&sql)
+                    let mut query = sqlx::query(crate::store::trusted_sql(&sql))
                         .bind(<$db as Lite>::ts(window.since))
                         .bind(<$db as Lite>::ts(window.until));
                     if let Some(d) = window.destination {
@@ -494,7 +494,7 @@ macro_rules! lite_backend {
                         <$db as Lite>::quote(&tables.outbox),
                         requeue_reset(<$db as Lite>::NOW)
                     );
-                    Ok(sqlx::query(&sql).bind(key).execute(conn).await?.rows_affected())
+                    Ok(sqlx::query(crate::store::trusted_sql(&sql)).bind(key).execute(conn).await?.rows_affected())
                 })
             }
 
@@ -518,7 +518,7 @@ macro_rules! lite_backend {
                                      WHERE partition_key IS NOT NULL AND id IN ({})",
                                     placeholders(chunk.len())
                                 );
-                                let mut query = sqlx::query(&sql);
+                                let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                                 for id in chunk {
                                     query = query.bind(id.to_string());
                                 }
@@ -541,7 +541,7 @@ macro_rules! lite_backend {
                     );
                     let mut n = 0;
                     for key in &keys {
-                        n += sqlx::query(&sql).bind(key).execute(&mut *conn).await?.rows_affected();
+                        n += sqlx::query(crate::store::trusted_sql(&sql)).bind(key).execute(&mut *conn).await?.rows_affected();
                     }
                     Ok(n)
                 })
@@ -564,15 +564,15 @@ macro_rules! lite_backend {
                     {
                         let Some(cutoff) = cutoff else { continue };
                         counts[i] = if dry_run {
-                            let n: i64 = sqlx::query_scalar(&format!(
+                            let n: i64 = sqlx::query_scalar(crate::store::trusted_sql(format!(
                                 "SELECT COUNT(*) FROM {t} WHERE {condition}"
-                            ))
+                            )))
                             .bind(<$db as Lite>::ts(cutoff))
                             .fetch_one(&mut *conn)
                             .await?;
                             count(n)
                         } else {
-                            sqlx::query(&format!("DELETE FROM {t} WHERE {condition}"))
+                            sqlx::query(crate::store::trusted_sql(format!("DELETE FROM {t} WHERE {condition}")))
                                 .bind(<$db as Lite>::ts(cutoff))
                                 .execute(&mut *conn)
                                 .await?
@@ -595,7 +595,7 @@ macro_rules! lite_backend {
             let mut n = 0;
             for chunk in ids.chunks(IDS_PER_STATEMENT) {
                 let sql = sql(&placeholders(chunk.len()));
-                let mut query = sqlx::query(&sql);
+                let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                 for id in chunk {
                     query = query.bind(id.to_string());
                 }
@@ -615,7 +615,7 @@ macro_rules! lite_backend {
             let outbox = <$db as Lite>::quote(&tables.outbox);
             for chunk in chunks {
                 let sql = $crate::db::lite::insert_sql(&outbox, chunk.len());
-                let mut query = sqlx::query(&sql);
+                let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                 for m in chunk {
                     query = query
                         .bind(m.id.to_string())
@@ -687,7 +687,7 @@ macro_rules! lite_backend {
                     return Ok(None);
                 }
                 self.cx.count_queries(1);
-                let row = (&mut self.conn).fetch_one(self.sql.probe.as_str()).await?;
+                let row = (&mut self.conn).fetch_one(crate::store::trusted_sql(self.sql.probe.as_str())).await?;
                 let pending: i64 = row.try_get(0)?;
                 let oldest: Option<DateTime<Utc>> = row.try_get(1)?;
                 Ok(Some($crate::store::session::Probe {
@@ -729,7 +729,7 @@ macro_rules! lite_backend {
 
             async fn retrying_keys(&mut self) -> $crate::store::session::SessionResult<Vec<String>> {
                 self.cx.count_queries(1);
-                Ok(sqlx::query_scalar(&self.sql.retrying)
+                Ok(sqlx::query_scalar(crate::store::trusted_sql(&self.sql.retrying))
                     .fetch_all(&mut self.conn)
                     .await?)
             }
@@ -742,7 +742,7 @@ macro_rules! lite_backend {
                 let config = self.cx.config;
                 let limit = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
                 let budget = i64::try_from(config.max_batch_bytes).unwrap_or(i64::MAX);
-                let rows = sqlx::query(&self.sql.claim)
+                let rows = sqlx::query(crate::store::trusted_sql(&self.sql.claim))
                     .bind(after.unwrap_or(0))
                     .bind(after.unwrap_or(0))
                     .bind(limit)
@@ -760,7 +760,7 @@ macro_rules! lite_backend {
                     self.cx.count_queries(1);
                     let (slots, list) = $crate::db::lite::mark_list(chunk.len());
                     let sql = format!("{}{list}", self.sql.mark);
-                    let mut query = sqlx::query(&sql);
+                    let mut query = sqlx::query(crate::store::trusted_sql(&sql));
                     let last = chunk[chunk.len() - 1];
                     for seq in chunk.iter().copied().chain(std::iter::repeat(last)).take(slots) {
                         query = query.bind(seq);
@@ -791,7 +791,7 @@ macro_rules! lite_backend {
                         )
                     };
                     dead += u64::from(is_dead);
-                    let query = sqlx::query(&self.sql.fail).bind(&failure.error);
+                    let query = sqlx::query(crate::store::trusted_sql(&self.sql.fail)).bind(&failure.error);
                     <$db as Lite>::bind_plan(query, is_dead, delay)
                         .bind(i32::from(!unavailable))
                         .bind(failure.seq)

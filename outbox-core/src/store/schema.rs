@@ -9,6 +9,7 @@ use sqlx::{Encode, Executor, FromRow, IntoArguments, Type};
 use crate::config::{TableName, Tables};
 use crate::error::DbContext;
 use crate::migrate::{Migration, pending, statements as split};
+use crate::store::trusted_sql;
 use crate::{Error, Result};
 
 /// How one database runs migrations.
@@ -85,7 +86,7 @@ pub(crate) async fn run<DB>(pool: &sqlx::Pool<DB>, tables: &Tables) -> Result<Ve
 where
     DB: Schema,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'r> (i64, String, i64): FromRow<'r, DB::Row>,
     for<'q> i64: Encode<'q, DB> + Type<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -106,14 +107,14 @@ where
     DB::lock(&mut conn, tables).await?;
     let result: Result<Vec<i64>> = async {
         for statement in DB::ensure_table(tables) {
-            conn.execute(statement.as_str())
+            conn.execute(trusted_sql(statement.as_str()))
                 .await
                 .context("creating the migrations table", table)?;
         }
         let migrations = DB::quote(table);
-        let applied: Vec<(i64, String, i64)> = sqlx::query_as(&format!(
+        let applied: Vec<(i64, String, i64)> = sqlx::query_as(trusted_sql(format!(
             "SELECT version, description, checksum FROM {migrations} ORDER BY version"
-        ))
+        )))
         .fetch_all(&mut *conn)
         .await
         .context("reading the applied migrations", table)?;
@@ -124,7 +125,7 @@ where
         let mut done = Vec::new();
         for m in pending(DB::MIGRATIONS, &applied)? {
             for statement in DB::statements(m, tables) {
-                conn.execute(statement.as_str())
+                conn.execute(trusted_sql(statement.as_str()))
                     .await
                     .map_err(|source| Error::Migration {
                         version: m.version,
@@ -140,7 +141,7 @@ where
                         },
                     })?;
             }
-            sqlx::query(&record)
+            sqlx::query(trusted_sql(&record))
                 .bind(m.version)
                 .bind(m.description)
                 .bind(m.checksum())

@@ -9,6 +9,7 @@ use sqlx::{MySql, MySqlConnection};
 use super::{RELAY_LOCK, lock_name};
 use crate::config::{TableName, Tables};
 use crate::db::lite::Lite;
+use crate::store::trusted_sql;
 
 impl Lite for MySql {
     fn quote(table: &TableName) -> String {
@@ -90,12 +91,14 @@ impl Lite for MySql {
         table: &'c TableName,
     ) -> BoxFuture<'c, sqlx::Result<bool>> {
         Box::pin(async move {
-            let got: Option<i64> =
-                sqlx::query_scalar(&format!("SELECT GET_LOCK({}, 0)", lock_name(RELAY_LOCK)))
-                    .bind(table.schema())
-                    .bind(table.name())
-                    .fetch_one(conn)
-                    .await?;
+            let got: Option<i64> = sqlx::query_scalar(trusted_sql(format!(
+                "SELECT GET_LOCK({}, 0)",
+                lock_name(RELAY_LOCK)
+            )))
+            .bind(table.schema())
+            .bind(table.name())
+            .fetch_one(conn)
+            .await?;
             Ok(got == Some(1))
         })
     }
@@ -106,12 +109,12 @@ impl Lite for MySql {
         tables: &'c Tables,
     ) -> BoxFuture<'c, sqlx::Result<(Option<i64>, i64)>> {
         Box::pin(async move {
-            let (relays, rows): (i64, Option<i64>) = sqlx::query_as(&format!(
+            let (relays, rows): (i64, Option<i64>) = sqlx::query_as(trusted_sql(format!(
                 "SELECT CAST(IS_USED_LOCK({lock}) IS NOT NULL AS SIGNED), \
                         (SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES \
                          WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?)",
                 lock = lock_name(RELAY_LOCK),
-            ))
+            )))
             .bind(tables.outbox.schema())
             .bind(tables.outbox.name())
             .bind(tables.outbox.schema())

@@ -31,6 +31,7 @@ use crate::config::{TableName, Tables};
 use crate::error::DbContext;
 use crate::migrate::{MYSQL as MIGRATIONS, Migration};
 use crate::store::schema::{self, Schema};
+use crate::store::trusted_sql;
 use crate::store::{Sealed, Write};
 use crate::{Error, Outbox, OutboxMessage, Result};
 
@@ -98,7 +99,7 @@ async fn with_open_check(
     sql: impl Fn(&str) -> String,
 ) -> sqlx::Result<Option<Option<i64>>> {
     if HAS_IN_TRANSACTION.load(AtomicOrdering::Relaxed) != 2 {
-        match sqlx::query_scalar(&sql("CAST(@@in_transaction AS SIGNED)"))
+        match sqlx::query_scalar(trusted_sql(sql("CAST(@@in_transaction AS SIGNED)")))
             .fetch_optional(&mut *conn)
             .await
         {
@@ -121,7 +122,7 @@ async fn with_open_check(
             Err(e) => return Err(e),
         }
     }
-    sqlx::query_scalar(&sql("CAST(NULL AS SIGNED)"))
+    sqlx::query_scalar(trusted_sql(sql("CAST(NULL AS SIGNED)")))
         .fetch_optional(conn)
         .await
 }
@@ -173,13 +174,15 @@ impl Schema for MySql {
     /// A named lock (one migrator per outbox table; others wait up to 60 s).
     fn lock<'c>(conn: &'c mut MySqlConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            let got: Option<i64> =
-                sqlx::query_scalar(&format!("SELECT GET_LOCK({}, 60)", lock_name(MIGRATE_LOCK)))
-                    .bind(tables.outbox.schema())
-                    .bind(tables.outbox.name())
-                    .fetch_one(conn)
-                    .await
-                    .context("locking the migrations", &tables.migrations)?;
+            let got: Option<i64> = sqlx::query_scalar(trusted_sql(format!(
+                "SELECT GET_LOCK({}, 60)",
+                lock_name(MIGRATE_LOCK)
+            )))
+            .bind(tables.outbox.schema())
+            .bind(tables.outbox.name())
+            .fetch_one(conn)
+            .await
+            .context("locking the migrations", &tables.migrations)?;
             if got != Some(1) {
                 return Err(Error::Migration {
                     version: 0,
@@ -195,11 +198,14 @@ impl Schema for MySql {
     fn unlock<'c>(conn: &'c mut MySqlConnection, tables: &'c Tables) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
             // Closing the connection would release it too: a failure here is no failure.
-            let _ = sqlx::query(&format!("SELECT RELEASE_LOCK({})", lock_name(MIGRATE_LOCK)))
-                .bind(tables.outbox.schema())
-                .bind(tables.outbox.name())
-                .execute(conn)
-                .await;
+            let _ = sqlx::query(trusted_sql(format!(
+                "SELECT RELEASE_LOCK({})",
+                lock_name(MIGRATE_LOCK)
+            )))
+            .bind(tables.outbox.schema())
+            .bind(tables.outbox.name())
+            .execute(conn)
+            .await;
             Ok(())
         })
     }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use sqlx::{PgPool, Postgres, Row};
 
 use crate::config::Tables;
+use crate::store::trusted_sql;
 
 use super::locks;
 
@@ -104,7 +105,7 @@ pub(crate) async fn oldest_writer<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    let row: Option<(Option<i32>, f64, String, Option<String>)> = sqlx::query_as(&format!(
+    let row: Option<(Option<i32>, f64, String, Option<String>)> = sqlx::query_as(trusted_sql(format!(
         "SELECT a.pid, \
                 coalesce(extract(epoch FROM now() - coalesce(a.xact_start, p.prepared))::float8, 0), \
                 CASE WHEN a.pid IS NULL THEN 'prepared' ELSE coalesce(a.state, 'unknown') END, \
@@ -118,7 +119,7 @@ where
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          ORDER BY 2 DESC NULLS LAST LIMIT 1",
         writers = locks::WRITERS,
-    ))
+    )))
     .bind(table)
     .fetch_optional(executor)
     .await?;
@@ -296,13 +297,13 @@ pub(super) async fn health(pool: &PgPool, tables: &Tables) -> sqlx::Result<Optio
         max = locks::MAX_RELAYS,
         parts = locks::PARTITIONS,
     );
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(trusted_sql(format!(
         "{locks_cte} \
          SELECT r.pid, coalesce(a.application_name, '') AS name, host(a.client_addr) AS client, \
                 coalesce(extract(epoch FROM now() - a.backend_start), 0)::float8 AS connected, \
                 coalesce((SELECT array_agg(p ORDER BY p) FROM parts WHERE parts.pid = r.pid), '{{}}') AS partitions \
          FROM relays r LEFT JOIN pg_stat_activity a ON a.pid = r.pid ORDER BY r.pid"
-    ))
+    )))
     .bind(&t)
     .fetch_all(&mut *conn)
     .await?;
@@ -315,17 +316,17 @@ pub(super) async fn health(pool: &PgPool, tables: &Tables) -> sqlx::Result<Optio
             partitions: row.try_get("partitions")?,
         });
     }
-    health.partition_counts = sqlx::query_scalar(&format!(
+    health.partition_counts = sqlx::query_scalar(trusted_sql(format!(
         "{locks_cte} SELECT DISTINCT (objid - {counts})::int4 FROM l \
          WHERE objid > {counts} AND objid <= {counts} + 65535 ORDER BY 1",
         counts = locks::PARTITION_COUNT,
-    ))
+    )))
     .bind(&t)
     .fetch_all(&mut *conn)
     .await?;
-    health.partitions_held_by_others = sqlx::query_scalar(&format!(
+    health.partitions_held_by_others = sqlx::query_scalar(trusted_sql(format!(
         "{locks_cte} SELECT p FROM parts WHERE pid NOT IN (SELECT pid FROM relays) ORDER BY p"
-    ))
+    )))
     .bind(&t)
     .fetch_all(&mut *conn)
     .await?;

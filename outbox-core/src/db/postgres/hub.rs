@@ -38,6 +38,7 @@ use super::session::{AnySession, Either, PgSession, connect_configured};
 use super::{Options, locks};
 use crate::config::{RelayConfig, Tables};
 use crate::store::session::{Context, SessionError, SessionResult, Shared};
+use crate::store::trusted_sql;
 
 /// What the tenants of one PostgreSQL database share.
 pub struct PgHub {
@@ -173,7 +174,7 @@ async fn idle_lock(listener: &mut PgListener, key: i32, take: bool) -> Result<()
     } else {
         "SELECT pg_advisory_unlock_shared($1, $2)"
     };
-    sqlx::query(sql)
+    sqlx::query(trusted_sql(sql))
         .bind(key)
         .bind(locks::IDLE)
         .execute(listener)
@@ -740,6 +741,8 @@ impl Shared for Postgres {
     }
 
     async fn discover(pool: &PgPool, query: &str) -> SessionResult<Vec<String>> {
-        Ok(sqlx::query_scalar(query).fetch_all(pool).await?)
+        Ok(sqlx::query_scalar(trusted_sql(query))
+            .fetch_all(pool)
+            .await?)
     }
 }

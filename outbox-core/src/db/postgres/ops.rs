@@ -17,6 +17,7 @@ use crate::model::{
     count, requeue_reset,
 };
 use crate::store::ops::{Behind, Ops, SqlResult};
+use crate::store::trusted_sql;
 
 impl Ops for Postgres {
     fn record_processed<'c>(
@@ -30,7 +31,7 @@ impl Ops for Postgres {
                 "INSERT INTO {} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 tables.processed.quoted()
             );
-            let done = sqlx::query(&sql)
+            let done = sqlx::query(trusted_sql(&sql))
                 .bind(consumer)
                 .bind(id)
                 .execute(conn)
@@ -50,7 +51,7 @@ impl Ops for Postgres {
                 "SELECT EXISTS (SELECT 1 FROM {} WHERE consumer = $1 AND message_id = $2)",
                 tables.processed.quoted()
             );
-            sqlx::query_scalar(&sql)
+            sqlx::query_scalar(trusted_sql(&sql))
                 .bind(consumer)
                 .bind(id)
                 .fetch_one(pool)
@@ -93,7 +94,10 @@ impl Ops for Postgres {
                  gone AS (DELETE FROM {t} o USING doomed d WHERE o.seq = d.seq RETURNING o.seq) \
                  SELECT count(*), max(seq) FROM gone"
             );
-            let mut query = sqlx::query_as(&sql).bind(after).bind(cutoff).bind(limit);
+            let mut query = sqlx::query_as(trusted_sql(&sql))
+                .bind(after)
+                .bind(cutoff)
+                .bind(limit);
             if let Some((from, to)) = spared {
                 query = query.bind(from).bind(to);
             }
@@ -122,7 +126,7 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let p = tables.processed.quoted();
-            let n: i64 = sqlx::query_scalar(&format!(
+            let n: i64 = sqlx::query_scalar(trusted_sql(format!(
                 "WITH doomed AS (\
                    SELECT consumer, message_id FROM {p} \
                    WHERE processed_at < $1 \
@@ -130,7 +134,7 @@ impl Ops for Postgres {
                  gone AS (DELETE FROM {p} x USING doomed d \
                    WHERE x.consumer = d.consumer AND x.message_id = d.message_id RETURNING 1) \
                  SELECT count(*) FROM gone"
-            ))
+            )))
             .bind(cutoff)
             .bind(limit)
             .fetch_one(pool)
@@ -146,7 +150,7 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<Status>> {
         Box::pin(async move {
             let t = tables.outbox.quoted();
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(trusted_sql(format!(
                 "WITH live AS (\
                    SELECT destination, created_at, {FAILED} AS retrying, false AS dead \
                      FROM {t} WHERE {PENDING} \
@@ -158,11 +162,11 @@ impl Ops for Postgres {
                         count(*) FILTER (WHERE dead) AS dead, \
                         extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 AS oldest \
                  FROM live GROUP BY destination ORDER BY destination"
-            ))
+            )))
             .fetch_all(pool)
             .await?;
             let mut status = crate::db::rows::status(&rows, |row| row.try_get("oldest"))?;
-            let (relays, rows_estimate): (i64, i64) = sqlx::query_as(&format!(
+            let (relays, rows_estimate): (i64, i64) = sqlx::query_as(trusted_sql(format!(
                 "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
                            AND classid = (c.oid::int4)::oid \
                            AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
@@ -171,13 +175,13 @@ impl Ops for Postgres {
                  FROM pg_class c WHERE c.oid = $1::text::regclass",
                 relays = locks::RELAYS,
                 max = locks::MAX_RELAYS,
-            ))
+            )))
             .bind(&t)
             .fetch_one(pool)
             .await?;
             status.relays = Some(relays);
             status.rows_estimate = rows_estimate;
-            status.last_seq = sqlx::query_scalar(&format!("SELECT max(seq) FROM {t}"))
+            status.last_seq = sqlx::query_scalar(trusted_sql(format!("SELECT max(seq) FROM {t}")))
                 .fetch_one(pool)
                 .await?;
             status.oldest_writer = super::diagnostics::oldest_writer(pool, &t).await?;
@@ -197,11 +201,11 @@ impl Ops for Postgres {
         limit: u32,
     ) -> BoxFuture<'c, SqlResult<Vec<DeadGroup>>> {
         Box::pin(async move {
-            let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+            let rows: Vec<(String, i64, i64)> = sqlx::query_as(trusted_sql(format!(
                 "SELECT coalesce(last_error, '') AS error, count(*), min(seq) FROM {t} \
                  WHERE dead_at IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 3 LIMIT $1",
                 t = tables.outbox.quoted()
-            ))
+            )))
             .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
@@ -223,7 +227,7 @@ impl Ops for Postgres {
         filter: &'c ListFilter,
     ) -> BoxFuture<'c, SqlResult<Vec<MessageInfo>>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(trusted_sql(format!(
                 "SELECT {columns}, {held_back} FROM {t} x WHERE {state} \
                    AND ($1::text IS NULL OR destination = $1) \
                    AND ($2::text IS NULL OR event_type = $2) \
@@ -241,7 +245,7 @@ impl Ops for Postgres {
                 held_back = which.held_back(&tables.outbox.quoted()),
                 t = tables.outbox.quoted(),
                 state = which.condition(),
-            ))
+            )))
             .bind(&filter.destination)
             .bind(&filter.event_type)
             .bind(&filter.key)
@@ -261,12 +265,12 @@ impl Ops for Postgres {
         ids: &'c [Uuid],
     ) -> BoxFuture<'c, SqlResult<Vec<(Uuid, MessageState)>>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let rows = sqlx::query(trusted_sql(format!(
                 "SELECT id, sent_at IS NOT NULL AS sent, dead_at IS NOT NULL AS dead, \
                         {FAILED} AS retrying \
                  FROM {} WHERE id = ANY($1) ORDER BY seq FOR UPDATE",
                 tables.outbox.quoted()
-            ))
+            )))
             .bind(ids)
             .fetch_all(conn)
             .await?;
@@ -294,7 +298,10 @@ impl Ops for Postgres {
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
             let sql = change.sql(&tables.outbox.quoted(), "= ANY($1)", from, "now()");
-            let done = sqlx::query(&sql).bind(ids).execute(conn).await?;
+            let done = sqlx::query(trusted_sql(&sql))
+                .bind(ids)
+                .execute(conn)
+                .await?;
             Ok(done.rows_affected())
         })
     }
@@ -315,7 +322,7 @@ impl Ops for Postgres {
                 let reset = requeue_reset("now()");
                 format!("UPDATE {t} SET sent_at = NULL, {reset} WHERE {sent}")
             };
-            let query = sqlx::query(&sql)
+            let query = sqlx::query(trusted_sql(&sql))
                 .bind(window.since)
                 .bind(window.until)
                 .bind(window.destination);
@@ -333,11 +340,11 @@ impl Ops for Postgres {
         key: &'c str,
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
-            let done = sqlx::query(&format!(
+            let done = sqlx::query(trusted_sql(format!(
                 "UPDATE {} SET dead_at = NULL, {} WHERE dead_at IS NOT NULL AND partition_key = $1",
                 tables.outbox.quoted(),
                 requeue_reset("now()")
-            ))
+            )))
             .bind(key)
             .execute(conn)
             .await?;
@@ -358,15 +365,15 @@ impl Ops for Postgres {
             );
             let done = match behind {
                 Behind::Ids(ids) => {
-                    sqlx::query(&format!(
+                    sqlx::query(trusted_sql(format!(
                         "{update}(SELECT partition_key FROM {t} WHERE id = ANY($1))"
-                    ))
+                    )))
                     .bind(ids)
                     .execute(conn)
                     .await?
                 }
                 Behind::Key(key) => {
-                    sqlx::query(&format!("{update}($1)"))
+                    sqlx::query(trusted_sql(format!("{update}($1)")))
                         .bind(key)
                         .execute(conn)
                         .await?
@@ -399,7 +406,7 @@ impl Ops for Postgres {
                      SELECT count(*) FILTER (WHERE NOT dead), count(*) FILTER (WHERE dead) FROM gone"
                 )
             };
-            let (sent, dead): (i64, i64) = sqlx::query_as(&sql)
+            let (sent, dead): (i64, i64) = sqlx::query_as(trusted_sql(&sql))
                 .bind(sent_before)
                 .bind(dead_before)
                 .fetch_one(conn)

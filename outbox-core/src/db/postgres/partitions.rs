@@ -23,6 +23,7 @@ use sqlx::{Acquire, Executor, PgConnection, PgPool, Postgres, Row};
 use super::locks;
 use crate::config::{TableName, Tables};
 use crate::error::DbContext;
+use crate::store::trusted_sql;
 use crate::{Error, Outbox, Result};
 
 /// How much time one partition of a time-partitioned outbox covers (PostgreSQL,
@@ -267,9 +268,11 @@ async fn convert(
     tx.execute("SET LOCAL lock_timeout = '10s'")
         .await
         .context(doing, outbox)?;
-    tx.execute(&*format!("LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE"))
-        .await
-        .context(doing, outbox)?;
+    tx.execute(trusted_sql(format!(
+        "LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE"
+    )))
+    .await
+    .context(doing, outbox)?;
     let foreign: Option<String> = sqlx::query_scalar(
         "SELECT pg_get_partkeydef(partrelid) FROM pg_partitioned_table WHERE partrelid = $1::regclass",
     )
@@ -320,12 +323,12 @@ async fn convert(
     .fetch_one(&mut *tx)
     .await
     .context(doing, outbox)?;
-    let next_seq: i64 = sqlx::query_scalar(&format!(
+    let next_seq: i64 = sqlx::query_scalar(trusted_sql(format!(
         "SELECT greatest(CASE WHEN is_called THEN last_value + 1 ELSE last_value END, \
                          (SELECT coalesce(max(seq), 0) + 1 FROM {t})) \
          FROM {}",
         sequence_of(tx, &t).await.context(doing, outbox)?
-    ))
+    )))
     .fetch_one(&mut *tx)
     .await
     .context(doing, outbox)?;
@@ -344,22 +347,22 @@ async fn convert(
         ),
     ];
     for (drop, names) in drops {
-        let names: Vec<String> = sqlx::query_scalar(names)
+        let names: Vec<String> = sqlx::query_scalar(trusted_sql(names))
             .bind(old_oid)
             .fetch_all(&mut *tx)
             .await
             .context(doing, outbox)?;
         for name in names {
-            tx.execute(&*format!("{drop} {name}"))
+            tx.execute(trusted_sql(format!("{drop} {name}")))
                 .await
                 .context(doing, outbox)?;
         }
     }
     let old = outbox.with_suffix("_unpartitioned");
-    tx.execute(&*format!(
+    tx.execute(trusted_sql(format!(
         "ALTER TABLE {t} RENAME TO {}",
         quote_ident(old.name())
-    ))
+    )))
     .await
     .context(doing, outbox)?;
     let old = old.quoted();
@@ -385,7 +388,9 @@ async fn convert(
         dead = name("_dead_idx"),
         dead_key = name("_dead_key_idx"),
     );
-    tx.execute(&*ddl).await.context(doing, outbox)?;
+    tx.execute(trusted_sql(ddl.as_str()))
+        .await
+        .context(doing, outbox)?;
 
     // Partitions from the oldest UUIDv7 row (at most MOST_FOR_HISTORY back) to `ahead`.
     let step = step(interval);
@@ -394,9 +399,9 @@ async fn convert(
         .await
         .context(doing, outbox)?;
     let now = floor(now.timestamp_millis(), step);
-    let oldest: Option<String> = sqlx::query_scalar(&format!(
+    let oldest: Option<String> = sqlx::query_scalar(trusted_sql(format!(
         "SELECT min(id::text COLLATE \"C\") FROM {old} WHERE substr(id::text, 15, 1) = '7'"
-    ))
+    )))
     .fetch_one(&mut *tx)
     .await
     .context(doing, outbox)?;
@@ -409,29 +414,29 @@ async fn convert(
     let mut start = first;
     while start <= now + ahead(interval) * step {
         let part = partition_name(outbox, start, interval);
-        tx.execute(&*format!(
+        tx.execute(trusted_sql(format!(
             "CREATE TABLE {} PARTITION OF {t} FOR VALUES FROM ('{}') TO ('{}')",
             part.quoted(),
             bound(start),
             bound(start + step)
-        ))
+        )))
         .await
         .context(doing, outbox)?;
         partitions.push(part.to_string());
         start += step;
     }
-    tx.execute(&*format!(
+    tx.execute(trusted_sql(format!(
         "CREATE TABLE {} PARTITION OF {t} DEFAULT",
         outbox.with_suffix("_default").quoted()
-    ))
+    )))
     .await
     .context(doing, outbox)?;
     let copied = tx
-        .execute(&*format!("INSERT INTO {t} SELECT * FROM {old}"))
+        .execute(trusted_sql(format!("INSERT INTO {t} SELECT * FROM {old}")))
         .await
         .context(doing, outbox)?
         .rows_affected();
-    tx.execute(&*format!("DROP TABLE {old}"))
+    tx.execute(trusted_sql(format!("DROP TABLE {old}")))
         .await
         .context(doing, outbox)?;
     Ok(Some(Partitioned {
@@ -534,28 +539,30 @@ async fn add_partition(
     step: i64,
 ) -> sqlx::Result<u64> {
     let mut tx = conn.begin().await?;
-    tx.execute(&*format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-        .await?;
+    tx.execute(trusted_sql(format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
+    )))
+    .await?;
     let p = part.quoted();
     let (from, to) = (bound(start), bound(start + step));
-    tx.execute(&*format!(
+    tx.execute(trusted_sql(format!(
         "CREATE TABLE {p} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-    ))
+    )))
     .await?;
     let mut moved = 0;
     if let Some(default) = default {
         moved = tx
-            .execute(&*format!(
+            .execute(trusted_sql(format!(
                 "WITH moved AS (DELETE FROM {d} WHERE id >= '{from}' AND id < '{to}' RETURNING *) \
                  INSERT INTO {p} SELECT * FROM moved",
                 d = default.quoted()
-            ))
+            )))
             .await?
             .rows_affected();
     }
-    tx.execute(&*format!(
+    tx.execute(trusted_sql(format!(
         "ALTER TABLE {parent} ATTACH PARTITION {p} FOR VALUES FROM ('{from}') TO ('{to}')"
-    ))
+    )))
     .await?;
     tx.commit().await?;
     Ok(moved)
@@ -570,23 +577,29 @@ async fn drop_partition(conn: &mut PgConnection, parent: &str, part: &Part) -> s
         "SELECT EXISTS (SELECT 1 FROM {p} WHERE sent_at IS NULL AND dead_at IS NULL) \
              OR EXISTS (SELECT 1 FROM {p} WHERE dead_at IS NOT NULL)"
     );
-    let held: bool = sqlx::query_scalar(&busy).fetch_one(&mut *conn).await?;
+    let held: bool = sqlx::query_scalar(trusted_sql(&busy))
+        .fetch_one(&mut *conn)
+        .await?;
     if held {
         return Ok(false);
     }
     let mut tx = conn.begin().await?;
-    tx.execute(&*format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-        .await?;
-    // The parent and this partition only (not every partition, each a wait of its own).
-    tx.execute(&*format!(
-        "LOCK TABLE ONLY {parent}, {p} IN ACCESS EXCLUSIVE MODE"
-    ))
+    tx.execute(trusted_sql(format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
+    )))
     .await?;
-    let held: bool = sqlx::query_scalar(&busy).fetch_one(&mut *tx).await?;
+    // The parent and this partition only (not every partition, each a wait of its own).
+    tx.execute(trusted_sql(format!(
+        "LOCK TABLE ONLY {parent}, {p} IN ACCESS EXCLUSIVE MODE"
+    )))
+    .await?;
+    let held: bool = sqlx::query_scalar(trusted_sql(&busy))
+        .fetch_one(&mut *tx)
+        .await?;
     if held {
         return Ok(false);
     }
-    tx.execute(&*format!("DROP TABLE {p}")).await?;
+    tx.execute(trusted_sql(format!("DROP TABLE {p}"))).await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -10,6 +10,7 @@ use super::{Options, locks, wal};
 use crate::config::Tables;
 use crate::error::DbContext;
 use crate::store::Write;
+use crate::store::trusted_sql;
 use crate::{Error, OutboxMessage, Result};
 
 impl Write for Postgres {
@@ -32,7 +33,7 @@ impl Write for Postgres {
         wrote: bool,
     ) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            sqlx::query(&nothing_to_write(tables, options, wrote))
+            sqlx::query(trusted_sql(nothing_to_write(tables, options, wrote)))
                 .execute(&mut *conn)
                 .await
                 .context("checking the transaction", &tables.outbox)?;
@@ -214,7 +215,7 @@ async fn write_commit_and_begin(
     };
     sql.push_str("; COMMIT; BEGIN");
     // No arguments: the simple protocol runs the statements in one round trip.
-    conn.execute(sql.as_str()).await.context(
+    conn.execute(trusted_sql(sql)).await.context(
         "writing events to the outbox and committing",
         &tables.outbox,
     )?;
@@ -234,7 +235,7 @@ async fn insert_messages(
         return wal::emit(conn, tables, w, messages).await;
     }
     if let [m] = messages {
-        sqlx::query(&insert_one_sql(tables))
+        sqlx::query(trusted_sql(insert_one_sql(tables)))
             .bind(m.id)
             .bind(&m.event_type)
             .bind(m.event_version)
@@ -264,7 +265,7 @@ async fn insert_messages(
         payloads.push(m.payload.as_str());
         headers.push(m.headers_json()?);
     }
-    sqlx::query(&insert_sql(tables))
+    sqlx::query(trusted_sql(insert_sql(tables)))
         .bind(&ids)
         .bind(&types)
         .bind(&versions)

@@ -8,6 +8,7 @@ use sqlx::{Sqlite, SqliteConnection};
 
 use crate::config::{TableName, Tables};
 use crate::db::lite::Lite;
+use crate::store::trusted_sql;
 
 impl Lite for Sqlite {
     fn quote(table: &TableName) -> String {
@@ -50,10 +51,10 @@ impl Lite for Sqlite {
 
     /// Binds `?2` (dead?) and `?3` (the delay, as a `strftime` modifier).
     fn bind_plan<'q>(
-        query: Query<'q, Sqlite, SqliteArguments<'q>>,
+        query: Query<'q, Sqlite, SqliteArguments>,
         dead: bool,
         delay: f64,
-    ) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    ) -> Query<'q, Sqlite, SqliteArguments> {
         query.bind(dead).bind(format!("+{delay:.3} seconds"))
     }
 
@@ -87,10 +88,10 @@ impl Lite for Sqlite {
         tables: &'c Tables,
     ) -> BoxFuture<'c, sqlx::Result<(Option<i64>, i64)>> {
         Box::pin(async move {
-            let rows: i64 = sqlx::query_scalar(&format!(
+            let rows: i64 = sqlx::query_scalar(trusted_sql(format!(
                 "SELECT COALESCE(MAX(seq) - MIN(seq) + 1, 0) FROM {}",
                 tables.outbox.quoted()
-            ))
+            )))
             .fetch_one(conn)
             .await?;
             Ok((None, rows))

@@ -3,6 +3,8 @@
 
 use super::*;
 
+use crate::store::trusted_sql;
+
 /// Registers this relay's partition count, or refuses to run next to relays of the same
 /// outbox configured with another: they would hash keys to different partitions, and two
 /// relays could then publish one key at the same time, out of order. The check and the
@@ -70,7 +72,7 @@ impl PgSession<'_> {
 
     pub(super) async fn count_relays(&mut self) -> SessionResult<i64> {
         self.count_queries(1);
-        Ok(sqlx::query_scalar(&self.sql.count_relays)
+        Ok(sqlx::query_scalar(trusted_sql(&self.sql.count_relays))
             .fetch_one(&mut self.conn)
             .await?)
     }

@@ -4,6 +4,8 @@
 
 use super::*;
 
+use crate::store::trusted_sql;
+
 /// The first re-sample delay while writers hold the horizon back.
 pub(super) const FIRST_RESAMPLE: Duration = Duration::from_millis(5);
 
@@ -320,7 +322,9 @@ impl<'a> PgSession<'a> {
     pub(super) async fn sample(&mut self) -> SessionResult<Sample> {
         self.count_queries(2);
         // No arguments: the simple protocol runs both statements, each with its own snapshot.
-        let rows = (&mut self.conn).fetch_all(self.sql.sample.as_str()).await?;
+        let rows = (&mut self.conn)
+            .fetch_all(trusted_sql(self.sql.sample.as_str()))
+            .await?;
         let text = |i: usize| -> SessionResult<String> {
             rows.get(i)
                 .ok_or_else(|| {
@@ -392,7 +396,7 @@ impl<'a> PgSession<'a> {
         let filter: Option<Vec<i32>> = (self.owned.len() < usize::from(config.partitions))
             .then(|| self.owned.iter().copied().collect());
         self.count_queries(1);
-        let rows = sqlx::query(&self.sql.claim)
+        let rows = sqlx::query(trusted_sql(&self.sql.claim))
             .bind(horizon)
             .bind(i64::try_from(config.batch_size).unwrap_or(i64::MAX))
             .bind(filter)
@@ -426,7 +430,7 @@ impl Session for PgSession<'_> {
     /// ownership check that follows rebalances with that count).
     async fn probe(&mut self) -> SessionResult<Option<Probe>> {
         self.count_queries(1);
-        let row = sqlx::query(&self.sql.probe)
+        let row = sqlx::query(trusted_sql(&self.sql.probe))
             .fetch_one(&mut self.conn)
             .await?;
         let next_due_in: Option<f64> = row.try_get("next_due_in")?;
@@ -538,7 +542,7 @@ impl Session for PgSession<'_> {
 
     async fn retrying_keys(&mut self) -> SessionResult<Vec<String>> {
         self.count_queries(1);
-        Ok(sqlx::query_scalar(&self.sql.retrying)
+        Ok(sqlx::query_scalar(trusted_sql(&self.sql.retrying))
             .fetch_all(&mut self.conn)
             .await?)
     }
@@ -552,7 +556,7 @@ impl Session for PgSession<'_> {
 
     async fn acknowledge(&mut self, outcome: &Outcome) -> SessionResult<()> {
         self.count_queries(1);
-        sqlx::query(&self.sql.mark)
+        sqlx::query(trusted_sql(&self.sql.mark))
             .bind(&outcome.sent)
             .execute(&mut self.conn)
             .await?;
@@ -586,7 +590,9 @@ impl Session for PgSession<'_> {
         };
         let sql = self.sql.mark.clone();
         self.count_queries(1);
-        let mark = sqlx::query(&sql).bind(&outcome.sent).execute(&mut marks);
+        let mark = sqlx::query(trusted_sql(&sql))
+            .bind(&outcome.sent)
+            .execute(&mut marks);
         let (marked, claimed) = tokio::join!(mark, self.claim_rows(after));
         marked?;
         self.marks = Some((marks, Instant::now()));
@@ -602,7 +608,7 @@ impl Session for PgSession<'_> {
         let permanent: Vec<bool> = failed.iter().map(|f| f.permanent).collect();
         let unavailable: Vec<bool> = failed.iter().map(|f| f.unavailable).collect();
         self.count_queries(1);
-        let dead: Vec<bool> = sqlx::query_scalar(&self.sql.fail)
+        let dead: Vec<bool> = sqlx::query_scalar(trusted_sql(&self.sql.fail))
             .bind(&seq)
             .bind(&error)
             .bind(&permanent)

@@ -3,6 +3,8 @@
 
 use super::*;
 
+use crate::store::trusted_sql;
+
 /// The statement that writes `messages` into the WAL, as literals (sent with `COMMIT` in
 /// one round trip, like table mode's): one `pg_logical_emit_message` per event, in emit
 /// order (a `VALUES` list is scanned in order). The UTF-8 guard runs first.
@@ -48,10 +50,10 @@ pub(crate) async fn emit(
         .iter()
         .map(|m| envelope(m, now))
         .collect::<Result<Vec<_>>>()?;
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "SELECT pg_logical_emit_message(true, $1, m) FROM unnest($2::text[]) AS u(m) WHERE {} = 0",
         super::UTF8_GUARD
-    ))
+    )))
     .bind(&wal.prefix)
     .bind(&envelopes)
     .execute(conn)

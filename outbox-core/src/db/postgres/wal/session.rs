@@ -5,6 +5,8 @@
 use super::*;
 use pgwire_replication::{SslMode, TlsConfig};
 
+use crate::store::trusted_sql;
+
 /// How long a replication connection may stay silent before the server ends it
 /// (`wal_sender_timeout`): a relay that stopped answering (SIGSTOP, a frozen VM) gives
 /// the slot up after that long, and a standby takes it.
@@ -388,7 +390,10 @@ impl Session for WalSession<'_> {
             };
             let mut tx = self.fenced().await?;
             self.cx.count_queries(1);
-            sqlx::query(&sql).bind(&rows).execute(&mut *tx).await?;
+            sqlx::query(trusted_sql(&sql))
+                .bind(&rows)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
             for row in &rows {
                 self.loaded.remove(row);

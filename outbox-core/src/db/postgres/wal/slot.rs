@@ -3,6 +3,8 @@
 
 use super::*;
 
+use crate::store::trusted_sql;
+
 /// The replication slot of an outbox in WAL mode; see [`Status::slot`](crate::admin::Status::slot) and [`docs/wal.md`](https://github.com/outbox-rs/outbox/blob/main/docs/wal.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -43,7 +45,10 @@ pub(crate) async fn ensure_slot(pool: &sqlx::PgPool, tables: &Tables, wal: &Wal)
     if !exists {
         // A publication of no table: pgoutput needs one, the relay reads only messages.
         let created = conn
-            .execute(format!("CREATE PUBLICATION \"{}\"", wal.publication).as_str())
+            .execute(trusted_sql(format!(
+                "CREATE PUBLICATION \"{}\"",
+                wal.publication
+            )))
             .await;
         if let Err(e) = created
             && !is_duplicate(&e)
@@ -281,9 +286,12 @@ impl Slot {
             .execute(pool)
             .await
             .context("dropping the replication slot", &tables.outbox)?;
-        pool.execute(format!("DROP PUBLICATION IF EXISTS \"{}\"", wal.publication).as_str())
-            .await
-            .context("dropping the publication", &tables.outbox)?;
+        pool.execute(trusted_sql(format!(
+            "DROP PUBLICATION IF EXISTS \"{}\"",
+            wal.publication
+        )))
+        .await
+        .context("dropping the publication", &tables.outbox)?;
         tracing::warn!(slot = %wal.slot, "outbox: replication slot dropped");
         Ok(status)
     }

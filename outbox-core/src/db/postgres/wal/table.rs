@@ -4,6 +4,8 @@
 
 use super::*;
 
+use crate::store::trusted_sql;
+
 /// Writes `record` into the outbox table `t` (quoted): dead with `error`, or pending
 /// (parked behind its key's dead letter, or set aside while it waits for a retry at
 /// `retry_at`), with its attempts. Idempotent by id: after a restart the unconfirmed
@@ -17,13 +19,13 @@ pub(super) async fn insert_row(
 ) -> sqlx::Result<()> {
     let headers =
         serde_json::to_string(&record.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    sqlx::query(&format!(
+    sqlx::query(trusted_sql(format!(
         "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
                           headers, created_at, attempts, last_error, dead_at, next_attempt_at) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, \
                  CASE WHEN $10 IS NULL THEN NULL ELSE now() END, $11) \
          ON CONFLICT (id) DO NOTHING"
-    ))
+    )))
     .bind(record.id)
     .bind(&record.event_type)
     .bind(record.event_version)
@@ -80,7 +82,7 @@ pub(super) async fn insert_rows(
                 serde_json::to_string(&r.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?,
             );
         }
-        sqlx::query(&sql)
+        sqlx::query(trusted_sql(&sql))
             .bind(column(chunk, |r| r.id))
             .bind(column(chunk, |r| r.event_type.as_str()))
             .bind(column(chunk, |r| r.event_version))
@@ -119,9 +121,9 @@ impl WalSession<'_> {
         self.cx.count_queries(1);
         match row {
             Some(seq) => {
-                sqlx::query(&format!(
+                sqlx::query(trusted_sql(format!(
                     "UPDATE {t} SET dead_at = now(), attempts = $2, last_error = $3 WHERE seq = $1"
-                ))
+                )))
                 .bind(seq)
                 .bind(record.attempts)
                 .bind(error)
@@ -209,11 +211,11 @@ impl WalSession<'_> {
         let t = self.cx.tables.outbox.quoted();
         let mut tx = self.fenced().await?;
         self.cx.count_queries(1);
-        sqlx::query(&format!(
+        sqlx::query(trusted_sql(format!(
             "UPDATE {t} o SET attempts = u.attempts, next_attempt_at = u.retry_at \
              FROM UNNEST($1::int8[], $2::int4[], $3::timestamptz[]) AS u(seq, attempts, retry_at) \
              WHERE o.seq = u.seq"
-        ))
+        )))
         .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
@@ -347,10 +349,10 @@ impl WalSession<'_> {
             )
         };
         self.cx.count_queries(2);
-        let keys: Vec<String> = sqlx::query_scalar(&format!(
+        let keys: Vec<String> = sqlx::query_scalar(trusted_sql(format!(
             "SELECT DISTINCT partition_key FROM {t} \
              WHERE sent_at IS NULL AND partition_key IS NOT NULL {alive}"
-        ))
+        )))
         .fetch_all(self.cx.pool)
         .await?;
         let mut parked: HashSet<String> = keys.into_iter().collect();
@@ -374,7 +376,7 @@ impl WalSession<'_> {
             behind_dead = behind_dead.replace("{t}", &t),
         );
         let limit = self.cx.config.batch_size.max(1) * 4;
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(trusted_sql(&sql))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(self.cx.pool)
             .await?;
