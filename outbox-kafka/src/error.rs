@@ -43,13 +43,25 @@ pub enum Error {
         brokers: String,
     },
 
-    /// Creating a topic failed.
-    #[error("could not create Kafka topic `{topic}`: {reason}")]
+    /// Creating a topic failed. The broker's or librdkafka's error is the
+    /// [`source`](std::error::Error::source): print the chain with
+    /// `outbox_core::ErrorChain` (or `{:#}`).
+    #[error(
+        "could not create Kafka topic `{topic}`; create it yourself, or check that the client may (its ACLs)"
+    )]
+    #[non_exhaustive]
     CreateTopic {
         /// The topic.
         topic: String,
-        /// The broker's or client's error.
+        /// The broker's or client's error, as text.
+        #[deprecated(
+            since = "0.2.0",
+            note = "the broker's or client's error is the error's `source()`"
+        )]
         reason: String,
+        /// The broker's or client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The consumer transport was built without topics.
@@ -63,6 +75,21 @@ pub enum Error {
     /// The database failed.
     #[error(transparent)]
     Outbox(#[from] outbox_core::Error),
+}
+
+impl Error {
+    /// [`Error::CreateTopic`] of `topic`.
+    #[allow(deprecated)] // `reason`, kept for one release
+    pub(crate) fn create_topic(
+        topic: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> Self {
+        Error::CreateTopic {
+            topic,
+            reason: source.to_string(),
+            source,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -156,10 +156,7 @@ pub(crate) async fn ensure(
     let results = admin
         .create_topics(&new, &options)
         .await
-        .map_err(|e| Error::CreateTopic {
-            topic: missing.join(", "),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| Error::create_topic(missing.join(", "), Box::new(e)))?;
     for result in results {
         match result {
             Ok(topic) => {
@@ -167,10 +164,7 @@ pub(crate) async fn ensure(
             }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => {
-                return Err(Error::CreateTopic {
-                    topic,
-                    reason: code.to_string(),
-                });
+                return Err(Error::create_topic(topic, Box::new(code)));
             }
         }
     }

@@ -169,14 +169,16 @@ impl NatsTransportBuilder {
                 consumer: self.durable,
                 reason: "a durable consumer name must be non-empty, without whitespace, `.`, `*`, `>`, `/` or `\\`"
                     .to_owned(),
+                source: None,
             });
         }
         let client = connect(&self.url, self.credentials, self.options).await?;
         let js = jetstream::new(client.clone());
-        let failed = |reason: String| Error::Consumer {
+        let failed = |reason: String, source: Option<BoxError>| Error::Consumer {
             stream: self.stream.clone(),
             consumer: self.durable.clone(),
             reason,
+            source,
         };
         if let Some(subject) = &self.dead_letter_subject {
             check_streams(&js, [subject.clone()]).await?;
@@ -191,16 +193,21 @@ impl NatsTransportBuilder {
                 .as_deref()
                 .is_some_and(|filter| !subject_matches(filter, subject));
             if captured_by == self.stream && !filtered_out {
-                return Err(failed(format!(
-                    "the dead-letter subject {subject} is in the stream it reads; set `.filter_subject(..)` to the \
+                return Err(failed(
+                    format!(
+                        "the dead-letter subject {subject} is in the stream it reads; set `.filter_subject(..)` to the \
                      subjects of the events, or write dead letters to a subject of another stream"
-                )));
+                    ),
+                    None,
+                ));
             }
         }
-        let stream = js
-            .get_stream(&self.stream)
-            .await
-            .map_err(|e| failed(format!("{e}; create the stream first")))?;
+        let stream = js.get_stream(&self.stream).await.map_err(|e| {
+            failed(
+                "the stream cannot be read; create it first".to_owned(),
+                Some(Box::new(e)),
+            )
+        })?;
         let consumer = stream
             .create_consumer(Config {
                 durable_name: Some(self.durable.clone()),
@@ -213,7 +220,12 @@ impl NatsTransportBuilder {
                 ..Config::default()
             })
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| {
+                failed(
+                    "the server did not create or update the durable consumer".to_owned(),
+                    Some(Box::new(e)),
+                )
+            })?;
         // A pull request asks for up to this many; JetStream still sends no more than
         // `MaxAckPending` unacknowledged. A request for fewer (one, with
         // `max_ack_pending(1)`) must be renewed after each message, which took ~40 ms.
@@ -225,7 +237,12 @@ impl NatsTransportBuilder {
             .expires(Duration::from_secs(30))
             .messages()
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| {
+                failed(
+                    "the consumer's first pull request failed".to_owned(),
+                    Some(Box::new(e)),
+                )
+            })?;
         tracing::info!(url = %self.url, stream = %self.stream, consumer = %self.durable, "outbox-nats consumer ready");
         Ok(NatsTransport {
             client,

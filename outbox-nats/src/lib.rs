@@ -49,6 +49,7 @@ use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind}
 use async_nats::jetstream::{self};
 use async_nats::rustls;
 use outbox_core::config::percent_decoded;
+use outbox_core::consumer::BoxError;
 use outbox_core::publisher::cloudevents::{
     self, CloudEvents, is_attribute_header, percent_encode_header_value,
 };
@@ -142,28 +143,39 @@ pub mod headers {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The server could not be reached or refused the connection.
-    #[error(
-        "cannot connect to NATS at {url}: {reason}; check that the server runs and the URL is right"
-    )]
+    /// The server could not be reached or refused the connection. The client's error is
+    /// the [`source`](std::error::Error::source): print the chain with
+    /// `outbox_core::ErrorChain` (or `{:#}`).
+    #[error("cannot connect to NATS at {url}; check that the server runs and the URL is right")]
+    #[non_exhaustive]
     Connect {
         /// The URL given.
         url: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// The client's error (async-nats' `ConnectError`).
+        #[source]
+        source: BoxError,
     },
     /// The TLS handshake with the server failed: its certificate is not signed by a CA
     /// the client trusts, names another host, or the server wants a client certificate.
+    /// The client's error is the [`source`](std::error::Error::source).
     #[error(
-        "TLS with NATS at {url} failed: {reason}; check the CA that verifies the server \
+        "TLS with NATS at {url} failed; check the CA that verifies the server \
          (`ConnectOptions::add_root_certificates`), that the URL's host is a name its \
          certificate holds, and the client certificate if the server asks for one"
     )]
+    #[non_exhaustive]
     Tls {
         /// The URL given.
         url: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// The client's error (async-nats' `ConnectError`).
+        #[source]
+        source: BoxError,
     },
     /// Subjects no JetStream stream captures.
     #[error(
@@ -177,25 +189,36 @@ pub enum Error {
         subjects: Vec<String>,
     },
     /// The consumer's stream does not exist, or its durable consumer could not be
-    /// created.
+    /// created. `reason` says what, in our words; the client's error, where there is one,
+    /// is the [`source`](std::error::Error::source).
     #[error("cannot set up JetStream consumer `{consumer}` on stream `{stream}`: {reason}")]
+    #[non_exhaustive]
     Consumer {
         /// The stream.
         stream: String,
         /// The durable consumer's name.
         consumer: String,
-        /// The server's or client's error.
+        /// What failed, and what to do.
         reason: String,
+        /// The client's error, if the client failed.
+        #[source]
+        source: Option<BoxError>,
     },
-    /// JetStream did not answer a stream lookup.
+    /// JetStream did not answer a stream lookup. The client's error is the
+    /// [`source`](std::error::Error::source).
     #[error(
-        "cannot look up the JetStream stream of subject {subject}: {reason}; is JetStream enabled on the server?"
+        "cannot look up the JetStream stream of subject {subject}; is JetStream enabled on the server?"
     )]
+    #[non_exhaustive]
     Lookup {
         /// The subject looked up.
         subject: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
     },
 }
 
@@ -272,10 +295,21 @@ async fn connect(
     options.connect(url).await.map_err(|e| {
         let reason = e.to_string();
         let url = url.to_owned();
-        if is_tls_failure(&e) {
-            Error::Tls { url, reason }
+        let tls = is_tls_failure(&e);
+        let source = Box::new(e);
+        #[allow(deprecated)] // `reason`, kept for one release
+        if tls {
+            Error::Tls {
+                url,
+                reason,
+                source,
+            }
         } else {
-            Error::Connect { url, reason }
+            Error::Connect {
+                url,
+                reason,
+                source,
+            }
         }
     })
 }
@@ -312,9 +346,11 @@ async fn check_streams(
             Ok(_) => {}
             Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => missing.push(subject),
             Err(e) => {
+                #[allow(deprecated)] // `reason`, kept for one release
                 return Err(Error::Lookup {
                     subject,
                     reason: e.to_string(),
+                    source: Box::new(e),
                 });
             }
         }

@@ -436,10 +436,7 @@ impl RabbitTransportBuilder {
             dead_letter_link: Mutex::new(None),
             ca_file: self.ca_file,
         };
-        let connect_error = |reason: String| Error::Connect {
-            url: redacted(&transport.url),
-            reason,
-        };
+
         let connection = crate::tls::connect(
             &transport.url,
             ConnectionProperties::default(),
@@ -447,18 +444,20 @@ impl RabbitTransportBuilder {
         );
         let connection = match tokio::time::timeout(transport.connect_timeout, connection).await {
             Ok(Ok(connection)) => connection,
-            Ok(Err(e)) if crate::tls::is_tls_failure(&e) => {
-                return Err(Error::Tls {
-                    url: redacted(&transport.url),
-                    reason: e.to_string(),
-                });
+            Ok(Err(e)) => {
+                let tls = crate::tls::is_tls_failure(&e);
+                return Err(Error::connecting(
+                    redacted(&transport.url),
+                    Box::new(e),
+                    tls,
+                ));
             }
-            Ok(Err(e)) => return Err(connect_error(e.to_string())),
             Err(_) => {
-                return Err(connect_error(format!(
-                    "no answer within {:?}",
-                    transport.connect_timeout
-                )));
+                return Err(Error::connecting(
+                    redacted(&transport.url),
+                    Box::new(crate::NoAnswer(transport.connect_timeout)),
+                    false,
+                ));
             }
         };
         let mut missing = Vec::new();
@@ -467,10 +466,7 @@ impl RabbitTransportBuilder {
                 Ok(true) => {}
                 Ok(false) => missing.push(needed.to_string()),
                 Err(e) => {
-                    return Err(Error::Lookup {
-                        what: needed.to_string(),
-                        reason: e.to_string(),
-                    });
+                    return Err(Error::lookup(needed.to_string(), Box::new(e)));
                 }
             }
         }
@@ -480,7 +476,10 @@ impl RabbitTransportBuilder {
         if !missing.is_empty() {
             return Err(Error::MissingDestinations { missing });
         }
-        let up = transport.consume().await.map_err(connect_error)?;
+        let up = transport.consume().await.map_err(|reason| {
+            let reason = redact_text(&transport.url, &reason);
+            Error::connecting(redacted(&transport.url), reason.into(), false)
+        })?;
         transport.update(|s| {
             s.up_since = Some(Instant::now());
             s.held = Arc::downgrade(&up.held);

@@ -71,6 +71,8 @@ use lapin::options::{
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outbox_core::ErrorChain;
+use outbox_core::consumer::BoxError;
 use outbox_core::publisher::cloudevents::{CloudEvents, is_attribute_header};
 use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_chains};
 use tokio::time::Instant;
@@ -161,27 +163,41 @@ pub mod headers {
 #[non_exhaustive]
 pub enum Error {
     /// The broker could not be reached, refused the login, or did not answer in time.
+    /// Why is the [`source`](std::error::Error::source) (lapin's error, or no answer
+    /// within the connect timeout): print the chain with `outbox_core::ErrorChain` (or
+    /// `{:#}`).
     #[error(
-        "cannot connect to RabbitMQ at {url}: {reason}; check that the broker runs and that the URL, user and vhost are right"
+        "cannot connect to RabbitMQ at {url}; check that the broker runs and that the URL, user and vhost are right"
     )]
+    #[non_exhaustive]
     Connect {
         /// The URL given, without its password.
         url: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// Why: lapin's error, or no answer in time.
+        #[source]
+        source: BoxError,
     },
     /// The TLS handshake with the broker failed (`amqps://`): its certificate is not
-    /// signed by a CA the client trusts, or does not name the URL's host.
+    /// signed by a CA the client trusts, or does not name the URL's host. lapin's error
+    /// is the [`source`](std::error::Error::source).
     #[error(
-        "TLS with RabbitMQ at {url} failed: {reason}; check the CA that verifies the broker \
+        "TLS with RabbitMQ at {url} failed; check the CA that verifies the broker \
          (`.tls_root_certificates(path)`, else the system's roots) and that the URL's host \
          is a name its certificate holds"
     )]
+    #[non_exhaustive]
     Tls {
         /// The URL given, without its password.
         url: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// lapin's error.
+        #[source]
+        source: BoxError,
     },
     /// Destinations whose exchange (or, for the default exchange, queue) does not exist.
     #[error(
@@ -202,14 +218,64 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// The broker did not answer a lookup.
-    #[error("cannot look up {what} on RabbitMQ: {reason}")]
+    /// The broker did not answer a lookup. Why is the
+    /// [`source`](std::error::Error::source) (lapin's error, or no answer in time).
+    #[error("cannot look up {what} on RabbitMQ")]
+    #[non_exhaustive]
     Lookup {
         /// The exchange or queue looked up.
         what: String,
-        /// The client's error.
+        /// The client's error, as text.
+        #[deprecated(since = "0.2.0", note = "the client's error is the error's `source()`")]
         reason: String,
+        /// Why: lapin's error, or no answer in time.
+        #[source]
+        source: BoxError,
     },
+}
+
+/// The broker did not answer within the connect timeout: the source of a
+/// [`Error::Connect`] or [`Error::Lookup`] that lapin did not fail.
+#[derive(Debug)]
+struct NoAnswer(Duration);
+
+impl fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no answer within {:?}", self.0)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
+impl Error {
+    /// [`Error::Connect`], or [`Error::Tls`] if `tls`, for the broker shown as `url`.
+    #[allow(deprecated)] // `reason`, kept for one release
+    fn connecting(url: String, source: BoxError, tls: bool) -> Self {
+        let reason = source.to_string();
+        if tls {
+            Error::Tls {
+                url,
+                reason,
+                source,
+            }
+        } else {
+            Error::Connect {
+                url,
+                reason,
+                source,
+            }
+        }
+    }
+
+    /// [`Error::Lookup`] of `what`.
+    #[allow(deprecated)] // `reason`, kept for one release
+    fn lookup(what: String, source: BoxError) -> Self {
+        Error::Lookup {
+            what,
+            reason: source.to_string(),
+            source,
+        }
+    }
 }
 
 /// The URL with its password replaced by `***`, for errors, logs and `Debug`.
@@ -454,14 +520,13 @@ impl RabbitPublisherBuilder {
             let found =
                 tokio::time::timeout(inner.connect_timeout, exists(&link.connection, &needed))
                     .await
-                    .map_err(|_| Error::Lookup {
-                        what: needed.to_string(),
-                        reason: format!("no answer within {:?}", inner.connect_timeout),
+                    .map_err(|_| {
+                        Error::lookup(
+                            needed.to_string(),
+                            Box::new(NoAnswer(inner.connect_timeout)),
+                        )
                     })?
-                    .map_err(|e| Error::Lookup {
-                        what: needed.to_string(),
-                        reason: e.to_string(),
-                    })?;
+                    .map_err(|e| Error::lookup(needed.to_string(), Box::new(e)))?;
             if found {
                 inner.remember(&needed);
             } else {
@@ -520,21 +585,16 @@ struct Link {
     channel: Channel,
 }
 
-/// Why [`Inner::connect`] failed: lapin's message, and whether it was TLS.
+/// Why [`Inner::connect`] failed: lapin's error or no answer, and whether it was TLS.
 struct ConnectFailure {
-    reason: String,
+    source: BoxError,
     tls: bool,
 }
 
 impl ConnectFailure {
     /// The start-up error for the broker shown as `url`.
     fn into_error(self, url: String) -> Error {
-        let ConnectFailure { reason, tls } = self;
-        if tls {
-            Error::Tls { url, reason }
-        } else {
-            Error::Connect { url, reason }
-        }
+        Error::connecting(url, self.source, self.tls)
     }
 }
 
@@ -562,11 +622,11 @@ impl Inner {
             // lapin's errors do not carry the URL.
             Ok(Err(e)) => Err(ConnectFailure {
                 tls: tls::is_tls_failure(&e),
-                reason: e.to_string(),
+                source: Box::new(e),
             }),
             Err(_) => Err(ConnectFailure {
                 tls: false,
-                reason: format!("no answer within {:?}", self.connect_timeout),
+                source: Box::new(NoAnswer(self.connect_timeout)),
             }),
         }
     }
@@ -808,7 +868,7 @@ impl Publisher for RabbitPublisher {
                 Err(failure) => {
                     let error = PublishError::unavailable(format!(
                         "rabbitmq: {}",
-                        failure.into_error(self.inner.shown.clone())
+                        ErrorChain(&failure.into_error(self.inner.shown.clone()))
                     ));
                     return vec![Err(error); batch.len()];
                 }

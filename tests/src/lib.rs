@@ -30,6 +30,24 @@ pub fn trusted_sql(statement: impl Into<String>) -> sqlx::AssertSqlSafe<String> 
     sqlx::AssertSqlSafe(statement.into())
 }
 
+/// Checks that `e` keeps the client's error as its `source()` and does not repeat it in
+/// its own message, so that the chain (`ErrorChain`, `anyhow`'s `{:#}`) shows it once;
+/// returns the chain.
+pub fn assert_source_shown_once(e: &(dyn std::error::Error + 'static)) -> String {
+    let own = e.to_string();
+    let source = e
+        .source()
+        .unwrap_or_else(|| panic!("no source() in {own:?} ({e:?})"))
+        .to_string();
+    assert!(
+        !own.contains(&source),
+        "the message repeats its source {source:?}: {own:?}"
+    );
+    let chain = outbox_core::ErrorChain(e).to_string();
+    assert_eq!(chain.matches(&source).count(), 1, "{chain}");
+    chain
+}
+
 /// The PostgreSQL server the tests use.
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")

@@ -206,7 +206,10 @@ async fn a_destination_without_a_stream_is_refused_at_start_up() {
         Ok(_) => panic!("expected MissingStreams, got a publisher"),
     }
     match NatsPublisher::builder("nats://127.0.0.1:1").build().await {
-        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains("127.0.0.1:1"), "{e}"),
+        Err(e @ Error::Connect { .. }) => {
+            assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+            outbox_tests::assert_source_shown_once(&e);
+        }
         Err(e) => panic!("expected Connect, got {e}"),
         Ok(_) => panic!("expected Connect, got a publisher"),
     }
@@ -382,6 +385,17 @@ async fn a_consumer_that_would_read_its_own_dead_letters_is_refused() {
         .expect_err("the dead letters are in its stream, unfiltered");
     assert!(matches!(err, Error::Consumer { .. }), "{err:?}");
     assert!(err.to_string().contains(".filter_subject("), "{err}");
+    // Our own finding: no client error behind it.
+    assert!(std::error::Error::source(&err).is_none(), "{err:?}");
+    // A stream that does not exist: what to do in the message, the client's error as
+    // its source (before: both in one string).
+    let err = outbox_nats::NatsTransport::builder(nats_url(), format!("{stream}_NONE"), "reader")
+        .build()
+        .await
+        .expect_err("no such stream");
+    assert!(matches!(err, Error::Consumer { .. }), "{err:?}");
+    assert!(err.to_string().contains("create it first"), "{err}");
+    outbox_tests::assert_source_shown_once(&err);
     for filter in [events.as_str(), &format!("{prefix}.*")] {
         let built = outbox_nats::NatsTransport::builder(nats_url(), &stream, "filtered")
             .filter_subject(filter)

@@ -79,6 +79,10 @@ async fn a_server_the_ca_does_not_vouch_for_is_a_tls_error() {
         "{text}"
     );
     assert!(!text.contains("check that the server runs"), "{text}");
+    // The client's error is the source, shown once in the chain (failed before: it was
+    // flattened into the message, and `source()` was `None`).
+    let chain = outbox_tests::assert_source_shown_once(&e);
+    assert!(chain.contains("certificate"), "{chain}");
 
     let e = NatsTransport::builder(&url, "ANY", "reader")
         .options(trusting("other-ca.crt"))

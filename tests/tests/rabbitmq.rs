@@ -473,7 +473,10 @@ async fn a_refused_login_is_reported_without_the_password() {
         .build()
         .await
         .expect_err("wrong password");
-    let text = format!("{err} {err:?}");
+    // The chain too: the client's error is the source, shown once (before: flattened
+    // into the message).
+    let chain = outbox_tests::assert_source_shown_once(&err);
+    let text = format!("{err} {err:?} {chain}");
     assert!(matches!(err, Error::Connect { .. }), "{text}");
     assert!(!text.contains("s3cret-pw"), "{text}");
     assert!(text.contains("guest:***@"), "{text}");

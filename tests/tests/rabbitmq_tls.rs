@@ -73,6 +73,13 @@ async fn a_broker_the_ca_does_not_vouch_for_is_a_tls_error() {
     );
     assert!(!text.contains("check that the broker runs"), "{text}");
     assert!(!text.contains("guest:guest"), "the password shows: {text}");
+    // lapin's error is the source, shown once in the chain (before: flattened into the
+    // message, and `source()` was `None`).
+    let chain = outbox_tests::assert_source_shown_once(&e);
+    assert!(
+        !chain.contains("guest:guest"),
+        "the password shows: {chain}"
+    );
 
     let e = RabbitTransport::builder(tls_url(), "any")
         .tls_root_certificates(ca("other-ca.crt"))
