@@ -250,6 +250,30 @@ pub async fn wait_until_or<F, Fut, S>(
     }
 }
 
+/// Like [`wait_until_or`], with a state that takes a query or two to read (what the
+/// database says of a slot, its server processes and their locks): `state` runs once,
+/// when the wait has failed.
+pub async fn wait_until_explained<F, Fut, S, SFut>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+    state: S,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+    S: FnOnce() -> SFut,
+    SFut: std::future::Future<Output = String>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        if std::time::Instant::now() >= deadline {
+            let state = state().await;
+            panic!("timed out after {timeout:?} waiting until {what}; {state}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until `check` holds, looking every 10 ms; fails the test, naming `what`, if it
 /// does not within `timeout`. Tests synchronise on what they can observe with this,
 /// never on a sleep.

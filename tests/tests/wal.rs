@@ -9,7 +9,8 @@ use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::Relay;
 use outbox_core::{Outbox, OutboxMessage};
 use outbox_tests::trusted_sql;
-use outbox_tests::{TestDb, wait_until};
+use outbox_tests::wal::slot_report;
+use outbox_tests::{TestDb, wait_until, wait_until_explained};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -433,20 +434,24 @@ async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
     };
     let a = RelayProcess::start(&db, &slot, "relay-a");
     let first = write_rounds(&mut written, &outbox, 250).await;
-    wait_until("relay-a publishes", WAIT, || async {
-        published(None).await.len() > 200
-    })
+    wait_until_explained(
+        "relay-a publishes",
+        WAIT,
+        || async { published(None).await.len() > 200 },
+        || slot_report(&db, &slot),
+    )
     .await;
     a.signal("-KILL");
     drop(a);
     let b = RelayProcess::start(&db, &slot, "relay-b");
-    wait_until(
+    wait_until_explained(
         "relay-b publishes everything after the kill",
         WAIT,
         || async {
             let seen: HashSet<Uuid> = published(None).await.into_iter().collect();
             first.iter().all(|id| seen.contains(id))
         },
+        || slot_report(&db, &slot),
     )
     .await;
     let all = published(None).await;
@@ -461,10 +466,15 @@ async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
     let stopped = std::time::Instant::now();
     let c = RelayProcess::start(&db, &slot, "relay-c");
     let second = write_rounds(&mut written, &outbox, 20).await;
-    wait_until("relay-c takes the slot and publishes", WAIT, || async {
-        let seen: HashSet<Uuid> = published(None).await.into_iter().collect();
-        second.iter().all(|id| seen.contains(id))
-    })
+    wait_until_explained(
+        "relay-c takes the slot and publishes",
+        WAIT,
+        || async {
+            let seen: HashSet<Uuid> = published(None).await.into_iter().collect();
+            second.iter().all(|id| seen.contains(id))
+        },
+        || slot_report(&db, &slot),
+    )
     .await;
     let took = stopped.elapsed();
     eprintln!("measured: WAL slot taken over {took:?} after SIGSTOP");
@@ -474,10 +484,15 @@ async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
     );
     b.signal("-CONT");
     let third = write_rounds(&mut written, &outbox, 20).await;
-    wait_until("relay-c publishes what comes after", WAIT, || async {
-        let seen: HashSet<Uuid> = published(Some("relay-c")).await.into_iter().collect();
-        third.iter().all(|id| seen.contains(id))
-    })
+    wait_until_explained(
+        "relay-c publishes what comes after",
+        WAIT,
+        || async {
+            let seen: HashSet<Uuid> = published(Some("relay-c")).await.into_iter().collect();
+            third.iter().all(|id| seen.contains(id))
+        },
+        || slot_report(&db, &slot),
+    )
     .await;
     let late: HashSet<Uuid> = second.iter().chain(third.iter()).copied().collect();
     let by_b = published(Some("relay-b")).await;
@@ -543,8 +558,6 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
                 > 0
         }
     };
-    let log = std::env::temp_dir().join(format!("outbox-wal-fence-{}.log", Uuid::now_v7()));
-    let output = std::fs::File::create(&log).expect("log file");
     let b = outbox_tests::process::Process::start(
         std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
             .args(["postgres", &outbox_tests::database_url(), "relay-b"])
@@ -555,12 +568,10 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
             // Each batch full: the outcome of k:7's batch is recorded before the next
             // claim reads the stream (and would find it ended).
             .env("OUTBOX_TEST_BATCH_SIZE", "1")
-            .stdin(std::process::Stdio::null())
-            .stdout(output.try_clone().expect("log file"))
-            .stderr(output),
+            .stdin(std::process::Stdio::null()),
     );
     let state = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = b.output();
         let tail: Vec<&str> = text.lines().rev().take(30).collect();
         format!(
             "relay-b's last log lines (newest first):\n{}",
@@ -596,7 +607,7 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
         state,
     )
     .await;
-    let before = std::fs::read_to_string(&log).unwrap_or_default().len();
+    let before = b.output().len();
     sqlx::query("INSERT INTO gate (relay, stage) VALUES ('test', 'open')")
         .execute(&db.pool)
         .await
@@ -607,8 +618,7 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
         WAIT,
         || async {
             stage("answered").await
-                && std::fs::read_to_string(&log)
-                    .unwrap_or_default()
+                && b.output()
                     .get(before..)
                     .is_some_and(|new| new.contains("database session failed"))
         },
@@ -646,7 +656,160 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
     assert_eq!(firsts, ids, "every event of k once, in commit order");
     drop(c);
     drop(b);
-    let _ = std::fs::remove_file(&log);
+    cleanup(db, &slot).await;
+}
+
+/// A relay frozen (SIGSTOP) in the middle of a table write holds the slot's fence lock
+/// (the advisory lock a relay taking the slot waits for, so that it reads what the old
+/// one wrote). Its replication connection ends after `wal_sender_timeout`, and a standby
+/// takes the slot; the standby must not then wait for the fence until the frozen process
+/// is continued, however long that is. The server ends the frozen relay's transaction
+/// (its write rolled back, the lock released) once it stood idle as long, and the standby
+/// goes on. Failed on main: relay-c took the slot and waited on the fence until the
+/// test's 30 s ran out (the red fresh-clone CI run of 2026-12-03, `killed_and_frozen_...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_frozen_inside_a_table_write_does_not_hold_the_standby_back() {
+    let (db, outbox, slot) = wal_outbox().await;
+    for table in [
+        "CREATE TABLE published (n bigserial, id text NOT NULL, relay text NOT NULL)",
+        "CREATE TABLE gate (n bigserial, relay text NOT NULL, stage text NOT NULL)",
+    ] {
+        sqlx::query(trusted_sql(table))
+            .execute(&db.pool)
+            .await
+            .expect("table");
+    }
+    let published = |relay: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT id FROM published WHERE relay = $1 ORDER BY n")
+                .bind(relay)
+                .fetch_all(&pool)
+                .await
+                .expect("published")
+                .iter()
+                .map(|id| id.parse::<Uuid>().expect("uuid"))
+                .collect::<Vec<_>>()
+        }
+    };
+    let b = outbox_tests::process::Process::start(
+        std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
+            .args(["postgres", &outbox_tests::database_url(), "relay-b"])
+            .env("OUTBOX_TEST_SCHEMA", &db.schema)
+            .env("OUTBOX_TEST_WAL_SLOT", &slot)
+            .env("OUTBOX_TEST_GATED", "relay-b")
+            .env("OUTBOX_TEST_PUBLISH_TIMEOUT_MS", "120000")
+            .env("OUTBOX_TEST_BATCH_SIZE", "1")
+            .stdin(std::process::Stdio::null()),
+    );
+    let first = emit_one(&outbox, message("k", 0)).await;
+    wait_until_explained(
+        "relay-b publishes k:0",
+        WAIT,
+        || async { published("relay-b").await.contains(&first) },
+        || slot_report(&db, &slot),
+    )
+    .await;
+    // The test holds the outbox table in SHARE mode: relay-b's dead-letter insert, made
+    // under the fence lock, waits for it.
+    let mut holder = db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN SHARE MODE")
+        .execute(&mut *holder)
+        .await
+        .expect("lock the outbox table");
+    let gated = OutboxMessage::new("Gated", "counts", r#"{"key":"k","n":1}"#).with_key("k");
+    let gated = emit_one(&outbox, gated).await;
+    wait_until_explained(
+        "relay-b is publishing k:1",
+        WAIT,
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM gate WHERE stage = 'reached'")
+                .fetch_one(&db.pool)
+                .await
+                .expect("gate")
+                > 0
+        },
+        || slot_report(&db, &slot),
+    )
+    .await;
+    sqlx::query("INSERT INTO gate (relay, stage) VALUES ('test', 'open')")
+        .execute(&db.pool)
+        .await
+        .expect("open the gate");
+    // Refused for good, k:1 is dead: relay-b writes it into the table under the fence
+    // lock, and waits for the table.
+    wait_until_explained(
+        "relay-b holds the fence lock and waits for the outbox table",
+        WAIT,
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks w JOIN pg_locks f ON f.pid = w.pid \
+                 WHERE w.locktype = 'relation' AND NOT w.granted \
+                   AND w.relation = 'outbox'::regclass \
+                   AND f.locktype = 'advisory' AND f.granted)",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .expect("locks")
+        },
+        || slot_report(&db, &slot),
+    )
+    .await;
+    b.signal("-STOP");
+    let stopped = std::time::Instant::now();
+    // Its insert goes through; its transaction, fence lock held, waits for a client that
+    // does not answer.
+    holder.commit().await.expect("release the outbox table");
+    let c = RelayProcess::start(&db, &slot, "relay-c");
+    let next = emit_one(&outbox, message("k", 2)).await;
+    wait_until_explained(
+        "relay-c takes the slot and publishes k:2",
+        WAIT,
+        || async { published("relay-c").await.contains(&next) },
+        || async {
+            format!(
+                "{}\nrelay-c:\n{}",
+                slot_report(&db, &slot).await,
+                c.output_tail()
+            )
+        },
+    )
+    .await;
+    eprintln!(
+        "measured: relay-c published {:?} after relay-b froze with the fence lock",
+        stopped.elapsed()
+    );
+    let before = b.output().len();
+    b.signal("-CONT");
+    wait_until_explained(
+        "relay-b's table write fails and its session ends",
+        WAIT,
+        || async {
+            b.output()
+                .get(before..)
+                .is_some_and(|new| new.contains("database session failed"))
+        },
+        || async { format!("relay-b:\n{}", b.output_tail()) },
+    )
+    .await;
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT event_type, last_error FROM outbox ORDER BY seq")
+            .fetch_all(&db.pool)
+            .await
+            .expect("rows");
+    assert!(
+        rows.is_empty(),
+        "the frozen relay's dead letter was written after the standby took the slot: {rows:?}"
+    );
+    // relay-c published k:1 (not gated there) and k:2 after it.
+    let by_c = published("relay-c").await;
+    let at = |id: &Uuid| by_c.iter().position(|p| p == id);
+    assert!(
+        at(&gated).is_some() && at(&gated) < at(&next),
+        "relay-c publishes k:1, then k:2: {by_c:?}"
+    );
+    drop(c);
+    drop(b);
     cleanup(db, &slot).await;
 }
 

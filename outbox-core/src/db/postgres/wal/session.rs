@@ -252,10 +252,33 @@ impl<'a> WalSession<'a> {
                 // what it wrote is read below.
                 let mut barrier = self.cx.pool.begin().await?;
                 self.cx.count_queries(3);
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                let free: bool =
+                    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+                        .bind(fence_key(self.wal))
+                        .fetch_one(&mut *barrier)
+                        .await?;
+                if !free {
+                    let holders: Vec<i32> = sqlx::query_scalar(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND objsubid = 1 \
+                         AND (classid::int8 << 32 | objid::int8) = hashtext($1)::int8",
+                    )
                     .bind(fence_key(self.wal))
-                    .execute(&mut *barrier)
+                    .fetch_all(&mut *barrier)
                     .await?;
+                    tracing::warn!(
+                        slot = %self.wal.slot,
+                        holders = ?holders,
+                        "outbox WAL relay: took the slot; waiting for the relay that held it \
+                         to end a write into the outbox table (the server ends it after \
+                         wal_sender_timeout if that relay stands still)"
+                    );
+                    self.cx.count_queries(2);
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                        .bind(fence_key(self.wal))
+                        .execute(&mut *barrier)
+                        .await?;
+                }
                 barrier.commit().await?;
                 // Before the first message: which keys wait behind dead letters.
                 self.load_table().await?;

@@ -237,10 +237,18 @@ impl WalSession<'_> {
     pub(super) async fn fenced(&mut self) -> SessionResult<sqlx::Transaction<'static, Postgres>> {
         let mut tx = self.cx.pool.begin().await?;
         self.cx.count_queries(4); // BEGIN, the lock, the check, COMMIT
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(fence_key(self.wal))
-            .execute(&mut *tx)
-            .await?;
+        // A relay that stops answering here (SIGSTOP, a frozen VM) would hold the fence
+        // until it is continued, and the standby that took its slot would wait for it as
+        // long: the server ends this transaction (rolled back, the lock released) once it
+        // stood idle as long as a silent replication connection may.
+        sqlx::query(
+            "SELECT set_config('idle_in_transaction_session_timeout', $2, true), \
+                    pg_advisory_xact_lock(hashtext($1))",
+        )
+        .bind(fence_key(self.wal))
+        .bind(format!("{}ms", SENDER_TIMEOUT.as_millis()))
+        .execute(&mut *tx)
+        .await?;
         let holder: Option<i32> =
             sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
                 .bind(&self.wal.slot)
