@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
-use outbox_core::OutboxRecord;
+use outbox_core::{OutboxMessage, OutboxRecord};
 use outbox_core::publisher::cloudevents::CloudEvents;
 
 /// `outbox-kafka`'s header encoder and decoder, compiled from its source file: the
@@ -79,19 +79,15 @@ impl Row {
                 value.clone(),
             );
         }
-        OutboxRecord {
-            seq: 1,
-            id: uuid::Uuid::from_u128(self.id),
-            event_type: self.event_type.clone(),
-            event_version: self.event_version,
-            destination: "orders".to_owned(),
-            partition_key: self.partition_key.clone(),
-            payload: "{}".to_owned(),
-            headers,
-            created_at: DateTime::<Utc>::from_timestamp(self.created_at % 253_402_300_799, 0)
-                .unwrap_or_default(),
-            attempts: 0,
-        }
+        let mut message = OutboxMessage::new(self.event_type.clone(), "orders", "{}");
+        message.id = uuid::Uuid::from_u128(self.id);
+        message.event_version = self.event_version;
+        message.partition_key = self.partition_key.clone();
+        message.headers = headers;
+        let mut record = OutboxRecord::from(message).with_seq(1);
+        record.created_at =
+            DateTime::<Utc>::from_timestamp(self.created_at % 253_402_300_799, 0).unwrap_or_default();
+        record
     }
 
     /// The CloudEvents settings, if the row asks for them and they are valid.

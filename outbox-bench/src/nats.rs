@@ -40,17 +40,10 @@ pub(crate) async fn fresh_stream(js: &jetstream::Context) -> Result<(String, Str
 /// `args.events` records for `subject`, over `args.keys` keys, each with `payload`.
 pub(crate) fn records(args: &Args, subject: &str, payload: &str) -> Vec<outbox_core::OutboxRecord> {
     (0..args.events)
-        .map(|i| outbox_core::OutboxRecord {
-            seq: i as i64,
-            id: uuid::Uuid::now_v7(),
-            event_type: "BenchEvent".to_owned(),
-            event_version: None,
-            destination: subject.to_owned(),
-            partition_key: Some(format!("k{}", i % args.keys.max(1))),
-            payload: payload.to_owned(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
+        .map(|i| {
+            let message = outbox_core::OutboxMessage::new("BenchEvent", subject, payload)
+                .with_key(format!("k{}", i % args.keys.max(1)));
+            outbox_core::OutboxRecord::from(message).with_seq(i as i64)
         })
         .collect()
 }

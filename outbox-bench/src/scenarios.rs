@@ -235,18 +235,10 @@ async fn article(args: &Args) -> Result<f64, BoxError> {
             break;
         }
         for (seq, id, event_type, destination, key, payload) in rows {
-            let record = outbox_core::OutboxRecord {
-                seq,
-                id,
-                event_type,
-                event_version: None,
-                destination,
-                partition_key: key,
-                payload,
-                headers: Default::default(),
-                created_at: chrono::Utc::now(),
-                attempts: 0,
-            };
+            let mut message = outbox_core::OutboxMessage::new(event_type, destination, payload);
+            message.id = id;
+            message.partition_key = key;
+            let record = outbox_core::OutboxRecord::from(message).with_seq(seq);
             let result = match &kafka_publisher {
                 Some(p) => p.publish(std::slice::from_ref(&record)).await,
                 None => counting.publish(std::slice::from_ref(&record)).await,

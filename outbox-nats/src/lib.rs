@@ -709,20 +709,13 @@ impl Publisher for NatsPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::OutboxMessage;
 
     fn record_with_header(name: &str) -> OutboxRecord {
-        OutboxRecord {
-            seq: 1,
-            id: uuid::Uuid::now_v7(),
-            event_type: "Counted".to_owned(),
-            event_version: None,
-            destination: "orders.events".to_owned(),
-            partition_key: Some("k".to_owned()),
-            payload: "{}".to_owned(),
-            headers: [(name.to_owned(), "v".to_owned())].into(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        }
+        let message = OutboxMessage::new("Counted", "orders.events", "{}")
+            .with_key("k")
+            .with_header(name, "v");
+        OutboxRecord::from(message).with_seq(1)
     }
 
     /// A header name with a multi-byte character across byte 5 used to panic in the

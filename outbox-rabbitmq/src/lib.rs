@@ -968,6 +968,7 @@ impl Publisher for RabbitPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::OutboxMessage;
 
     #[test]
     fn destinations_map_to_an_exchange_and_a_routing_key() {
@@ -1020,18 +1021,8 @@ mod tests {
     #[test]
     fn an_event_type_over_255_bytes_is_sent_in_its_header_not_a_panic() {
         let event_type = "E".repeat(300);
-        let record = OutboxRecord {
-            seq: 1,
-            id: uuid::Uuid::now_v7(),
-            event_type: event_type.clone(),
-            event_version: None,
-            destination: "orders".to_owned(),
-            partition_key: None,
-            payload: "{}".to_owned(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let record =
+            OutboxRecord::from(OutboxMessage::new(event_type.clone(), "orders", "{}")).with_seq(1);
         let p = properties(&record, None);
         assert_eq!(*p.kind(), None);
         let read = consumer::text_headers(&p);
@@ -1059,22 +1050,12 @@ mod tests {
 
     #[test]
     fn the_layout_carries_the_id_type_and_headers() {
-        let record = OutboxRecord {
-            seq: 1,
-            id: uuid::Uuid::now_v7(),
-            event_type: "OrderPlaced".to_owned(),
-            event_version: Some(2),
-            destination: "orders/order.placed".to_owned(),
-            partition_key: Some("order-1".to_owned()),
-            payload: "{}".to_owned(),
-            headers: [
-                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
-                ("Event-Type".to_owned(), "spoofed".to_owned()),
-            ]
-            .into(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        };
+        let mut message = OutboxMessage::new("OrderPlaced", "orders/order.placed", "{}")
+            .with_key("order-1")
+            .with_header("traceparent", "00-abc-def-01")
+            .with_header("Event-Type", "spoofed");
+        message.event_version = Some(2);
+        let record = OutboxRecord::from(message).with_seq(1);
         let p = properties(&record, None);
         assert_eq!(
             p.message_id().as_ref().map(|s| s.as_str().to_owned()),

@@ -48,10 +48,9 @@ impl Place {
 
 /// A `Job` record (payload `{"n":n}`) for `destination` with partition key `key`.
 pub fn job(destination: &str, key: &str, n: i32) -> OutboxRecord {
-    OutboxRecord {
-        partition_key: Some(key.to_owned()),
-        ..kafka::job(destination, n)
-    }
+    let mut record = kafka::job(destination, n);
+    record.partition_key = Some(key.to_owned());
+    record
 }
 
 /// One broker, as the shared suite sees it.

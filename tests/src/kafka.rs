@@ -411,18 +411,9 @@ pub struct Job {
 
 /// A `Job` record for `topic`, key `jobs`, payload `{"n":n}`, a fresh id.
 pub fn job(topic: &str, n: i32) -> outbox_core::OutboxRecord {
-    outbox_core::OutboxRecord {
-        seq: i64::from(n),
-        id: uuid::Uuid::now_v7(),
-        event_type: "Job".to_owned(),
-        event_version: None,
-        destination: topic.to_owned(),
-        partition_key: Some("jobs".to_owned()),
-        payload: format!(r#"{{"n":{n}}}"#),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+    let message =
+        outbox_core::OutboxMessage::new("Job", topic, format!(r#"{{"n":{n}}}"#)).with_key("jobs");
+    outbox_core::OutboxRecord::from(message).with_seq(i64::from(n))
 }
 
 /// A publisher with the defaults for `topic` (which must exist), catalog not checked.

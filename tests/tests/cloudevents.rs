@@ -10,32 +10,24 @@ use std::time::Duration;
 
 use chrono::TimeZone;
 use futures_util::StreamExt;
-use outbox_core::OutboxRecord;
 use outbox_core::publisher::Publisher;
 use outbox_core::publisher::cloudevents::CloudEvents;
+use outbox_core::{OutboxMessage, OutboxRecord};
 
 const SOURCE: &str = "/outbox-tests/orders";
 
 fn record(destination: &str, spoofed: &str) -> OutboxRecord {
-    OutboxRecord {
-        seq: 1,
-        id: uuid::Uuid::now_v7(),
-        event_type: "OrderPlaced".to_owned(),
-        event_version: Some(2),
-        destination: destination.to_owned(),
-        partition_key: Some("order-7".to_owned()),
-        payload: r#"{"order":7}"#.to_owned(),
-        headers: [
-            ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
-            (spoofed.to_owned(), "spoofed".to_owned()),
-        ]
-        .into(),
-        created_at: chrono::Utc
-            .with_ymd_and_hms(2026, 12, 1, 10, 30, 0)
-            .single()
-            .expect("a time"),
-        attempts: 0,
-    }
+    let mut message = OutboxMessage::new("OrderPlaced", destination, r#"{"order":7}"#)
+        .with_key("order-7")
+        .with_header("traceparent", "00-abc-def-01")
+        .with_header(spoofed, "spoofed");
+    message.event_version = Some(2);
+    let mut record = OutboxRecord::from(message).with_seq(1);
+    record.created_at = chrono::Utc
+        .with_ymd_and_hms(2026, 12, 1, 10, 30, 0)
+        .single()
+        .expect("a time");
+    record
 }
 
 /// What every broker must show: the five attributes under `prefix`, the outbox headers,

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::TimeZone;
-use outbox_core::OutboxRecord;
 use outbox_core::publisher::Publisher;
 use outbox_core::publisher::cloudevents::CloudEvents;
+use outbox_core::{OutboxMessage, OutboxRecord};
 use outbox_rabbitmq::CloudEventsHeaders;
 use serde_json::{Value, json};
 
@@ -36,26 +36,21 @@ fn ce() -> CloudEvents {
 /// with a row header that would forge the type under every prefix a decoder may read.
 fn records(destination: &str) -> Vec<OutboxRecord> {
     (0..COUNT)
-        .map(|n| OutboxRecord {
-            seq: n as i64 + 1,
-            id: uuid::Uuid::now_v7(),
-            event_type: "OrderPlaced".to_owned(),
-            event_version: (n > 0).then_some(n as i32),
-            destination: destination.to_owned(),
-            partition_key: Some(format!("order-{n}")),
-            payload: format!(r#"{{"order":{n}}}"#),
-            headers: [
-                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
-                ("cloudEvents_type".to_owned(), "forged".to_owned()),
-                ("ce-type".to_owned(), "forged".to_owned()),
-                ("ce_type".to_owned(), "forged".to_owned()),
-            ]
-            .into(),
-            created_at: chrono::Utc
+        .map(|n| {
+            let mut message =
+                OutboxMessage::new("OrderPlaced", destination, format!(r#"{{"order":{n}}}"#))
+                    .with_key(format!("order-{n}"))
+                    .with_header("traceparent", "00-abc-def-01")
+                    .with_header("cloudEvents_type", "forged")
+                    .with_header("ce-type", "forged")
+                    .with_header("ce_type", "forged");
+            message.event_version = (n > 0).then_some(n as i32);
+            let mut record = OutboxRecord::from(message).with_seq(n as i64 + 1);
+            record.created_at = chrono::Utc
                 .with_ymd_and_hms(2026, 12, 1, 10, 30, n as u32)
                 .single()
-                .expect("a time"),
-            attempts: 0,
+                .expect("a time");
+            record
         })
         .collect()
 }

@@ -27,18 +27,12 @@ fn kinds(results: &[Result<(), PublishError>]) -> Vec<Option<PublishErrorKind>> 
 }
 
 fn record(subject: &str, key: &str, n: i32) -> OutboxRecord {
-    OutboxRecord {
-        seq: i64::from(n),
-        id: Uuid::now_v7(),
-        event_type: "Counted".to_owned(),
-        event_version: Some(2),
-        destination: subject.to_owned(),
-        partition_key: Some(key.to_owned()),
-        payload: format!(r#"{{"key":"{key}","n":{n}}}"#),
-        headers: [("traceparent".to_owned(), "00-abc-def-01".to_owned())].into(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-    }
+    let mut message =
+        OutboxMessage::new("Counted", subject, format!(r#"{{"key":"{key}","n":{n}}}"#))
+            .with_key(key)
+            .with_header("traceparent", "00-abc-def-01");
+    message.event_version = Some(2);
+    OutboxRecord::from(message).with_seq(i64::from(n))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,10 +12,28 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::event::OutboxMessage;
+
 pub use memory::InMemoryPublisher;
 
 /// A pending outbox row, as handed to a [`Publisher`].
+///
+/// The relay builds these; a publisher reads them. To build one yourself (to test a
+/// publisher of your own), convert an [`OutboxMessage`]: the struct will grow (a content
+/// type comes with binary payloads), so it cannot be built with a literal.
+///
+/// ```
+/// use outbox_core::{OutboxMessage, OutboxRecord};
+///
+/// let message = OutboxMessage::new("OrderPlaced", "orders", r#"{"id":7}"#)
+///     .with_key("order-7")
+///     .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+/// let record = OutboxRecord::from(message).with_seq(1);
+/// assert_eq!(record.partition_key.as_deref(), Some("order-7"));
+/// assert_eq!(record.attempts, 0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct OutboxRecord {
     /// Relay order.
     pub seq: i64,
@@ -37,6 +55,34 @@ pub struct OutboxRecord {
     pub created_at: DateTime<Utc>,
     /// Failed publish attempts so far.
     pub attempts: i32,
+}
+
+impl OutboxRecord {
+    /// With relay order `seq`.
+    #[must_use]
+    pub fn with_seq(mut self, seq: i64) -> OutboxRecord {
+        self.seq = seq;
+        self
+    }
+}
+
+/// The record a relay hands to its publisher for `message`: created now, at `seq` 0, with
+/// no attempt yet.
+impl From<OutboxMessage> for OutboxRecord {
+    fn from(message: OutboxMessage) -> OutboxRecord {
+        OutboxRecord {
+            seq: 0,
+            id: message.id,
+            event_type: message.event_type,
+            event_version: message.event_version,
+            destination: message.destination,
+            partition_key: message.partition_key,
+            payload: message.payload,
+            headers: message.headers,
+            created_at: Utc::now(),
+            attempts: 0,
+        }
+    }
 }
 
 /// Why one message could not be published.
