@@ -236,18 +236,26 @@ impl Error {
                     reason: "an earlier statement in it failed, so PostgreSQL aborted it",
                 };
             }
-            // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL);
-            // 42S02: no such table (MySQL/MariaDB); SQLite says it in words.
-            if matches!(db.code().as_deref(), Some("42P01" | "3F000" | "42S02"))
-                || db.message().starts_with("no such table")
-            {
-                return Error::SchemaMissing {
-                    table: table.to_owned(),
-                };
-            }
+        }
+        if is_schema_missing(&source) {
+            return Error::SchemaMissing {
+                table: table.to_owned(),
+            };
         }
         Error::Database { context, source }
     }
+}
+
+/// The database says a table or schema the statement names does not exist: the
+/// migrations have not run.
+pub(crate) fn is_schema_missing(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    // 42P01: undefined_table; 3F000: invalid_schema_name (PostgreSQL);
+    // 42S02: no such table (MySQL/MariaDB); SQLite says it in words.
+    matches!(db.code().as_deref(), Some("42P01" | "3F000" | "42S02"))
+        || db.message().starts_with("no such table")
 }
 
 /// `.context(doing, table)` on a driver result: [`Error::db`] with the table named only

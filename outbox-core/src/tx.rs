@@ -17,7 +17,8 @@ use crate::{Outbox, OutboxEvent, OutboxMessage, Result};
 /// [`emit`](Self::emit) events as things happen, then [`commit`](Self::commit): all
 /// collected events are written in one statement and committed together with your
 /// changes. Dropping it without committing, or [`rollback`](Self::rollback), writes
-/// nothing and undoes your changes.
+/// nothing and undoes your changes; a transaction dropped while it holds events logs a
+/// warning that names them (roll back to discard events on purpose).
 ///
 /// ```no_run
 /// # use outbox_core::{Outbox, OutboxMessage};
@@ -32,6 +33,7 @@ use crate::{Outbox, OutboxEvent, OutboxMessage, Result};
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "an outbox transaction writes its events only when you `commit()` it; dropping it rolls everything back"]
 pub struct OutboxTx<
     'c,
     #[cfg(feature = "postgres")] DB: Backend = sqlx::Postgres,
@@ -45,6 +47,43 @@ pub struct OutboxTx<
     pending: Vec<OutboxMessage>,
     /// Events were flushed before the commit: the commit still wakes an idle relay.
     wrote: bool,
+    unsettled: Unsettled,
+}
+
+/// What an [`OutboxTx`] emitted, to warn when it is dropped holding events without a
+/// `commit` or a `rollback` (an early return, a forgotten commit): those events are
+/// gone, and the program said nothing.
+#[derive(Debug, Default)]
+struct Unsettled {
+    events: usize,
+    first: Option<(Uuid, String)>,
+    settled: bool,
+}
+
+impl Unsettled {
+    fn emitted(&mut self, message: &OutboxMessage) {
+        self.events += 1;
+        self.first
+            .get_or_insert_with(|| (message.id, message.event_type.clone()));
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        // Unwinding from a panic says enough already.
+        if self.settled || self.events == 0 || std::thread::panicking() {
+            return;
+        }
+        let (first_id, first_type) = self.first.take().unwrap_or_default();
+        tracing::warn!(
+            events = self.events,
+            first_event_type = %first_type,
+            first_id = %first_id,
+            "an outbox transaction holding events was dropped without commit(): its events \
+             and changes were rolled back; commit it, or call rollback() to discard them on \
+             purpose"
+        );
+    }
 }
 
 impl<'c, DB: Backend> OutboxTx<'c, DB> {
@@ -55,6 +94,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             outbox,
             pending: Vec::new(),
             wrote: false,
+            unsettled: Unsettled::default(),
         }
     }
 
@@ -70,6 +110,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
             outbox: outbox.clone(),
             pending: Vec::new(),
             wrote: false,
+            unsettled: Unsettled::default(),
         }
     }
 
@@ -101,6 +142,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         let mut message = OutboxMessage::from_event(&event)?;
         crate::trace::capture(&mut message.headers);
         let id = message.id;
+        self.unsettled.emitted(&message);
         self.pending.push(message);
         Ok(id)
     }
@@ -111,6 +153,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
         message.validate()?;
         crate::trace::capture(&mut message.headers);
         let id = message.id;
+        self.unsettled.emitted(&message);
         self.pending.push(message);
         Ok(id)
     }
@@ -152,6 +195,8 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     /// events: PostgreSQL aborted it after an error, or MySQL/MariaDB rolled it back (a
     /// deadlock), after which statements commit one by one.
     pub async fn commit(mut self) -> Result<()> {
+        // Whatever happens now, the caller hears of it.
+        self.unsettled.settled = true;
         let count = self.pending.len();
         let span = tracing::debug_span!("outbox.commit", events = count);
         // A handle (one `Arc`), so that its names and options outlive the borrows below.
@@ -185,7 +230,8 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     }
 
     /// Rolls back: your changes are undone and no event is written.
-    pub async fn rollback(self) -> Result<()> {
+    pub async fn rollback(mut self) -> Result<()> {
+        self.unsettled.settled = true;
         let outbox = self.outbox.clone();
         self.tx
             .rollback()

@@ -1,11 +1,13 @@
 //! A consumer that makes no progress while it has work says so itself, and a RabbitMQ
-//! consumer whose connection went silent connects again. The logs are the global
-//! subscriber's (`Captured`), so these tests have a binary of their own.
+//! consumer whose connection went silent connects again; a transaction dropped while it
+//! holds events says so too. The logs are the global subscriber's (`Captured`), so these
+//! tests have a binary of their own.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use outbox_core::OutboxMessage;
 use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::Publisher;
@@ -201,6 +203,84 @@ async fn a_relay_that_publishes_nothing_while_rows_are_due_says_what_it_waits_fo
     assert!(
         publisher.wait_for(5, WAIT).await,
         "published once the broker is back"
+    );
+    relay.shutdown().await;
+    db.cleanup().await;
+}
+
+/// An `OutboxTx` dropped while it holds events (an early return, a forgotten commit)
+/// says so, with how many and the first one; a committed, a rolled-back and an empty one
+/// say nothing. Before, the events were gone without a word (#36).
+#[tokio::test]
+async fn a_transaction_dropped_holding_events_says_so() {
+    logs();
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let kind = format!("Dropped{}", uuid::Uuid::now_v7().simple());
+    let message = || OutboxMessage::new(kind.clone(), "orders", "{}");
+
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message()).expect("emit");
+    tx.commit().await.expect("commit");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(message()).expect("emit");
+    tx.rollback().await.expect("rollback");
+    drop(outbox.begin().await.expect("begin"));
+    let first = {
+        let mut tx = outbox.begin().await.expect("begin");
+        let first = tx.emit_message(message()).expect("emit");
+        tx.emit_message(message()).expect("emit");
+        tx.flush().await.expect("flush");
+        first
+    };
+
+    let lines = lines_with(&["dropped without commit()", &kind]);
+    assert_eq!(
+        lines.len(),
+        1,
+        "one warning, for the transaction dropped with events: {lines:?}"
+    );
+    assert!(
+        lines[0].contains("events=2") && lines[0].contains(&first.to_string()),
+        "the warning says how many events and names the first: {}",
+        lines[0]
+    );
+    assert_eq!(db.count("outbox").await, 1, "only the committed event");
+    db.cleanup().await;
+}
+
+/// A relay started before `migrate()` says so once, with what to do, and keeps waiting:
+/// once the tables exist, it publishes. Before, it logged "database session failed" with
+/// the driver's `relation ... does not exist` at every reconnect (#36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_before_the_migrations_says_so_once_and_waits() {
+    logs();
+    let db = TestDb::new().await;
+    let outbox = outbox_core::Outbox::new(db.pool.clone());
+    let publisher = outbox_core::publisher::InMemoryPublisher::new();
+    let relay = outbox_core::Relay::builder(outbox.clone(), publisher.clone())
+        .reconnect_delay(Duration::from_millis(200))
+        .spawn();
+    wait_until("the relay tried 4 times", WAIT, || async {
+        relay.stats().reconnects >= 4
+    })
+    .await;
+    let said = lines_with(&[
+        "the outbox table does not exist",
+        "run the migrations first",
+    ]);
+    assert_eq!(said.len(), 1, "said once, not at every try: {said:?}");
+    let raw = lines_with(&["database session failed", "does not exist"]);
+    assert!(raw.is_empty(), "no raw driver error at every try: {raw:?}");
+
+    outbox.migrate().await.expect("migrate");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.emit_message(OutboxMessage::new("Late", "orders", "{}"))
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    assert!(
+        publisher.wait_for(1, WAIT).await,
+        "the relay waited for the tables and publishes"
     );
     relay.shutdown().await;
     db.cleanup().await;

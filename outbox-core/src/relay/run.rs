@@ -190,6 +190,8 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         // published again by the next relay.
         let grace = self.config.publish_timeout + self.config.connect_timeout;
         let mut asked = shutdown.clone();
+        // The tables were missing at the last try, and the relay said so (once).
+        let mut said_schema_missing = false;
         loop {
             let started = std::time::Instant::now();
             let result = tokio::select! {
@@ -208,7 +210,23 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
                 Ok(()) => return,
                 Err(e) => {
                     let delay = backoff.next();
-                    tracing::error!(error = %crate::ErrorChain(&e), retry_in = ?delay, "outbox relay: database session failed; reconnecting");
+                    if !e.is_schema_missing() {
+                        said_schema_missing = false;
+                        tracing::error!(error = %crate::ErrorChain(&e), retry_in = ?delay, "outbox relay: database session failed; reconnecting");
+                    } else if !said_schema_missing {
+                        // Started before `migrate()`: said once, clearly, then waited for.
+                        tracing::error!(
+                            table = %self.outbox.tables().outbox,
+                            error = %crate::ErrorChain(&e),
+                            "outbox relay: the outbox table does not exist in this database; \
+                             run the migrations first: `outbox.migrate().await?` (or the \
+                             `outbox migrate` command). The relay waits for it, trying again \
+                             with backoff (at most every reconnect_delay)"
+                        );
+                        said_schema_missing = true;
+                    } else {
+                        tracing::debug!(retry_in = ?delay, "outbox relay: the outbox table still does not exist");
+                    }
                     self.counter("outbox_relay_reconnects_total").increment(1);
                     RelayStats::add(&self.stats.reconnects, 1);
                     delay

@@ -98,6 +98,11 @@ impl std::fmt::Display for Colon<'_> {
 }
 
 impl SessionError {
+    /// The database says the outbox's tables do not exist: the migrations have not run.
+    pub(crate) fn is_schema_missing(&self) -> bool {
+        matches!(self, SessionError::Database(e) if crate::error::is_schema_missing(e))
+    }
+
     /// [`SessionError::TimedOut`]: `what` did not answer within `after`.
     pub fn timed_out(what: impl Into<Cow<'static, str>>, after: Duration) -> Self {
         SessionError::TimedOut {
