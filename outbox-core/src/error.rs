@@ -44,6 +44,27 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A message is larger than the outbox's
+    /// [`max_message_bytes`](crate::OutboxBuilder::max_message_bytes): refused when it is
+    /// emitted, not dead-lettered by the relay later. Nothing was written; the transaction
+    /// can still be committed without it.
+    #[error(
+        "event `{event_type}` for `{destination}` is {bytes} bytes (payload and headers), \
+         over this outbox's max_message_bytes of {limit}: the broker would refuse it and the \
+         relay would dead-letter it. Make it smaller (send a reference to the data instead), \
+         or raise max_message_bytes if the broker takes more"
+    )]
+    TooLarge {
+        /// The event type.
+        event_type: String,
+        /// Where it was going.
+        destination: String,
+        /// Its payload and header bytes.
+        bytes: usize,
+        /// The outbox's limit.
+        limit: usize,
+    },
+
     /// An event or message is not valid (empty event type or destination, bad header...).
     #[error("invalid outbox message: {0}")]
     InvalidMessage(Cow<'static, str>),

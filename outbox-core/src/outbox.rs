@@ -37,6 +37,8 @@ struct Inner<DB: Backend> {
     pool: Pool<DB>,
     tables: Tables,
     options: DB::Options,
+    /// See [`OutboxBuilder::max_message_bytes`].
+    max_message_bytes: Option<usize>,
 }
 
 impl<DB: Backend> Clone for Outbox<DB> {
@@ -64,6 +66,7 @@ impl<DB: Backend> Outbox<DB> {
                 pool,
                 tables: Tables::default(),
                 options: DB::Options::default(),
+                max_message_bytes: None,
             }),
         }
     }
@@ -75,6 +78,7 @@ impl<DB: Backend> Outbox<DB> {
             outbox: None,
             processed: None,
             options: DB::Options::default(),
+            max_message_bytes: None,
         }
     }
 
@@ -147,8 +151,33 @@ impl<DB: Backend> Outbox<DB> {
     ) -> Result<()> {
         for m in messages {
             m.validate()?;
+            self.admit(m)?;
         }
         self.write(&mut *tx, messages).await
+    }
+
+    /// Refuses a message larger than [`max_message_bytes`](OutboxBuilder::max_message_bytes)
+    /// when it is emitted: the broker would refuse it, and the relay would dead-letter it
+    /// and park its key's later messages behind it.
+    pub(crate) fn admit(&self, message: &OutboxMessage) -> Result<()> {
+        let Some(limit) = self.inner.max_message_bytes else {
+            return Ok(());
+        };
+        let bytes = message.payload.len()
+            + message
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        if bytes > limit {
+            return Err(crate::Error::TooLarge {
+                event_type: message.event_type.clone(),
+                destination: message.destination.clone(),
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
     }
 
     pub(crate) async fn write(
@@ -176,6 +205,7 @@ pub struct OutboxBuilder<
     processed: Option<String>,
     /// The database's own options (PostgreSQL: WAL mode, set by `wal`, `wal_slot`...).
     pub(crate) options: DB::Options,
+    max_message_bytes: Option<usize>,
 }
 
 impl<DB: Backend> OutboxBuilder<DB> {
@@ -190,6 +220,18 @@ impl<DB: Backend> OutboxBuilder<DB> {
     /// The consumers' processed-messages table.
     pub fn processed_table(mut self, name: impl Into<String>) -> Self {
         self.processed = Some(name.into());
+        self
+    }
+
+    /// The largest message the brokers behind this outbox take, in bytes of payload and
+    /// headers: a larger one is refused when it is emitted ([`Error::TooLarge`](crate::Error::TooLarge),
+    /// naming its size and this limit), while the caller can still do something about
+    /// it, instead of being dead-lettered by the relay later with its key's next messages
+    /// parked behind it. Unset by default (no limit). The brokers' defaults: Kafka's
+    /// `message.max.bytes` 1,048,588 (the whole record batch, keep a margin), NATS's
+    /// `max_payload` 1 MiB, RabbitMQ's `max_message_size` 128 MiB.
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = Some(bytes);
         self
     }
 
@@ -209,6 +251,7 @@ impl<DB: Backend> OutboxBuilder<DB> {
                 pool: self.pool,
                 tables,
                 options,
+                max_message_bytes: self.max_message_bytes,
             }),
         })
     }

@@ -141,6 +141,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     pub fn emit<E: OutboxEvent>(&mut self, event: E) -> Result<Uuid> {
         let mut message = OutboxMessage::from_event(&event)?;
         crate::trace::capture(&mut message.headers);
+        self.outbox.admit(&message)?;
         let id = message.id;
         self.unsettled.emitted(&message);
         self.pending.push(message);
@@ -152,6 +153,7 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     pub fn emit_message(&mut self, mut message: OutboxMessage) -> Result<Uuid> {
         message.validate()?;
         crate::trace::capture(&mut message.headers);
+        self.outbox.admit(&message)?;
         let id = message.id;
         self.unsettled.emitted(&message);
         self.pending.push(message);

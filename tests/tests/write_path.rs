@@ -1071,3 +1071,53 @@ async fn committing_an_aborted_transaction_is_an_error() {
     assert_eq!(db.count("outbox").await, 0);
     db.cleanup().await;
 }
+
+/// A message over the outbox's `max_message_bytes` is refused when it is emitted, with
+/// its size and the limit, and the transaction goes on without it; before, it was
+/// accepted, then dead-lettered by the relay (`MessageSizeTooLarge`) with its key's later
+/// messages parked behind it (#36). `enqueue_messages` refuses it the same way.
+#[tokio::test]
+async fn a_message_over_max_message_bytes_is_refused_at_emit() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::builder(db.pool.clone())
+        .max_message_bytes(1_000)
+        .build()
+        .expect("build");
+    outbox.migrate().await.expect("migrate");
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(1_200));
+    let mut tx = outbox.begin().await.expect("begin");
+    let err = tx
+        .emit_message(OutboxMessage::new("Big", "orders", big.clone()).with_key("o-1"))
+        .expect_err("over the limit");
+    assert!(
+        matches!(
+            err,
+            Error::TooLarge {
+                bytes: 1_211,
+                limit: 1_000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("`Big`")
+            && text.contains("1211 bytes")
+            && text.contains("max_message_bytes of 1000"),
+        "{text}"
+    );
+    tx.emit_message(OutboxMessage::new("Small", "orders", "{}").with_key("o-1"))
+        .expect("under the limit");
+    tx.commit().await.expect("commit without the refused one");
+    assert_eq!(db.count("outbox").await, 1);
+
+    let mut tx = db.pool.begin().await.expect("begin");
+    let err = outbox
+        .enqueue_messages(&mut tx, &[OutboxMessage::new("Big", "orders", big)])
+        .await
+        .expect_err("over the limit");
+    assert!(matches!(err, Error::TooLarge { .. }), "{err:?}");
+    drop(tx);
+    db.cleanup().await;
+}
