@@ -340,3 +340,41 @@ async fn a_message_to_a_missing_topic_does_not_hold_back_other_keys() {
         "names the cause: {error}"
     );
 }
+
+/// A message to a destination the publisher was not told of (a typo in a string
+/// destination) fails, naming the topic, and creates nothing: topics are created at start,
+/// for the catalog's destinations and those given with `.destination(..)`, and only with
+/// `.create_missing_topics(..)`. (#36: on main the producer asked the broker to create any
+/// topic it was handed, and the typo became a topic.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_to_an_unknown_destination_creates_no_topic() {
+    let brokers = kafka::brokers();
+    let topic = kafka::unique("orders");
+    let typo = kafka::unique("ordrs");
+    let publisher = KafkaPublisher::builder(&brokers)
+        .skip_catalog_check()
+        .destination(&topic)
+        .create_missing_topics(1, 1)
+        .build()
+        .await
+        .expect("publisher");
+    assert!(
+        kafka::topics(&brokers).iter().any(|(t, _)| *t == topic),
+        "the destination it was given is created at start"
+    );
+    // Beside a message to its topic, as a relay's batch would be.
+    let mut right = kafka::job(&topic, 0);
+    right.partition_key = Some("right".to_owned());
+    let results = publisher.publish(&[right, kafka::job(&typo, 1)]).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    let error = results[1].as_ref().expect_err("no such topic");
+    assert!(
+        error.message().contains(&typo) && error.message().contains("does not exist"),
+        "names the topic: {error}"
+    );
+    assert!(
+        !kafka::topics(&brokers).iter().any(|(t, _)| *t == typo),
+        "the typo did not become a topic"
+    );
+    kafka::delete_topic(&brokers, &topic).await;
+}

@@ -123,7 +123,11 @@ impl KafkaPublisherBuilder {
     }
 
     /// Create missing topics at start-up with this many partitions and replicas, instead
-    /// of failing.
+    /// of failing: the catalog's destinations and those given with
+    /// [`destination`](Self::destination), no other. A message to any other topic that
+    /// does not exist fails (retryable, "topic ... does not exist") and creates nothing
+    /// (`allow.auto.create.topics=false`; `.set("allow.auto.create.topics", "true")` lets
+    /// the broker create whatever a message names, where the broker allows it).
     pub fn create_missing_topics(mut self, partitions: i32, replication: i32) -> Self {
         self.create = Some(CreateTopics {
             partitions,
@@ -157,6 +161,11 @@ impl KafkaPublisherBuilder {
         self.settings
             .set_default("reconnect.backoff.max.ms", "1000");
         self.settings.set_default("compression.type", "none");
+        // Topics are created at start, for the destinations the publisher knows, and only
+        // with `create_missing_topics`; librdkafka's producer would otherwise ask the
+        // broker to create any topic it is handed (a typo in a destination included).
+        self.settings
+            .set_default("allow.auto.create.topics", "false");
         let producer = Arc::new(create_producer(&self.settings)?);
         let wanted: BTreeSet<String> =
             outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog)
