@@ -29,6 +29,7 @@ pub struct NatsTransportBuilder {
     ack_wait: Duration,
     max_deliver: Option<i64>,
     max_ack_pending: i64,
+    deliver_policy: DeliverPolicy,
     dead_letter_subject: Option<String>,
 }
 
@@ -41,6 +42,7 @@ impl fmt::Debug for NatsTransportBuilder {
             .field("durable", &self.durable)
             .field("filter_subject", &self.filter_subject)
             .field("ack_wait", &self.ack_wait)
+            .field("deliver_policy", &self.deliver_policy)
             .field("dead_letter_subject", &self.dead_letter_subject)
             .finish_non_exhaustive()
     }
@@ -86,8 +88,9 @@ impl NatsTransport {
     /// [`NatsPublisher::builder`](crate::NatsPublisher::builder)). The consumer is created
     /// if it does not exist, and its configuration updated if it does.
     ///
-    /// Defaults: every message of the stream from the start (`DeliverPolicy::All`),
-    /// `AckWait` 30 s, no `MaxDeliver` limit, at most 256 messages unacknowledged.
+    /// Defaults: every message of the stream from the start (`DeliverPolicy::All`; see
+    /// [`deliver_policy`](NatsTransportBuilder::deliver_policy)), `AckWait` 30 s, no
+    /// `MaxDeliver` limit, at most 256 messages unacknowledged.
     pub fn builder(
         url: impl Into<String>,
         stream: impl Into<String>,
@@ -104,6 +107,7 @@ impl NatsTransport {
             ack_wait: Duration::from_secs(30),
             max_deliver: None,
             max_ack_pending: 256,
+            deliver_policy: DeliverPolicy::All,
             dead_letter_subject: None,
         }
     }
@@ -113,6 +117,16 @@ impl NatsTransportBuilder {
     /// Connection options (credentials, TLS, name, ...) instead of the defaults.
     pub fn options(mut self, options: async_nats::ConnectOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// Where a durable that does not exist yet starts reading: every message the stream
+    /// holds (`DeliverPolicy::All`, the default), only messages stored after it is
+    /// created (`DeliverPolicy::New`), or from a sequence or a time. An existing durable
+    /// keeps where it is: JetStream refuses to change its policy, and `build()` fails
+    /// with the server's error (delete the durable to start it anew).
+    pub fn deliver_policy(mut self, policy: DeliverPolicy) -> Self {
+        self.deliver_policy = policy;
         self
     }
 
@@ -211,7 +225,7 @@ impl NatsTransportBuilder {
         let consumer = stream
             .create_consumer(Config {
                 durable_name: Some(self.durable.clone()),
-                deliver_policy: DeliverPolicy::All,
+                deliver_policy: self.deliver_policy,
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: self.ack_wait,
                 max_deliver: self.max_deliver.unwrap_or(-1),

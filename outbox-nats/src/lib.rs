@@ -57,6 +57,7 @@ use outbox_core::publisher::{OutboxRecord, PublishError, Publisher, publish_in_c
 
 mod consumer;
 
+pub use async_nats::jetstream::consumer::DeliverPolicy;
 pub use consumer::{NatsTransport, NatsTransportBuilder};
 
 /// The parsers of untrusted input, for the fuzz targets in `fuzz/`. Not a public API:

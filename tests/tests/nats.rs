@@ -404,3 +404,62 @@ async fn a_consumer_that_would_read_its_own_dead_letters_is_refused() {
     }
     let _ = js.delete_stream(&stream).await;
 }
+
+/// `deliver_policy(New)`: a durable created after messages were stored reads only what
+/// comes after it (the default, `All`, reads the stream from the start). A durable that
+/// exists keeps its policy: asking another one is refused at build, with the server's
+/// reason. (#36: where a new consumer starts, and how to start from the latest.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_durable_with_deliver_policy_new_reads_only_what_comes_after_it() {
+    let (js, stream, prefix) = fresh_stream().await;
+    let subject = format!("{prefix}.jobs");
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let publisher = NatsPublisher::builder(nats_url())
+        .skip_catalog_check()
+        .destination(&subject)
+        .build()
+        .await
+        .expect("publisher");
+    let before: Vec<OutboxRecord> = (0..3)
+        .map(|n| outbox_tests::kafka::job(&subject, n))
+        .collect();
+    assert!(
+        publisher.publish(&before).await.iter().all(Result::is_ok),
+        "the first three stored"
+    );
+    let transport = outbox_nats::NatsTransport::builder(nats_url(), &stream, "from-now")
+        .deliver_policy(outbox_nats::DeliverPolicy::New)
+        .build()
+        .await
+        .expect("a durable that starts from new messages");
+    let after: Vec<OutboxRecord> = (3..5)
+        .map(|n| outbox_tests::kafka::job(&subject, n))
+        .collect();
+    assert!(
+        publisher.publish(&after).await.iter().all(Result::is_ok),
+        "two more stored"
+    );
+    let seen = outbox_tests::consumers::handle_jobs(
+        transport,
+        &outbox,
+        "from-now",
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        seen,
+        [3, 4],
+        "only what was stored after the durable was created"
+    );
+
+    let err = outbox_nats::NatsTransport::builder(nats_url(), &stream, "from-now")
+        .deliver_policy(outbox_nats::DeliverPolicy::All)
+        .build()
+        .await
+        .expect_err("an existing durable's policy cannot change");
+    assert!(matches!(err, Error::Consumer { .. }), "{err:?}");
+    let _ = js.delete_stream(&stream).await;
+    db.cleanup().await;
+}
