@@ -350,7 +350,9 @@ struct Listing {
     next_after_seq: Option<i64>,
 }
 
-fn filter(page: Page) -> std::result::Result<ListFilter, ApiError> {
+/// The listing's filter, and the page size asked for: the filter asks one row more, so
+/// that a page that is exactly full still knows whether another follows.
+fn filter(page: Page) -> std::result::Result<(ListFilter, u32), ApiError> {
     let limit = page.limit.unwrap_or(50);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError(
@@ -361,12 +363,14 @@ fn filter(page: Page) -> std::result::Result<ListFilter, ApiError> {
     let mut filter = ListFilter::default();
     filter.key = page.key;
     filter.after_seq = page.after_seq;
-    filter.limit = limit;
-    Ok(filter)
+    filter.limit = limit + 1;
+    Ok((filter, limit))
 }
 
-fn listing(messages: Vec<outbox_core::admin::MessageInfo>, limit: u32) -> Listing {
-    let next_after_seq = if messages.len() == limit as usize {
+fn listing(mut messages: Vec<outbox_core::admin::MessageInfo>, limit: u32) -> Listing {
+    // One row past the page: there is a next page, and it starts after the page's last.
+    let next_after_seq = if messages.len() > limit as usize {
+        messages.truncate(limit as usize);
         messages.last().map(|m| m.seq)
     } else {
         None
@@ -381,18 +385,18 @@ async fn dead<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     page: std::result::Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<Listing> {
-    let filter = filter(page?.0)?;
+    let (filter, limit) = filter(page?.0)?;
     let messages = app.admin.dead(&filter).await?;
-    Ok(axum::Json(listing(messages, filter.limit)))
+    Ok(axum::Json(listing(messages, limit)))
 }
 
 async fn pending<DB: Backend>(
     State(app): State<Arc<App<DB>>>,
     page: std::result::Result<Query<Page>, QueryRejection>,
 ) -> ApiResult<Listing> {
-    let filter = filter(page?.0)?;
+    let (filter, limit) = filter(page?.0)?;
     let messages = app.admin.pending(&filter).await?;
-    Ok(axum::Json(listing(messages, filter.limit)))
+    Ok(axum::Json(listing(messages, limit)))
 }
 
 async fn dead_errors<DB: Backend>(

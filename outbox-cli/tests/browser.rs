@@ -141,6 +141,22 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
         &["the broker refused it: message too large"],
     )
     .await;
+    // The throughput chart has a time axis (#36: it had one label and no axis), and
+    // "Next page" is off while everything is on one page.
+    text_shows(
+        &client,
+        Locator::Id("chart"),
+        &["-15 min", "-5 min", "now", "/s"],
+    )
+    .await;
+    let next = client
+        .find(Locator::Id("dead-next"))
+        .await
+        .expect("the next-page button");
+    assert!(
+        !next.is_enabled().await.expect("whether it is enabled"),
+        "one dead letter, one page: nothing next"
+    );
 
     if let Ok(path) = std::env::var("OUTBOX_DASHBOARD_SCREENSHOT") {
         // A few throughput samples first (one every 5 s), with messages flowing.

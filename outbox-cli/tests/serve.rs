@@ -90,6 +90,13 @@ async fn the_api_reads_pages_and_acts_only_with_the_token() {
     .json();
     assert_eq!(two["messages"][0]["id"], third.to_string());
     assert_eq!(two["next_after_seq"], serde_json::Value::Null);
+    // A page exactly full is the last one when nothing follows (before: it offered a
+    // next page, and the dashboard's "Next page" led to an empty table).
+    let all = http(at, "GET", "/api/dead?limit=3", None, None)
+        .await
+        .json();
+    assert_eq!(all["messages"].as_array().map(Vec::len), Some(3), "{all}");
+    assert_eq!(all["next_after_seq"], serde_json::Value::Null, "{all}");
     let key = http(at, "GET", "/api/pending?key=k1", None, None)
         .await
         .json();
