@@ -1,7 +1,7 @@
 //! The orders scenario of the source article, with real parts: PostgreSQL and a
 //! Kafka-protocol broker (`scripts/services.sh` starts both).
 //!
-//! `scripts/services.sh && cargo run -p outbox-examples --example orders`
+//! `eval "$(scripts/services.sh)" && cargo run -p outbox-examples --example orders`
 //! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`; `KAFKA_BROKERS`,
 //! default `127.0.0.1:9092`).
 //!
@@ -36,10 +36,24 @@ async fn main() {
         orders: 100,
     };
     match run(&config, |step| println!("- {step}")).await {
-        Ok(s) => println!(
-            "summary: confirmed {}, refused {}, published {}, reserved {}, duplicates skipped {}, BOOK-1 left {}",
-            s.confirmed, s.refused, s.published, s.reserved, s.duplicates_skipped, s.stock_left
-        ),
+        Ok(s) => {
+            println!(
+                "summary: confirmed {}, refused {}, published {}, reserved {}, duplicates skipped {}, BOOK-1 left {}",
+                s.confirmed, s.refused, s.published, s.reserved, s.duplicates_skipped, s.stock_left
+            );
+            // What the numbers say, since they need not match one for one.
+            println!(
+                "  published: the {} confirmed orders' events and the one replayed; more \
+                 would be a publish repeated after a retry (at-least-once)",
+                s.confirmed
+            );
+            println!(
+                "  duplicates skipped: the replayed event, and any message the broker \
+                 delivered again (after a rebalance, say): the inbox recognised its id, so \
+                 each order reserved stock once ({} reserved)",
+                s.reserved
+            );
+        }
         Err(e) => {
             eprintln!("orders example failed: {e}\n(is everything up? run scripts/services.sh)");
             std::process::exit(1);

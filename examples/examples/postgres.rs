@@ -1,30 +1,21 @@
 //! The outbox on PostgreSQL: a business change and its event commit together, a failed
 //! transaction leaves neither behind. (The service-free tour is the `quickstart` example.)
 //!
-//! Run it with `scripts/services.sh && cargo run -p outbox-examples --example postgres`
+//! Run it with `eval "$(scripts/services.sh)" && cargo run -p outbox-examples --example postgres`
 //! (PostgreSQL from `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
 
 use outbox::sqlx;
-use outbox::{Destination, Outbox, OutboxEvent, OutboxTx};
+use outbox::{Outbox, OutboxEvent, OutboxTx, destinations, transactional_outbox};
 
-const ORDER_EVENTS: Destination = Destination::new("orders.events");
+destinations! { ORDER_EVENTS = "orders.events"; }
 
-#[derive(Debug, serde::Serialize)]
+/// Event type `OrderConfirmed`, to `orders.events`, keyed by order: the events of one
+/// order reach the broker in the order they were committed.
+#[derive(Debug, serde::Serialize, OutboxEvent)]
+#[outbox(destination = ORDER_EVENTS, key = order_id)]
 struct OrderConfirmed {
     order_id: i64,
     total_cents: i64,
-}
-
-impl OutboxEvent for OrderConfirmed {
-    fn event_type(&self) -> &'static str {
-        "OrderConfirmed"
-    }
-    fn destination(&self) -> Destination {
-        ORDER_EVENTS
-    }
-    fn partition_key(&self) -> Option<String> {
-        Some(self.order_id.to_string())
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,23 +28,24 @@ enum OrderError {
     Sql(#[from] sqlx::Error),
 }
 
-/// Confirms an order: the status change and the `OrderConfirmed` event are one transaction.
-async fn confirm_order(outbox: &Outbox, order_id: i64) -> Result<(), OrderError> {
-    let mut tx: OutboxTx<'_> = outbox.begin().await?;
+/// Confirms an order: the status change and the `OrderConfirmed` event are one
+/// transaction. The macro begins it (you call `confirm_order(&outbox, id)`), commits it
+/// with the events on `Ok` and rolls it back on `Err`.
+#[transactional_outbox]
+async fn confirm_order(tx: &mut OutboxTx<'_>, order_id: i64) -> Result<(), OrderError> {
     let total_cents: Option<i64> = sqlx::query_scalar(
         "UPDATE quickstart.orders SET status = 'confirmed' WHERE id = $1 RETURNING total_cents",
     )
     .bind(order_id)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?;
     let Some(total_cents) = total_cents else {
-        return Err(OrderError::NotFound(order_id)); // tx dropped: rolled back, no event
+        return Err(OrderError::NotFound(order_id)); // rolled back: no event
     };
     tx.emit(OrderConfirmed {
         order_id,
         total_cents,
     })?;
-    tx.commit().await?;
     Ok(())
 }
 
