@@ -201,6 +201,24 @@ pub use outbox_macros::OutboxEvent;
 ///   (no begin, no commit). Call it from another transactional function to compose.
 ///
 /// `crate = "..."` names `outbox_core` when it is renamed in `Cargo.toml`.
+///
+/// **The function you write is not the one you call.** For
+///
+/// ```ignore
+/// #[transactional_outbox]
+/// async fn confirm_order(tx: &mut OutboxTx<'_>, order_id: i64) -> Result<(), AppError> { .. }
+/// ```
+///
+/// the macro emits these two (the first parameter of the first is the macro's):
+///
+/// ```ignore
+/// async fn confirm_order(outbox: &Outbox, order_id: i64) -> Result<(), AppError>;
+/// async fn confirm_order_in_tx(tx: &mut OutboxTx<'_>, order_id: i64) -> Result<(), AppError>;
+/// ```
+///
+/// so a call reads `confirm_order(&outbox, 42).await?`, and from inside another
+/// transactional function `confirm_order_in_tx(tx, 42).await?`. The generated items carry
+/// the spans of what you wrote, so an editor's "go to definition" lands on your function.
 #[cfg(feature = "macros")]
 pub use outbox_macros::transactional_outbox;
 

@@ -139,19 +139,18 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     /// context is recorded as `traceparent` (and `tracestate`) headers, unless the
     /// message has a `traceparent` already.
     pub fn emit<E: OutboxEvent>(&mut self, event: E) -> Result<Uuid> {
-        let mut message = OutboxMessage::from_event(&event)?;
-        crate::trace::capture(&mut message.headers);
-        self.outbox.admit(&message)?;
-        let id = message.id;
-        self.unsettled.emitted(&message);
-        self.pending.push(message);
-        Ok(id)
+        self.collect(OutboxMessage::from_event(&event)?)
     }
 
     /// Collects a message built by hand. Checked now: an empty event type or destination,
     /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`](crate::Error::InvalidMessage).
-    pub fn emit_message(&mut self, mut message: OutboxMessage) -> Result<Uuid> {
+    pub fn emit_message(&mut self, message: OutboxMessage) -> Result<Uuid> {
         message.validate()?;
+        self.collect(message)
+    }
+
+    /// A checked message, with the trace context, collected if its size is admitted.
+    fn collect(&mut self, mut message: OutboxMessage) -> Result<Uuid> {
         crate::trace::capture(&mut message.headers);
         self.outbox.admit(&message)?;
         let id = message.id;

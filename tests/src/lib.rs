@@ -229,25 +229,13 @@ pub mod backends;
 
 /// Like [`wait_until`], and a failure prints `state()` too: what the relay, the consumer
 /// or the transport were doing, so that one red run of a fault test can be diagnosed.
-pub async fn wait_until_or<F, Fut, S>(
-    what: &str,
-    timeout: std::time::Duration,
-    mut check: F,
-    state: S,
-) where
+pub async fn wait_until_or<F, Fut, S>(what: &str, timeout: std::time::Duration, check: F, state: S)
+where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
     S: Fn() -> String,
 {
-    let deadline = std::time::Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting until {what}; {}",
-            state()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until_explained(what, timeout, check, || std::future::ready(state())).await;
 }
 
 /// Like [`wait_until_or`], with a state that takes a query or two to read (what the

@@ -201,6 +201,17 @@ impl OwnNats {
 impl Drop for OwnNats {
     fn drop(&mut self) {
         self.kill();
+        // A failed test shows what the server said (its start, slow consumers, JetStream
+        // errors): one red run is enough to tell the server's part from ours.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>();
+            eprintln!(
+                "---- the last lines of nats-server on port {} ----\n{}\n---- end ----",
+                self.port,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -281,6 +281,7 @@ async fn test_streams_can_be_created_in_parallel_on_a_brand_new_server() {
     for _ in 0..4 {
         let server = OwnNats::start(None);
         let url = server.url();
+        let started = Instant::now();
         let made = futures_util::future::join_all((0..16).map(|_| {
             let url = url.clone();
             tokio::spawn(async move {
@@ -293,6 +294,11 @@ async fn test_streams_can_be_created_in_parallel_on_a_brand_new_server() {
         .await;
         for result in made {
             if let Err(e) = result {
+                // Dropped while panicking, the server prints its log.
+                eprintln!(
+                    "a task failed {:?} after the server on {url} started",
+                    started.elapsed()
+                );
                 std::panic::resume_unwind(e.into_panic());
             }
         }
@@ -421,25 +427,23 @@ async fn a_new_durable_with_deliver_policy_new_reads_only_what_comes_after_it() 
         .build()
         .await
         .expect("publisher");
-    let before: Vec<OutboxRecord> = (0..3)
-        .map(|n| outbox_tests::kafka::job(&subject, n))
-        .collect();
-    assert!(
-        publisher.publish(&before).await.iter().all(Result::is_ok),
-        "the first three stored"
-    );
+    let store = |numbers: std::ops::Range<i32>| {
+        let records: Vec<OutboxRecord> = numbers
+            .map(|n| outbox_tests::kafka::job(&subject, n))
+            .collect();
+        let publisher = &publisher;
+        async move {
+            let results = publisher.publish(&records).await;
+            assert!(results.iter().all(Result::is_ok), "stored: {results:?}");
+        }
+    };
+    store(0..3).await;
     let transport = outbox_nats::NatsTransport::builder(nats_url(), &stream, "from-now")
         .deliver_policy(outbox_nats::DeliverPolicy::New)
         .build()
         .await
         .expect("a durable that starts from new messages");
-    let after: Vec<OutboxRecord> = (3..5)
-        .map(|n| outbox_tests::kafka::job(&subject, n))
-        .collect();
-    assert!(
-        publisher.publish(&after).await.iter().all(Result::is_ok),
-        "two more stored"
-    );
+    store(3..5).await;
     let seen = outbox_tests::consumers::handle_jobs(
         transport,
         &outbox,

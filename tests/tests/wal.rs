@@ -385,15 +385,56 @@ async fn write_rounds(written: &mut [Vec<Uuid>], outbox: &Outbox, rounds: usize)
 struct RelayProcess;
 
 impl RelayProcess {
+    fn command(db: &TestDb, slot: &str, name: &str) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"));
+        command
+            .args(["postgres", &outbox_tests::database_url(), name])
+            .env("OUTBOX_TEST_SCHEMA", &db.schema)
+            .env("OUTBOX_TEST_WAL_SLOT", slot)
+            .stdin(std::process::Stdio::null());
+        command
+    }
+
     fn start(db: &TestDb, slot: &str, name: &str) -> outbox_tests::process::Process {
+        outbox_tests::process::Process::start(&mut RelayProcess::command(db, slot, name))
+    }
+
+    /// A relay that stops at the gate on a `Gated` message (`relay_process`'s docs), with
+    /// a publish timeout it never reaches and batches of one: the outcome of a batch is
+    /// recorded before the next claim reads the stream (and could find it ended).
+    fn gated(db: &TestDb, slot: &str, name: &str) -> outbox_tests::process::Process {
         outbox_tests::process::Process::start(
-            std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
-                .args(["postgres", &outbox_tests::database_url(), name])
-                .env("OUTBOX_TEST_SCHEMA", &db.schema)
-                .env("OUTBOX_TEST_WAL_SLOT", slot)
-                .stdin(std::process::Stdio::null()),
+            RelayProcess::command(db, slot, name)
+                .env("OUTBOX_TEST_GATED", name)
+                .env("OUTBOX_TEST_PUBLISH_TIMEOUT_MS", "120000")
+                .env("OUTBOX_TEST_BATCH_SIZE", "1"),
         )
     }
+}
+
+/// The tables `relay_process` writes: what it published, and its gate.
+async fn gate_tables(db: &TestDb) {
+    for table in [
+        "CREATE TABLE published (n bigserial, id text NOT NULL, relay text NOT NULL)",
+        "CREATE TABLE gate (n bigserial, relay text NOT NULL, stage text NOT NULL)",
+    ] {
+        sqlx::query(trusted_sql(table))
+            .execute(&db.pool)
+            .await
+            .expect("table");
+    }
+}
+
+/// What `relay` published, in order.
+async fn published_by(pool: sqlx::PgPool, relay: &'static str) -> Vec<Uuid> {
+    sqlx::query_scalar::<_, String>("SELECT id FROM published WHERE relay = $1 ORDER BY n")
+        .bind(relay)
+        .fetch_all(&pool)
+        .await
+        .expect("published")
+        .iter()
+        .map(|id| id.parse::<Uuid>().expect("uuid"))
+        .collect()
 }
 
 /// SIGKILL of the active relay mid-stream: the next one publishes everything (again
@@ -525,28 +566,8 @@ async fn killed_and_frozen_relays_lose_nothing_and_hand_the_slot_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table() {
     let (db, outbox, slot) = wal_outbox().await;
-    for table in [
-        "CREATE TABLE published (n bigserial, id text NOT NULL, relay text NOT NULL)",
-        "CREATE TABLE gate (n bigserial, relay text NOT NULL, stage text NOT NULL)",
-    ] {
-        sqlx::query(trusted_sql(table))
-            .execute(&db.pool)
-            .await
-            .expect("table");
-    }
-    let published = |relay: &'static str| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>("SELECT id FROM published WHERE relay = $1 ORDER BY n")
-                .bind(relay)
-                .fetch_all(&pool)
-                .await
-                .expect("published")
-                .iter()
-                .map(|id| id.parse::<Uuid>().expect("uuid"))
-                .collect::<Vec<_>>()
-        }
-    };
+    gate_tables(&db).await;
+    let published = |relay: &'static str| published_by(db.pool.clone(), relay);
     let stage = |stage: &'static str| {
         let pool = db.pool.clone();
         async move {
@@ -558,18 +579,7 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
                 > 0
         }
     };
-    let b = outbox_tests::process::Process::start(
-        std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
-            .args(["postgres", &outbox_tests::database_url(), "relay-b"])
-            .env("OUTBOX_TEST_SCHEMA", &db.schema)
-            .env("OUTBOX_TEST_WAL_SLOT", &slot)
-            .env("OUTBOX_TEST_GATED", "relay-b")
-            .env("OUTBOX_TEST_PUBLISH_TIMEOUT_MS", "120000")
-            // Each batch full: the outcome of k:7's batch is recorded before the next
-            // claim reads the stream (and would find it ended).
-            .env("OUTBOX_TEST_BATCH_SIZE", "1")
-            .stdin(std::process::Stdio::null()),
-    );
+    let b = RelayProcess::gated(&db, &slot, "relay-b");
     let state = || {
         let text = b.output();
         let tail: Vec<&str> = text.lines().rev().take(30).collect();
@@ -670,38 +680,9 @@ async fn a_relay_that_lost_the_slot_while_frozen_writes_nothing_into_the_table()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_frozen_inside_a_table_write_does_not_hold_the_standby_back() {
     let (db, outbox, slot) = wal_outbox().await;
-    for table in [
-        "CREATE TABLE published (n bigserial, id text NOT NULL, relay text NOT NULL)",
-        "CREATE TABLE gate (n bigserial, relay text NOT NULL, stage text NOT NULL)",
-    ] {
-        sqlx::query(trusted_sql(table))
-            .execute(&db.pool)
-            .await
-            .expect("table");
-    }
-    let published = |relay: &'static str| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>("SELECT id FROM published WHERE relay = $1 ORDER BY n")
-                .bind(relay)
-                .fetch_all(&pool)
-                .await
-                .expect("published")
-                .iter()
-                .map(|id| id.parse::<Uuid>().expect("uuid"))
-                .collect::<Vec<_>>()
-        }
-    };
-    let b = outbox_tests::process::Process::start(
-        std::process::Command::new(env!("CARGO_BIN_EXE_relay_process"))
-            .args(["postgres", &outbox_tests::database_url(), "relay-b"])
-            .env("OUTBOX_TEST_SCHEMA", &db.schema)
-            .env("OUTBOX_TEST_WAL_SLOT", &slot)
-            .env("OUTBOX_TEST_GATED", "relay-b")
-            .env("OUTBOX_TEST_PUBLISH_TIMEOUT_MS", "120000")
-            .env("OUTBOX_TEST_BATCH_SIZE", "1")
-            .stdin(std::process::Stdio::null()),
-    );
+    gate_tables(&db).await;
+    let published = |relay: &'static str| published_by(db.pool.clone(), relay);
+    let b = RelayProcess::gated(&db, &slot, "relay-b");
     let first = emit_one(&outbox, message("k", 0)).await;
     wait_until_explained(
         "relay-b publishes k:0",
