@@ -85,50 +85,39 @@ impl Migration {
     }
 }
 
+/// A list of migrations, one row each: `version "file" => "description"`, the SQL read
+/// from `migrations/<database>/<file>.sql`.
+macro_rules! migrations {
+    ($database:literal: $($version:literal $file:literal => $description:literal,)+) => {
+        &[$(Migration {
+            version: $version,
+            description: $description,
+            sql: include_str!(concat!("../migrations/", $database, "/", $file, ".sql")),
+        }),+]
+    };
+}
+
 /// The PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        description: "create the outbox and processed-messages tables",
-        sql: include_str!("../migrations/postgres/0001_create_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        description: "index dead-lettered messages",
-        sql: include_str!("../migrations/postgres/0002_dead_letter_index.sql"),
-    },
-    Migration {
-        version: 3,
-        description: "stop writing xact_id (never read)",
-        sql: include_str!("../migrations/postgres/0003_stop_writing_xact_id.sql"),
-    },
-    Migration {
-        version: 4,
-        description: "index dead-lettered messages by key",
-        sql: include_str!("../migrations/postgres/0004_dead_letter_key_index.sql"),
-    },
-];
+#[rustfmt::skip]
+pub const POSTGRES: &[Migration] = migrations!("postgres":
+    1 "0001_create_outbox" => "create the outbox and processed-messages tables",
+    2 "0002_dead_letter_index" => "index dead-lettered messages",
+    3 "0003_stop_writing_xact_id" => "stop writing xact_id (never read)",
+    4 "0004_dead_letter_key_index" => "index dead-lettered messages by key",
+);
 
 /// The SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[
-    Migration {
-        version: 1,
-        description: "create the outbox and processed-messages tables",
-        sql: include_str!("../migrations/sqlite/0001_create_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        description: "index dead-lettered messages by key",
-        sql: include_str!("../migrations/sqlite/0002_dead_letter_key_index.sql"),
-    },
-];
+#[rustfmt::skip]
+pub const SQLITE: &[Migration] = migrations!("sqlite":
+    1 "0001_create_outbox" => "create the outbox and processed-messages tables",
+    2 "0002_dead_letter_key_index" => "index dead-lettered messages by key",
+);
 
 /// The MySQL/MariaDB migrations, in order.
-pub const MYSQL: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the outbox, writer-lock and processed-messages tables",
-    sql: include_str!("../migrations/mysql/0001_create_outbox.sql"),
-}];
+#[rustfmt::skip]
+pub const MYSQL: &[Migration] = migrations!("mysql":
+    1 "0001_create_outbox" => "create the outbox, writer-lock and processed-messages tables",
+);
 
 /// Checks what a database says it applied against `shipped`; returns what is left to do.
 pub(crate) fn pending<'m>(
