@@ -152,7 +152,8 @@ pub enum Command {
         command: SlotCommand,
     },
     /// Check the outbox's health and say what to do: dead letters and the keys they park,
-    /// the oldest pending message, open transactions holding the relay back, table bloat
+    /// the oldest pending message, consumers whose handler keeps failing, open
+    /// transactions holding the relay back, table bloat
     /// and autovacuum, the sequence cache, relays and their partitions, replication
     /// slots. Read-only. Exit status 3 when something needs action.
     Doctor {
@@ -165,6 +166,9 @@ pub enum Command {
         /// A transaction may hold the outbox's writer lock this long.
         #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "30s")]
         open_writer: Duration,
+        /// A consumer's handler may fail on one message this long.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "5m")]
+        consumer_failing: Duration,
         /// Dead row versions in the outbox table above this many (and above a fifth of
         /// the live rows) need a vacuum.
         #[arg(long, value_name = "ROWS", default_value_t = 100_000)]

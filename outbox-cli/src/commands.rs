@@ -164,6 +164,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             json,
             oldest_pending,
             open_writer,
+            consumer_failing,
             dead_rows,
             slot_wal_mib,
             partitions,
@@ -171,6 +172,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             let mut limits = Limits::default()
                 .oldest_pending(oldest_pending)
                 .open_writer(open_writer)
+                .consumer_failing(consumer_failing)
                 .dead_rows(dead_rows, Limits::default().dead_ratio)
                 .slot_retained_bytes(
                     i64::try_from(slot_wal_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
@@ -561,6 +563,7 @@ fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
             human(w.age_seconds)
         )?;
     }
+    print_consumers(out, s)?;
     if s.destinations.is_empty() {
         return Ok(());
     }
@@ -585,6 +588,58 @@ fn print_status(out: &mut impl Write, s: &Status) -> io::Result<()> {
             "IN RETRY",
             "DEAD",
             "OLDEST PENDING",
+        ],
+        &rows,
+    )
+}
+
+/// The consumers of this database: one line each, then the messages their handlers are
+/// failing on.
+fn print_consumers(out: &mut impl Write, s: &Status) -> io::Result<()> {
+    for c in &s.consumers {
+        let failing = match c.failing.iter().map(|m| m.failing_seconds).reduce(f64::max) {
+            None => "no handler failing".to_owned(),
+            Some(longest) => format!(
+                "handler failing on {} message(s), the longest for {}",
+                c.failing.len(),
+                human(longest)
+            ),
+        };
+        writeln!(
+            out,
+            "consumer {}: {} processed in the last minute; {failing}",
+            c.consumer, c.processed_last_minute
+        )?;
+    }
+    let rows: Vec<Vec<String>> = s
+        .consumers
+        .iter()
+        .flat_map(|c| c.failing.iter().map(move |m| (c, m)))
+        .map(|(c, m)| {
+            vec![
+                c.consumer.clone(),
+                m.message_id.to_string(),
+                m.event_type.clone(),
+                m.partition_key.clone().unwrap_or_else(|| "-".to_owned()),
+                m.attempts.to_string(),
+                human(m.failing_seconds),
+                shorten(&m.last_error, 60),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    table(
+        out,
+        &[
+            "CONSUMER",
+            "FAILING MESSAGE",
+            "TYPE",
+            "KEY",
+            "ATTEMPTS",
+            "FAILING FOR",
+            "LAST ERROR",
         ],
         &rows,
     )

@@ -15,8 +15,9 @@ use fantoccini::{ClientBuilder, Locator};
 use outbox_core::admin::Admin;
 use outbox_core::publisher::{InMemoryPublisher, PublishError};
 use outbox_core::relay::Relay;
+use outbox_core::sqlx;
 use outbox_core::{Outbox, OutboxMessage};
-use outbox_tests::{TestDb, database_url, wait_until};
+use outbox_tests::{TestDb, database_url, trusted_sql, wait_until};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -105,6 +106,19 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
         "the later message is parked"
     );
 
+    // A consumer whose handler fails on one message (as `Consumer` records it).
+    let failing = Uuid::now_v7();
+    sqlx::query(trusted_sql(format!(
+        "INSERT INTO {}.outbox_processed_failing \
+           (consumer, message_id, event_type, partition_key, origin, attempts, last_error) \
+         VALUES ('billing', '{failing}', 'OrderPlaced', 'order-7', 'orders/0@42', 4, \
+                 'no invoice template for EUR')",
+        db.schema
+    )))
+    .execute(&db.pool)
+    .await
+    .expect("a failing consumer");
+
     let served = dashboard(&db, &database_url(), Some(TOKEN));
     let driver = chromedriver().await;
     let mut capabilities = serde_json::Map::new();
@@ -141,6 +155,19 @@ async fn a_dead_letter_released_in_the_browser_is_published_before_the_message_i
         &["the broker refused it: message too large"],
     )
     .await;
+    // The consumer side (#36): the failing handler's message, and the card counting it.
+    text_shows(
+        &client,
+        Locator::Id("consumers"),
+        &[
+            "billing",
+            &failing.to_string(),
+            "order-7",
+            "no invoice template for EUR",
+        ],
+    )
+    .await;
+    text_shows(&client, Locator::Id("failing-count"), &["1"]).await;
     // The throughput chart has a time axis (#36: it had one label and no axis), and
     // "Next page" is off while everything is on one page.
     text_shows(

@@ -208,13 +208,75 @@ async fn migrate_creates_the_tables_once() {
     let out = in_db(&db, &["migrate"]).await;
     assert_eq!(
         out.ok().trim(),
-        format!("applied migrations 1, 2, 3, 4 to {}.outbox", db.schema)
+        format!("applied migrations 1, 2, 3, 4, 5 to {}.outbox", db.schema)
     );
     assert_eq!(db.count("outbox").await, 0, "the outbox table exists");
     assert_eq!(db.count("outbox_processed").await, 0);
+    assert_eq!(db.count("outbox_processed_failing").await, 0);
     let out = in_db(&db, &["migrate"]).await;
     assert!(out.ok().contains("up to date"), "{}", out.stdout);
-    assert_eq!(db.count("outbox_migrations").await, 4);
+    assert_eq!(db.count("outbox_migrations").await, 5);
+    db.cleanup().await;
+}
+
+/// A consumer whose handler fails shows in `outbox status` (text and JSON) and makes
+/// `outbox doctor` exit 3 once it has failed for longer than the limit.
+#[tokio::test]
+async fn status_and_doctor_show_a_consumer_whose_handler_fails() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let (schema, stuck) = (&db.schema, Uuid::now_v7());
+    for sql in [
+        format!(
+            "INSERT INTO {schema}.outbox_processed (consumer, message_id) \
+             SELECT 'billing', gen_random_uuid() FROM generate_series(1, 7)"
+        ),
+        format!(
+            "INSERT INTO {schema}.outbox_processed_failing \
+               (consumer, message_id, event_type, partition_key, origin, attempts, \
+                first_failed_at, last_failed_at, last_error) \
+             VALUES ('billing', '{stuck}', 'OrderPlaced', 'order-7', 'orders/0@42', 12, \
+                     now() - interval '20 minutes', now(), 'no invoice template for EUR')"
+        ),
+    ] {
+        sqlx::query(trusted_sql(sql))
+            .execute(&db.pool)
+            .await
+            .expect("insert");
+    }
+    let out = in_db(&db, &["status"]).await;
+    let text = out.ok();
+    assert!(
+        text.contains(
+            "consumer billing: 7 processed in the last minute; handler failing on 1 message(s), \
+             the longest for 20m"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("billing")
+            && l.contains(&stuck.to_string())
+            && l.contains("order-7")
+            && l.contains(" 12 ")
+            && l.contains("no invoice template for EUR")),
+        "{text}"
+    );
+    let s = json(in_db(&db, &["status", "--json"]).await.ok());
+    let c = &s["consumers"][0];
+    assert_eq!(c["consumer"], "billing");
+    assert_eq!(c["processed_last_minute"], 7);
+    assert_eq!(c["failing"][0]["message_id"], stuck.to_string());
+    assert_eq!(c["failing"][0]["attempts"], 12);
+    let doctor = in_db(&db, &["doctor"]).await;
+    assert_eq!(doctor.code, 3, "{}", doctor.stdout);
+    assert!(
+        doctor.stdout.contains("consumer-failing")
+            && doctor
+                .stdout
+                .contains("consumer billing: the handler is failing on 1 message(s)"),
+        "{}",
+        doctor.stdout
+    );
     db.cleanup().await;
 }
 

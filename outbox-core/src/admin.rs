@@ -37,8 +37,8 @@ use uuid::Uuid;
 
 use crate::model::{Change, SentWindow, Which};
 pub use crate::model::{
-    DeadGroup, DestinationStatus, ListFilter, MessageInfo, MessageState, PurgeReport, Status,
-    human_duration,
+    ConsumerStatus, DeadGroup, DestinationStatus, FAILING_LISTED, FailingMessage, ListFilter,
+    MessageInfo, MessageState, PurgeReport, Status, human_duration,
 };
 
 use crate::store::Backend;
@@ -112,7 +112,34 @@ impl<DB: Backend> Admin<DB> {
         .await
         .map_err(self.err("reading the outbox status"))?;
         status.table = self.table();
+        status.consumers = self.consumers().await?;
         Ok(status)
+    }
+
+    /// The consumers recording processed messages in this outbox's database (see
+    /// [`Status::consumers`]). Empty, with a warning logged, on a database whose
+    /// migrations predate the table of failing messages (run `outbox migrate`).
+    pub async fn consumers(&self) -> Result<Vec<ConsumerStatus>> {
+        let context = "reading the consumers' state";
+        let pool = self.outbox.pool();
+        let since = DB::clock_minus(pool, 60.0)
+            .await
+            .map_err(self.err(context))?;
+        match DB::consumers(pool, self.outbox.tables(), since, FAILING_LISTED).await {
+            Ok(mut consumers) => {
+                let now = since + chrono::Duration::seconds(60);
+                for failing in consumers.iter_mut().flat_map(|c| c.failing.iter_mut()) {
+                    failing.failing_seconds =
+                        (now - failing.first_failed_at).as_seconds_f64().max(0.0);
+                }
+                Ok(consumers)
+            }
+            Err(e) if crate::error::is_schema_missing(&e) => {
+                tracing::warn!(table = %self.outbox.tables().processed, "the consumers' state is not shown: this database lacks the table of failing messages; run the migrations (`outbox migrate`)");
+                Ok(Vec::new())
+            }
+            Err(e) => Err(self.err(context)(e)),
+        }
     }
 
     /// Dead letters grouped by their last error, the largest groups first (at most

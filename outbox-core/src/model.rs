@@ -192,6 +192,75 @@ pub struct Status {
     /// The highest `seq` in the table (read from its primary key's index), `None` when it
     /// is empty: two samples tell how many messages were written in between.
     pub last_seq: Option<i64>,
+    /// The consumers (inbox names) recording processed messages in this outbox's
+    /// database: what each processed in the last minute, and the messages whose handler
+    /// is failing now. Empty when no consumer processed anything lately and none is
+    /// failing.
+    pub consumers: Vec<ConsumerStatus>,
+}
+
+/// One consumer (an [`Inbox`](crate::inbox::Inbox) name) as its database sees it: see
+/// [`Status::consumers`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ConsumerStatus {
+    /// The inbox name.
+    pub consumer: String,
+    /// Messages it recorded as processed in the last minute (a rate; the processed
+    /// table's older rows are not counted, so as not to scan the table).
+    pub processed_last_minute: i64,
+    /// When it last recorded a processed message, if that was within the last minute.
+    pub last_processed_at: Option<DateTime<Utc>>,
+    /// Messages whose handler is failing now, the longest failing first (at most
+    /// [`FAILING_LISTED`] over all consumers). Each holds back the later messages of its
+    /// key in that consumer.
+    pub failing: Vec<FailingMessage>,
+}
+
+/// At most this many failing messages are listed in a [`Status`].
+pub const FAILING_LISTED: i64 = 100;
+
+/// A message whose consumer handler failed and is being retried: written by the
+/// consumer at each failure, removed once the message is handled, skipped or
+/// dead-lettered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FailingMessage {
+    /// The message id.
+    pub message_id: Uuid,
+    /// Its event type.
+    pub event_type: String,
+    /// Its key: the consumer holds back the key's later messages behind it.
+    pub partition_key: Option<String>,
+    /// Where the consumer read it (topic/partition/offset, subject/sequence, queue).
+    pub origin: String,
+    /// How many times the handler failed (or the database failed under it).
+    pub attempts: i32,
+    /// The first failure.
+    pub first_failed_at: DateTime<Utc>,
+    /// How long it has been failing: from the first failure to the database's clock now.
+    pub failing_seconds: f64,
+    /// The latest failure.
+    pub last_failed_at: DateTime<Utc>,
+    /// The latest failure's error (redacted as the consumer logs it).
+    pub last_error: String,
+}
+
+/// One failure of a consumer's handler, as the consumer records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// The inbox name.
+    pub consumer: &'a str,
+    /// The message id.
+    pub id: Uuid,
+    /// Its event type.
+    pub event_type: &'a str,
+    /// Its key.
+    pub key: Option<&'a str>,
+    /// Where it was read.
+    pub origin: &'a str,
+    /// The error, redacted.
+    pub error: &'a str,
 }
 
 /// Dead letters that failed with one error; see `Admin::dead_by_error`.

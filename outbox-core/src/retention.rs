@@ -65,6 +65,7 @@ use tracing::Instrument;
 
 use crate::error::DbContext;
 use crate::store::Backend;
+use crate::store::ops::Failures;
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
 
@@ -427,11 +428,20 @@ impl<DB: Backend> Retention<DB> {
                 .await
                 .map(|b| (b.deleted, b.found, b.last))
                 .context("deleting old sent messages", &tables.outbox)?,
-            Kind::Processed => DB::delete_processed(pool, tables, cutoff, limit)
-                .instrument(span)
-                .await
-                .map(|n| (n, n, None))
-                .context("deleting old processed-message ids", &tables.processed)?,
+            Kind::Processed => {
+                // Handler failures not retried within the window: see `Failures::Before`.
+                match DB::clear_failures(pool, tables, Failures::Before(cutoff)).await {
+                    Err(e) if !crate::error::is_schema_missing(&e) => {
+                        return Err(e).context("deleting old consumer failures", &tables.processed);
+                    }
+                    _ => {}
+                }
+                DB::delete_processed(pool, tables, cutoff, limit)
+                    .instrument(span)
+                    .await
+                    .map(|n| (n, n, None))
+                    .context("deleting old processed-message ids", &tables.processed)?
+            }
         };
         let elapsed = started.elapsed();
         report.batches += 1;

@@ -1,17 +1,23 @@
 //! The consumer layer with each inbox database (PostgreSQL, MariaDB/MySQL, SQLite)
 //! behind each broker's transport: messages handled and committed by a consumer that
 //! stopped before acknowledging them come again, and the inbox of that database skips
-//! every one.
+//! every one. A handler failing on one message shows, in that database, in
+//! `Admin::status`, the doctor and the table of failing messages, and goes from them
+//! once the message is handled.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::Outbox;
+use outbox_core::admin::{Admin, ConsumerStatus};
 use outbox_core::consumer::{Consumer, ConsumerBuilder, Transport};
+use outbox_core::doctor::{Doctor, Limits, Report, Severity};
 use outbox_core::inbox::Inbox;
 use outbox_tests::backends::TestBackend;
 use outbox_tests::consumers::{Broker, NeverAck, job};
 use outbox_tests::kafka::Job;
-use outbox_tests::wait_until;
+use outbox_tests::{wait_until, wait_until_explained};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -67,6 +73,151 @@ async fn redeliveries_are_skipped<DB: TestBackend, B: Broker>() {
     DB::cleanup(fixture).await;
 }
 
+/// The consumer `jobs`' entry in the status, if it has one.
+async fn jobs_status<DB: TestBackend>(outbox: &Outbox<DB>) -> Option<ConsumerStatus> {
+    let status = Admin::new(outbox.clone()).status().await.expect("status");
+    status.consumers.into_iter().find(|c| c.consumer == "jobs")
+}
+
+async fn a_failing_handler_is_visible<DB: TestBackend, B: Broker>() {
+    let fixture = DB::fixture().await;
+    let outbox = fixture.outbox.clone();
+    DB::exec(&fixture, "CREATE TABLE effects (n INTEGER NOT NULL)").await;
+    let place = B::place().await;
+    let group = outbox_tests::kafka::unique("failing-group").replace('.', "-");
+    let jobs = [
+        job(&place.destination, "stuck", 0),
+        job(&place.destination, "stuck", 1),
+        job(&place.destination, "free", 2),
+    ];
+    let stuck_id = jobs[0].id;
+    B::publish(&place, &jobs).await;
+
+    // Job 0 fails until `fail` is cleared; it holds back job 1 (same key), not job 2.
+    let fail = Arc::new(AtomicBool::new(true));
+    let failing = Arc::clone(&fail);
+    let consumer = Consumer::builder(
+        B::transport(&place, &group).await,
+        Inbox::new(&outbox, "jobs"),
+    )
+    .concurrency(2)
+    .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
+    .on_event_type::<Job, _>("Job", move |tx, msg| {
+        let fail = msg.event.n == 0 && failing.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if fail {
+                return Err("the projection has no row for order 0".into());
+            }
+            let sql = format!("INSERT INTO effects (n) VALUES ({})", msg.event.n);
+            DB::exec_on(&mut **tx, &sql).await;
+            Ok(())
+        })
+    })
+    .build()
+    .expect("consumer")
+    .spawn();
+
+    wait_until_explained(
+        "status to show job 0 failing for a while, and job 2 processed",
+        WAIT,
+        || async {
+            jobs_status(&outbox).await.is_some_and(|c| {
+                c.processed_last_minute == 1
+                    && c.failing.len() == 1
+                    && c.failing[0].attempts >= 3
+                    && c.failing[0].failing_seconds > 0.0
+            })
+        },
+        || async {
+            format!(
+                "{:?}; stats {:?}",
+                jobs_status(&outbox).await,
+                consumer.stats()
+            )
+        },
+    )
+    .await;
+    let status = jobs_status(&outbox).await.expect("the consumer is listed");
+    let failing = &status.failing[0];
+    assert_eq!(failing.message_id, stuck_id, "{failing:?}");
+    assert_eq!(failing.event_type, "Job");
+    assert_eq!(failing.partition_key.as_deref(), Some("stuck"));
+    assert!(
+        failing
+            .last_error
+            .contains("the projection has no row for order 0"),
+        "{failing:?}"
+    );
+    assert!(!failing.origin.is_empty(), "{failing:?}");
+    assert!(
+        failing.last_failed_at >= failing.first_failed_at,
+        "{failing:?}"
+    );
+
+    // The doctor: a note under the limit, an action over it.
+    let finding = |report: &Report| {
+        report
+            .of("consumer-failing")
+            .first()
+            .map(|f| (f.severity, f.summary.clone(), f.details.clone()))
+    };
+    let patient = Doctor::new(outbox.clone()).examine().await.expect("doctor");
+    let (severity, summary, details) = finding(&patient).expect("a consumer-failing finding");
+    assert_eq!(severity, Severity::Note, "{summary}");
+    assert!(
+        !patient.needs_action()
+            || patient
+                .findings
+                .iter()
+                .any(|f| f.check != "consumer-failing" && f.severity == Severity::Action),
+        "{patient:?}"
+    );
+    assert!(
+        summary.contains("consumer jobs") && summary.contains("1 message(s)"),
+        "{summary}"
+    );
+    assert!(
+        details[0].contains(&stuck_id.to_string()) && details[0].contains("key stuck"),
+        "{details:?}"
+    );
+    let strict = Doctor::new(outbox.clone())
+        .limits(Limits::default().consumer_failing(Duration::ZERO))
+        .examine()
+        .await
+        .expect("doctor");
+    assert_eq!(finding(&strict).expect("finding").0, Severity::Action);
+    assert!(strict.needs_action());
+
+    // Fixed: both jobs of the key go through, and the failure is gone from the table.
+    fail.store(false, Ordering::SeqCst);
+    wait_until_explained(
+        "jobs 0 and 1 handled and nothing failing",
+        WAIT,
+        || async {
+            jobs_status(&outbox)
+                .await
+                .is_some_and(|c| c.processed_last_minute == 3 && c.failing.is_empty())
+        },
+        || async {
+            format!(
+                "{:?}; stats {:?}",
+                jobs_status(&outbox).await,
+                consumer.stats()
+            )
+        },
+    )
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        DB::int(&fixture, "SELECT count(*) FROM outbox_processed_failing").await,
+        0,
+        "the record of the failures is removed once the message is handled"
+    );
+    assert_eq!(DB::int(&fixture, "SELECT count(*) FROM effects").await, 3);
+    B::remove(place).await;
+    DB::cleanup(fixture).await;
+}
+
 macro_rules! matrix {
     ($($name:ident: $db:ty, $broker:ty;)*) => {
         $(
@@ -91,4 +242,21 @@ matrix! {
     sqlite_inbox_behind_kafka: Sqlite, Kafka;
     sqlite_inbox_behind_nats: Sqlite, Nats;
     sqlite_inbox_behind_rabbitmq: Sqlite, Rabbit;
+}
+
+macro_rules! failing {
+    ($($name:ident: $db:ty, $broker:ty;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                a_failing_handler_is_visible::<$db, $broker>().await;
+            }
+        )*
+    };
+}
+
+failing! {
+    postgres_failing_handler_behind_nats: Postgres, Nats;
+    mysql_failing_handler_behind_rabbitmq: MySql, Rabbit;
+    sqlite_failing_handler_behind_kafka: Sqlite, Kafka;
 }

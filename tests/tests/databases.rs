@@ -818,6 +818,22 @@ async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBack
     )
     .await;
 
+    // Two records of a failing consumer handler: one not retried for two days (its
+    // consumer stopped, or another instance handled the message), one fresh.
+    let (stale, fresh) = (Uuid::now_v7(), Uuid::now_v7());
+    DB::exec(
+        &f,
+        &format!(
+            "INSERT INTO outbox_processed_failing \
+               (consumer, message_id, event_type, origin, attempts, first_failed_at, last_failed_at, last_error) \
+             VALUES ('billing', '{stale}', 'T', 'o', 3, {ago}, {ago}, 'e'), \
+                    ('billing', '{fresh}', 'T', 'o', 1, {now}, {now}, 'e')",
+            ago = DB::ago(2 * DAY),
+            now = DB::ago(0),
+        ),
+    )
+    .await;
+
     let retention = Retention::builder(f.outbox.clone())
         .sent_older_than(Duration::from_secs(7 * DAY))
         .processed_older_than(Duration::from_secs(DAY))
@@ -866,6 +882,24 @@ async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBack
             "processed id {i}"
         );
     }
+    assert_eq!(
+        DB::int(
+            &f,
+            "SELECT count(*) FROM outbox_processed_failing WHERE consumer = 'billing'"
+        )
+        .await,
+        1,
+        "the failure record not retried within the processed ids' window is gone"
+    );
+    assert_eq!(
+        DB::int(
+            &f,
+            &format!("SELECT count(*) FROM outbox_processed_failing WHERE message_id = '{fresh}'")
+        )
+        .await,
+        1,
+        "the fresh failure record stays"
+    );
     let again = retention.run_once().await.expect("second run");
     assert_eq!((again.sent_deleted, again.processed_deleted), (0, 0));
     DB::cleanup(f).await;

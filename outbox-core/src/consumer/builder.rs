@@ -221,6 +221,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
                 handler_attempts: self.handler_attempts,
                 stall_warning: self.stall_warning,
                 stats: Arc::new(ConsumerStats::default()),
+                failing: Default::default(),
             }),
             concurrency: self.concurrency,
             max_in_flight,

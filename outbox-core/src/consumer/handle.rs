@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -13,9 +13,11 @@ use uuid::Uuid;
 
 use crate::backoff::Backoff;
 use crate::inbox::{Inbox, InboxError, Processed};
+use crate::model::Failure;
 use crate::publisher::cloudevents::{self, split_type};
 use crate::publisher::headers;
 use crate::store::Backend;
+use crate::store::ops::Failures;
 use crate::task::stopped;
 
 use super::dispatch::Dispatch;
@@ -33,6 +35,9 @@ pub(super) struct Shared<T: Transport, DB: Backend> {
     /// How long without progress before a warning (see `ConsumerBuilder::stall_warning`).
     pub(super) stall_warning: Duration,
     pub(super) stats: Arc<ConsumerStats>,
+    /// Messages whose handler is failing now (the `outbox_consumer_failing_messages`
+    /// gauge).
+    pub(super) failing: AtomicI64,
 }
 
 /// How handling a message ended, when it did not stop the consumer.
@@ -209,7 +214,10 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         };
         let mut backoff = self.retry_backoff;
         let mut attempts = 0_u32;
-        loop {
+        // Whether this message's failures are recorded in the database (and counted in
+        // the `outbox_consumer_failing_messages` gauge).
+        let mut noted = false;
+        let result = loop {
             // The first attempt uses the event decoded above; a retry decodes it again.
             let run = match decoded.take() {
                 Some(run) => run,
@@ -234,7 +242,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     });
             let delay = match outcome {
                 Ok(Processed::Handled(())) => {
-                    return Ok(self
+                    break Ok(self
                         .settle(
                             delivery,
                             &self.stats.handled,
@@ -244,7 +252,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                 }
                 Ok(Processed::Duplicate) => {
                     tracing::debug!(%id, %origin, transport = T::NAME, "outbox consumer: duplicate skipped by the inbox");
-                    return Ok(self
+                    break Ok(self
                         .settle(
                             delivery,
                             &self.stats.duplicates,
@@ -274,8 +282,10 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                             error,
                             origin: origin.clone(),
                         };
-                        return self.policy(delivery, then, failure, shutdown).await;
+                        break self.policy(delivery, then, failure, shutdown).await;
                     }
+                    self.note_failure(id, &event_type, delivery, &error, &mut noted)
+                        .await;
                     let delay = backoff.next();
                     tracing::warn!(%id, %event_type, %origin, transport = T::NAME, error = %error, retry_in = ?delay,
                         "outbox consumer: handler failed; nothing recorded, retrying");
@@ -284,8 +294,69 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = stopped(shutdown) => return Ok(Step::Interrupted),
+                _ = stopped(shutdown) => break Ok(Step::Interrupted),
             }
+        };
+        if noted {
+            self.failing_ended(id, matches!(result, Ok(Step::Done)))
+                .await;
+        }
+        result
+    }
+
+    /// Records a failure of the handler where operators look (`outbox status`, `outbox
+    /// doctor`, the dashboard) and in metrics. A database that cannot take the record
+    /// does not stop the retries: the failure is in the log either way.
+    async fn note_failure(
+        &self,
+        id: Uuid,
+        event_type: &str,
+        delivery: &Delivery<T::Token>,
+        error: &str,
+        noted: &mut bool,
+    ) {
+        let consumer = self.inbox.consumer();
+        metrics::counter!("outbox_consumer_handler_errors_total", "transport" => T::NAME, "consumer" => consumer.to_owned()).increment(1);
+        if !*noted {
+            *noted = true;
+            let failing = self.failing.fetch_add(1, Ordering::Relaxed) + 1;
+            metrics::gauge!("outbox_consumer_failing_messages", "transport" => T::NAME, "consumer" => consumer.to_owned()).set(failing as f64);
+        }
+        let outbox = self.inbox.outbox();
+        let origin = delivery.origin.to_string();
+        let error: String = error.chars().take(2000).collect();
+        let failure = Failure {
+            consumer,
+            id,
+            event_type,
+            key: delivery.key.as_deref(),
+            origin: &origin,
+            error: &error,
+        };
+        if let Err(e) = DB::note_failure(outbox.pool(), outbox.tables(), failure).await {
+            tracing::debug!(%id, error = %crate::ErrorChain(&e), "outbox consumer: could not record the handler's failure in the database");
+        }
+    }
+
+    /// A message whose failures were noted is no longer retried here: handled or
+    /// disposed of (`done`: its record goes), or left for later (shutdown, `Policy::Stop`:
+    /// the record stays, as the message is still not handled).
+    async fn failing_ended(&self, id: Uuid, done: bool) {
+        let consumer = self.inbox.consumer();
+        let failing = self.failing.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::gauge!("outbox_consumer_failing_messages", "transport" => T::NAME, "consumer" => consumer.to_owned()).set(failing as f64);
+        if !done {
+            return;
+        }
+        let outbox = self.inbox.outbox();
+        if let Err(e) = DB::clear_failures(
+            outbox.pool(),
+            outbox.tables(),
+            Failures::One { consumer, id },
+        )
+        .await
+        {
+            tracing::debug!(%id, error = %crate::ErrorChain(&e), "outbox consumer: could not remove the handler's failure record (status hides it once the message is processed)");
         }
     }
 

@@ -168,7 +168,7 @@ macro_rules! lite_backend {
         use $crate::db::lite::{IDS_PER_STATEMENT, Lite, placeholders, sent_window};
         use $crate::db::rows::{dead_group, message, message_columns, uuid};
         use $crate::model::{
-            Change, ListFilter, MessageInfo, MessageState, SentBatch, SentWindow, Status, Which,
+            Change, ConsumerStatus, Failure, ListFilter, MessageInfo, MessageState, SentBatch, SentWindow, Status, Which,
             count, requeue_reset,
         };
         use $crate::store::ops::{Behind, Ops, SqlResult};
@@ -228,6 +228,106 @@ macro_rules! lite_backend {
                         .fetch_one(pool)
                         .await?;
                     Ok(n > 0)
+                })
+            }
+
+            fn note_failure<'c>(pool: &'c Pool, tables: &'c Tables, f: Failure<'c>) -> BoxFuture<'c, SqlResult<()>> {
+                Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.processed.with_suffix("_failing"));
+                    let id = f.id.to_string();
+                    // An update, else an insert: the same two statements on both
+                    // databases. Two instances inserting the first failure at once: the
+                    // loser's row would say the same, and its error is dropped.
+                    let updated = sqlx::query(crate::store::trusted_sql(format!(
+                        "UPDATE {t} SET attempts = attempts + 1, last_failed_at = {now}, origin = ?, last_error = ? \
+                         WHERE consumer = ? AND message_id = ?",
+                        now = <$db as Lite>::NOW
+                    )))
+                    .bind(f.origin)
+                    .bind(f.error)
+                    .bind(f.consumer)
+                    .bind(&id)
+                    .execute(pool)
+                    .await?
+                    .rows_affected();
+                    if updated > 0 {
+                        return Ok(());
+                    }
+                    let inserted = sqlx::query(crate::store::trusted_sql(format!(
+                        "INSERT INTO {t} (consumer, message_id, event_type, partition_key, origin, attempts, last_error) \
+                         VALUES (?, ?, ?, ?, ?, 1, ?)"
+                    )))
+                    .bind(f.consumer)
+                    .bind(&id)
+                    .bind(f.event_type)
+                    .bind(f.key)
+                    .bind(f.origin)
+                    .bind(f.error)
+                    .execute(pool)
+                    .await;
+                    match inserted {
+                        Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => Ok(()),
+                        other => other.map(drop),
+                    }
+                })
+            }
+
+            fn clear_failures<'c>(
+                pool: &'c Pool,
+                tables: &'c Tables,
+                rows: $crate::store::ops::Failures<'c>,
+            ) -> BoxFuture<'c, SqlResult<u64>> {
+                use $crate::store::ops::Failures;
+                Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.processed.with_suffix("_failing"));
+                    let done = match rows {
+                        Failures::One { consumer, id } => {
+                            sqlx::query(crate::store::trusted_sql(format!(
+                                "DELETE FROM {t} WHERE consumer = ? AND message_id = ?"
+                            )))
+                            .bind(consumer)
+                            .bind(id.to_string())
+                            .execute(pool)
+                            .await?
+                        }
+                        Failures::Before(cutoff) => {
+                            sqlx::query(crate::store::trusted_sql(format!("DELETE FROM {t} WHERE last_failed_at < ?")))
+                                .bind(<$db as Lite>::ts(cutoff))
+                                .execute(pool)
+                                .await?
+                        }
+                    };
+                    Ok(done.rows_affected())
+                })
+            }
+
+            fn consumers<'c>(
+                pool: &'c Pool,
+                tables: &'c Tables,
+                since: DateTime<Utc>,
+                limit: i64,
+            ) -> BoxFuture<'c, SqlResult<Vec<ConsumerStatus>>> {
+                Box::pin(async move {
+                    let processed = sqlx::query_as(crate::store::trusted_sql(format!(
+                        "SELECT consumer, COUNT(*), MAX(processed_at) FROM {} \
+                         WHERE processed_at >= ? GROUP BY consumer",
+                        <$db as Lite>::quote(&tables.processed)
+                    )))
+                    .bind(<$db as Lite>::ts(since))
+                    .fetch_all(pool)
+                    .await?;
+                    let failing = sqlx::query(crate::store::trusted_sql(format!(
+                        "SELECT {} FROM {} f WHERE NOT EXISTS \
+                           (SELECT 1 FROM {} p WHERE p.consumer = f.consumer AND p.message_id = f.message_id) \
+                         ORDER BY first_failed_at, consumer, message_id LIMIT ?",
+                        $crate::db::rows::failing_columns(<$db as Lite>::text),
+                        <$db as Lite>::quote(&tables.processed.with_suffix("_failing")),
+                        <$db as Lite>::quote(&tables.processed),
+                    )))
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?;
+                    $crate::db::rows::consumers(processed, &failing)
                 })
             }
 

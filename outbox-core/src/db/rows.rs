@@ -8,7 +8,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Row, Type};
 use uuid::Uuid;
 
-use crate::model::{DeadGroup, DestinationStatus, MessageInfo, MessageState, Status, total};
+use crate::model::{
+    ConsumerStatus, DeadGroup, DestinationStatus, FailingMessage, MessageInfo, MessageState,
+    Status, total,
+};
 use crate::publisher::OutboxRecord;
 
 type SqlResult<T> = Result<T, sqlx::Error>;
@@ -71,6 +74,38 @@ pub(crate) fn status<R: Decode>(
     Ok(status)
 }
 
+/// The columns of the failing messages, as [`consumers`] reads them.
+pub(crate) fn failing_columns(text: impl Fn(&str) -> String) -> String {
+    format!(
+        "consumer, {} AS message_id, event_type, partition_key, origin, attempts, \
+         first_failed_at, last_failed_at, last_error",
+        text("message_id")
+    )
+}
+
+/// The consumers, from the processed table's recent counts (`consumer`, count, latest
+/// `processed_at`) and the failing messages' rows (selected with [`failing_columns`],
+/// longest failing first), by consumer name.
+pub(crate) fn consumers<R: Decode>(
+    processed: Vec<(String, i64, Option<DateTime<Utc>>)>,
+    failing: &[R],
+) -> SqlResult<Vec<ConsumerStatus>> {
+    let mut by_name = BTreeMap::<String, ConsumerStatus>::new();
+    for (consumer, n, last) in processed {
+        let entry = by_name.entry(consumer.clone()).or_default();
+        entry.consumer = consumer;
+        entry.processed_last_minute = n;
+        entry.last_processed_at = last;
+    }
+    for row in failing {
+        let (consumer, message) = row.to_failing()?;
+        let entry = by_name.entry(consumer.clone()).or_default();
+        entry.consumer = consumer;
+        entry.failing.push(message);
+    }
+    Ok(by_name.into_values().collect())
+}
+
 /// A row of the dead letters grouped by error: (error, count, lowest `seq`).
 pub(crate) fn dead_group((error, count, first_seq): (String, i64, i64)) -> DeadGroup {
     DeadGroup {
@@ -90,6 +125,8 @@ pub(crate) trait Decode: Row {
     fn to_message(&self) -> SqlResult<MessageInfo>;
     /// One row of [`status`].
     fn to_destination(&self, oldest_age: Option<f64>) -> SqlResult<DestinationStatus>;
+    /// One failing message of [`consumers`], with its consumer's name.
+    fn to_failing(&self) -> SqlResult<(String, FailingMessage)>;
 }
 
 impl<R> Decode for R
@@ -152,6 +189,23 @@ where
             dead: self.try_get("dead")?,
             oldest_pending_age_seconds: oldest_age,
         })
+    }
+
+    fn to_failing(&self) -> SqlResult<(String, FailingMessage)> {
+        Ok((
+            self.try_get("consumer")?,
+            FailingMessage {
+                message_id: uuid(&self.try_get::<String, _>("message_id")?)?,
+                event_type: self.try_get("event_type")?,
+                partition_key: self.try_get("partition_key")?,
+                origin: self.try_get("origin")?,
+                attempts: self.try_get("attempts")?,
+                first_failed_at: self.try_get("first_failed_at")?,
+                failing_seconds: 0.0,
+                last_failed_at: self.try_get("last_failed_at")?,
+                last_error: self.try_get("last_error")?,
+            },
+        ))
     }
 }
 

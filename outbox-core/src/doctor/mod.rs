@@ -19,13 +19,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What it looks at (every database: the first three; PostgreSQL: all):
+//! What it looks at (every database: the first four; PostgreSQL: all):
 //!
 //! | check | needs action when |
 //! | --- | --- |
 //! | `dead-letters` | there are dead letters (each listed with the messages of its key it holds back) |
 //! | `oldest-pending` | the oldest pending message waited longer than [`Limits::oldest_pending`] |
 //! | `no-relay` | messages are pending and no relay is connected (not known on SQLite) |
+//! | `consumer-failing` | a consumer's handler has failed on a message for longer than [`Limits::consumer_failing`]: the message and the later ones of its key wait in that consumer (shorter failures: a note) |
 //! | `open-writer` | a transaction has held the writer lock longer than [`Limits::open_writer`]: the relay publishes nothing written after it began |
 //! | `table-bloat` | dead row versions exceed [`Limits::dead_rows`] and [`Limits::dead_ratio`] of the live ones |
 //! | `autovacuum` | autovacuum is off for the server or for the outbox table |
@@ -78,6 +79,9 @@ pub struct Limits {
     /// The partition count the relays should run with (`RelayBuilder::partitions`);
     /// `None`: whatever they registered.
     pub partitions: Option<u16>,
+    /// A consumer's handler may fail on one message this long before it needs action
+    /// (default 5 minutes).
+    pub consumer_failing: Duration,
 }
 
 impl Default for Limits {
@@ -89,6 +93,7 @@ impl Default for Limits {
             dead_ratio: 0.2,
             slot_retained_bytes: 1 << 30,
             partitions: None,
+            consumer_failing: Duration::from_secs(300),
         }
     }
 }
@@ -103,6 +108,8 @@ impl Limits {
         slot_retained_bytes(bytes: i64);
         /// See [`Limits::partitions`](struct.Limits.html#structfield.partitions).
         partitions(partitions: u16) => Some(partitions);
+        /// See [`Limits::consumer_failing`](struct.Limits.html#structfield.consumer_failing).
+        consumer_failing(limit: Duration);
     }
     /// See [`Limits::dead_rows`](struct.Limits.html#structfield.dead_rows) and
     /// [`Limits::dead_ratio`](struct.Limits.html#structfield.dead_ratio).
@@ -242,6 +249,7 @@ impl<DB: Backend> Doctor<DB> {
         let standby = false;
         dead_letters(&status, &dead, &mut findings);
         pending(&status, limits, standby, &mut findings);
+        consumers(&status, limits, &mut findings);
         #[cfg(feature = "postgres")]
         postgres::open_writer(&status, limits, &mut findings);
         #[cfg(feature = "postgres")]
@@ -400,6 +408,62 @@ fn pending(status: &admin::Status, limits: &Limits, standby: bool, out: &mut Vec
                 })
                 .collect(),
             fix: fix.to_owned(),
+        });
+    }
+}
+
+fn consumers(status: &admin::Status, limits: &Limits, out: &mut Vec<Finding>) {
+    let limit = limits.consumer_failing.as_secs_f64();
+    for consumer in &status.consumers {
+        if consumer.failing.is_empty() {
+            continue;
+        }
+        let longest = consumer
+            .failing
+            .iter()
+            .map(|m| m.failing_seconds)
+            .fold(0.0, f64::max);
+        let over = consumer
+            .failing
+            .iter()
+            .filter(|m| m.failing_seconds > limit)
+            .count();
+        let severity = if over > 0 {
+            Severity::Action
+        } else {
+            Severity::Note
+        };
+        out.push(Finding {
+            check: "consumer-failing",
+            severity,
+            summary: format!(
+                "consumer {}: the handler is failing on {} message(s), the longest for {} \
+                 (limit {}); each holds back the later messages of its key",
+                consumer.consumer,
+                consumer.failing.len(),
+                human_duration(longest),
+                human_duration(limit),
+            ),
+            details: consumer
+                .failing
+                .iter()
+                .map(|m| {
+                    let error: String = m.last_error.chars().take(160).collect();
+                    format!(
+                        "{} {}, key {}, from {}: {} attempt(s) over {}; {error}",
+                        m.message_id,
+                        m.event_type,
+                        m.partition_key.as_deref().unwrap_or("(none)"),
+                        m.origin,
+                        m.attempts,
+                        human_duration(m.failing_seconds),
+                    )
+                })
+                .collect(),
+            fix: "read the consumer's log for the handler's error and fix its cause (data the \
+                  handler does not expect, a table or service it needs); to give up on such \
+                  messages, set `handler_attempts(n, Policy::DeadLetter)` on the consumer"
+                .to_owned(),
         });
     }
 }

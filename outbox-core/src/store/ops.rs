@@ -9,7 +9,9 @@ use uuid::Uuid;
 
 use crate::config::Tables;
 pub use crate::model::{Change, SentBatch, SentWindow, Which};
-use crate::model::{DeadGroup, ListFilter, MessageInfo, MessageState, Status};
+use crate::model::{
+    ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState, Status,
+};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
 /// these ids, or behind every dead letter of this key.
@@ -19,6 +21,22 @@ pub enum Behind<'a> {
     Ids(&'a [Uuid]),
     /// This key.
     Key(&'a str),
+}
+
+/// Which rows of handler failures [`Ops::clear_failures`] deletes.
+#[derive(Debug, Clone, Copy)]
+pub enum Failures<'a> {
+    /// One consumer's row for one message (handled, skipped or dead-lettered).
+    One {
+        /// The inbox name.
+        consumer: &'a str,
+        /// The message id.
+        id: Uuid,
+    },
+    /// Every row whose last failure is before this time: left by a consumer that has not
+    /// retried its message since (the message was handled by another instance, or the
+    /// consumer has stopped), and older than the processed ids retention keeps.
+    Before(DateTime<Utc>),
 }
 
 /// A statement's result.
@@ -51,6 +69,31 @@ pub trait Ops: super::Database {
         consumer: &'c str,
         id: Uuid,
     ) -> BoxFuture<'c, SqlResult<bool>>;
+
+    /// Records one more failure of a consumer's handler for a message (the first
+    /// inserts its row). Runs on its own, outside the handler's rolled-back transaction.
+    fn note_failure<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        failure: Failure<'c>,
+    ) -> BoxFuture<'c, SqlResult<()>>;
+
+    /// Forgets recorded handler failures: one consumer's for one message, or every row
+    /// whose last failure is older than a cutoff (retention's clean-up).
+    fn clear_failures<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        rows: Failures<'c>,
+    ) -> BoxFuture<'c, SqlResult<u64>>;
+
+    /// Each consumer's processed messages since `since`, and the failing messages (at
+    /// most `limit`, the longest failing first), by consumer name.
+    fn consumers<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> BoxFuture<'c, SqlResult<Vec<ConsumerStatus>>>;
 
     /// The database clock minus `age_secs`: the clock that set `sent_at` and `processed_at`.
     fn clock_minus(

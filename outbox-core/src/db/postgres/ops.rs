@@ -13,10 +13,10 @@ use crate::config::Tables;
 use crate::db::rows::{dead_group, message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    Change, DeadGroup, ListFilter, MessageInfo, MessageState, SentBatch, SentWindow, Status, Which,
-    count, requeue_reset,
+    Change, ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState, SentBatch,
+    SentWindow, Status, Which, count, requeue_reset,
 };
-use crate::store::ops::{Behind, Ops, SqlResult};
+use crate::store::ops::{Behind, Failures, Ops, SqlResult};
 use crate::store::trusted_sql;
 
 impl Ops for Postgres {
@@ -56,6 +56,92 @@ impl Ops for Postgres {
                 .bind(id)
                 .fetch_one(pool)
                 .await
+        })
+    }
+
+    fn note_failure<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        f: Failure<'c>,
+    ) -> BoxFuture<'c, SqlResult<()>> {
+        Box::pin(async move {
+            sqlx::query(trusted_sql(format!(
+                "INSERT INTO {t} AS f \
+                   (consumer, message_id, event_type, partition_key, origin, attempts, last_error) \
+                 VALUES ($1, $2, $3, $4, $5, 1, $6) \
+                 ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = f.attempts + 1, \
+                   last_failed_at = now(), origin = EXCLUDED.origin, last_error = EXCLUDED.last_error",
+                t = tables.processed.with_suffix("_failing").quoted()
+            )))
+            .bind(f.consumer)
+            .bind(f.id)
+            .bind(f.event_type)
+            .bind(f.key)
+            .bind(f.origin)
+            .bind(f.error)
+            .execute(pool)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn clear_failures<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        rows: Failures<'c>,
+    ) -> BoxFuture<'c, SqlResult<u64>> {
+        Box::pin(async move {
+            let t = tables.processed.with_suffix("_failing").quoted();
+            let done = match rows {
+                Failures::One { consumer, id } => {
+                    sqlx::query(trusted_sql(format!(
+                        "DELETE FROM {t} WHERE consumer = $1 AND message_id = $2"
+                    )))
+                    .bind(consumer)
+                    .bind(id)
+                    .execute(pool)
+                    .await?
+                }
+                Failures::Before(cutoff) => {
+                    sqlx::query(trusted_sql(format!(
+                        "DELETE FROM {t} WHERE last_failed_at < $1"
+                    )))
+                    .bind(cutoff)
+                    .execute(pool)
+                    .await?
+                }
+            };
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn consumers<'c>(
+        pool: &'c PgPool,
+        tables: &'c Tables,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> BoxFuture<'c, SqlResult<Vec<ConsumerStatus>>> {
+        Box::pin(async move {
+            let processed = sqlx::query_as(trusted_sql(format!(
+                "SELECT consumer, count(*), max(processed_at) FROM {} \
+                 WHERE processed_at >= $1 GROUP BY consumer",
+                tables.processed.quoted()
+            )))
+            .bind(since)
+            .fetch_all(pool)
+            .await?;
+            let failing = sqlx::query(trusted_sql(format!(
+                "SELECT {} FROM {} f WHERE NOT EXISTS \
+                   (SELECT 1 FROM {} p WHERE p.consumer = f.consumer AND p.message_id = f.message_id) \
+                 ORDER BY first_failed_at, consumer, message_id LIMIT $1",
+                crate::db::rows::failing_columns(|c| format!("{c}::text")),
+                tables.processed.with_suffix("_failing").quoted(),
+                tables.processed.quoted(),
+            )))
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+            crate::db::rows::consumers(processed, &failing)
         })
     }
 
