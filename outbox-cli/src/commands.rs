@@ -605,9 +605,30 @@ fn print_consumers(out: &mut impl Write, s: &Status) -> io::Result<()> {
                 human(longest)
             ),
         };
+        let alive = c.instances.iter().filter(|i| i.alive).count();
+        let mut transports: Vec<&str> = c.instances.iter().map(|i| i.transport.as_str()).collect();
+        transports.dedup();
+        let mut running = if c.instances.is_empty() {
+            "no heartbeat".to_owned()
+        } else {
+            format!("{alive} instance(s) running ({})", transports.join(", "))
+        };
+        let gone = c.instances.len() - alive;
+        if gone > 0 {
+            let last = c
+                .instances
+                .iter()
+                .filter(|i| !i.alive)
+                .map(|i| i.seen_seconds_ago)
+                .fold(f64::MAX, f64::min);
+            running.push_str(&format!(", {gone} gone (last seen {} ago)", human(last)));
+        }
+        if let Some(lag) = c.lag {
+            running.push_str(&format!(", lag {lag}"));
+        }
         writeln!(
             out,
-            "consumer {}: {} processed in the last minute; {failing}",
+            "consumer {}: {running}; {} processed in the last minute; {failing}",
             c.consumer, c.processed_last_minute
         )?;
     }

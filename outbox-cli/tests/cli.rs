@@ -238,6 +238,14 @@ async fn status_and_doctor_show_a_consumer_whose_handler_fails() {
              VALUES ('billing', '{stuck}', 'OrderPlaced', 'order-7', 'orders/0@42', 12, \
                      now() - interval '20 minutes', now(), 'no invoice template for EUR')"
         ),
+        // An instance killed ten minutes ago (its heartbeat every 10 s), 5 messages behind.
+        format!(
+            "INSERT INTO {schema}.outbox_processed_consumers \
+               (consumer, instance, transport, interval_ms, started_at, seen_at, handled, \
+                handler_errors, lag) \
+             VALUES ('billing', gen_random_uuid(), 'kafka', 10000, now() - interval '1 hour', \
+                     now() - interval '10 minutes', 70, 12, 5)"
+        ),
     ] {
         sqlx::query(trusted_sql(sql))
             .execute(&db.pool)
@@ -246,11 +254,17 @@ async fn status_and_doctor_show_a_consumer_whose_handler_fails() {
     }
     let out = in_db(&db, &["status"]).await;
     let text = out.ok();
+    // (The seconds of the ages depend on how long the command took to start.)
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("consumer billing: "))
+        .unwrap_or_else(|| panic!("a line for the consumer: {text}"));
     assert!(
-        text.contains(
-            "consumer billing: 7 processed in the last minute; handler failing on 1 message(s), \
-             the longest for 20m"
-        ),
+        line.starts_with("consumer billing: 0 instance(s) running (kafka), 1 gone (last seen 10m ")
+            && line.contains(
+                "; 7 processed in the last minute; handler failing on 1 message(s), the longest \
+                 for 20m "
+            ),
         "{text}"
     );
     assert!(
@@ -269,6 +283,16 @@ async fn status_and_doctor_show_a_consumer_whose_handler_fails() {
     assert_eq!(c["failing"][0]["attempts"], 12);
     let doctor = in_db(&db, &["doctor"]).await;
     assert_eq!(doctor.code, 3, "{}", doctor.stdout);
+    assert!(
+        doctor.stdout.contains(
+            "ACTION  consumer-gone: consumer billing: no instance is running (the last \
+             heartbeat was 10m "
+        ) && doctor
+            .stdout
+            .contains("ago); 5 message(s) waited for it then"),
+        "{}",
+        doctor.stdout
+    );
     assert!(
         doctor.stdout.contains("consumer-failing")
             && doctor

@@ -104,7 +104,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     2 "0002_dead_letter_index" => "index dead-lettered messages",
     3 "0003_stop_writing_xact_id" => "stop writing xact_id (never read)",
     4 "0004_dead_letter_key_index" => "index dead-lettered messages by key",
-    5 "0005_consumer_failures" => "create the table of messages whose consumer handler is failing",
+    5 "0005_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
 );
 
 /// The SQLite migrations, in order.
@@ -112,14 +112,14 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
 pub const SQLITE: &[Migration] = migrations!("sqlite":
     1 "0001_create_outbox" => "create the outbox and processed-messages tables",
     2 "0002_dead_letter_key_index" => "index dead-lettered messages by key",
-    3 "0003_consumer_failures" => "create the table of messages whose consumer handler is failing",
+    3 "0003_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
 );
 
 /// The MySQL/MariaDB migrations, in order.
 #[rustfmt::skip]
 pub const MYSQL: &[Migration] = migrations!("mysql":
     1 "0001_create_outbox" => "create the outbox, writer-lock and processed-messages tables",
-    2 "0002_consumer_failures" => "create the table of messages whose consumer handler is failing",
+    2 "0002_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
 );
 
 /// Checks what a database says it applied against `shipped`; returns what is left to do.

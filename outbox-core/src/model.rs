@@ -211,10 +211,64 @@ pub struct ConsumerStatus {
     pub processed_last_minute: i64,
     /// When it last recorded a processed message, if that was within the last minute.
     pub last_processed_at: Option<DateTime<Utc>>,
+    /// Its instances that wrote a heartbeat and have not stopped: running ones, and
+    /// those that died without stopping (not [`alive`](ConsumerInstance::alive)).
+    pub instances: Vec<ConsumerInstance>,
+    /// Messages the broker holds for it that it has not handled, as its live instances'
+    /// transports last reported (Kafka: the sum over the partitions each was assigned;
+    /// NATS and RabbitMQ: the one durable's or queue's count); `None` when no live
+    /// instance reported one.
+    pub lag: Option<i64>,
     /// Messages whose handler is failing now, the longest failing first (at most
     /// [`FAILING_LISTED`] over all consumers). Each holds back the later messages of its
     /// key in that consumer.
     pub failing: Vec<FailingMessage>,
+}
+
+/// One running consumer process (a [`Consumer`](crate::consumer::Consumer) from its start to
+/// its stop), as its last heartbeat says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ConsumerInstance {
+    /// A random id, new at each start.
+    pub instance: Uuid,
+    /// `kafka`, `nats`, `rabbitmq`, or a transport of your own.
+    pub transport: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub seen_at: DateTime<Utc>,
+    /// Seconds since its last heartbeat, by the database's clock.
+    pub seen_seconds_ago: f64,
+    /// Whether it wrote a heartbeat within three of its intervals: `false` for an
+    /// instance that died without stopping (`kill -9`, a lost host) or cannot reach the
+    /// database.
+    pub alive: bool,
+    /// Messages it handled since it started.
+    pub handled: i64,
+    /// Handler (or database) failures since it started.
+    pub handler_errors: i64,
+    /// The lag its transport reported at its last heartbeat, if it can tell.
+    pub lag: Option<i64>,
+}
+
+/// What a consumer instance writes at each heartbeat.
+#[derive(Debug, Clone, Copy)]
+pub struct Beat<'a> {
+    /// The inbox name.
+    pub consumer: &'a str,
+    /// The instance id.
+    pub instance: Uuid,
+    /// The transport's name.
+    pub transport: &'a str,
+    /// The heartbeat interval, in milliseconds.
+    pub interval_ms: i64,
+    /// Messages handled since the start.
+    pub handled: i64,
+    /// Handler failures since the start.
+    pub handler_errors: i64,
+    /// The transport's lag, if it can tell.
+    pub lag: Option<i64>,
 }
 
 /// At most this many failing messages are listed in a [`Status`].

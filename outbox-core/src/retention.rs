@@ -65,7 +65,7 @@ use tracing::Instrument;
 
 use crate::error::DbContext;
 use crate::store::Backend;
-use crate::store::ops::Failures;
+use crate::store::ops::ConsumerRows;
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox, Result};
 
@@ -429,10 +429,12 @@ impl<DB: Backend> Retention<DB> {
                 .map(|b| (b.deleted, b.found, b.last))
                 .context("deleting old sent messages", &tables.outbox)?,
             Kind::Processed => {
-                // Handler failures not retried within the window: see `Failures::Before`.
-                match DB::clear_failures(pool, tables, Failures::Before(cutoff)).await {
+                // Failure records not retried, and instances not seen, within the
+                // window: see `ConsumerRows::Before`.
+                match DB::clear_consumer_rows(pool, tables, ConsumerRows::Before(cutoff)).await {
                     Err(e) if !crate::error::is_schema_missing(&e) => {
-                        return Err(e).context("deleting old consumer failures", &tables.processed);
+                        return Err(e)
+                            .context("deleting the consumers' old state", &tables.processed);
                     }
                     _ => {}
                 }

@@ -201,9 +201,20 @@ impl KafkaTransportBuilder {
             .set_default("enable.auto.offset.store", "false");
         self.settings.set_default("auto.commit.interval.ms", "1000");
         self.settings.set_default("auto.offset.reset", "earliest");
+        // The lag (`Transport::backlog`) comes from librdkafka's statistics: offsets it
+        // has from its own fetches and commits, no request of its own.
+        self.settings.set_default("statistics.interval.ms", "5000");
         let group = self.settings.get("group.id").unwrap_or_default().to_owned();
-        let consumer: StreamConsumer<GroupLog> =
-            self.settings.create_with_context(GroupLog { group })?;
+        let stats_every = self
+            .settings
+            .get("statistics.interval.ms")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        let consumer: StreamConsumer<GroupLog> = self.settings.create_with_context(GroupLog {
+            group,
+            stats_every,
+            lag: Mutex::new(None),
+        })?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(Error::Consumer)?;
         tracing::info!(settings = ?self.settings, ?topics, "outbox-kafka consumer subscribed");
@@ -220,11 +231,62 @@ impl KafkaTransportBuilder {
 /// Says at info what the group gave this member and took from it: a consumer that waits
 /// for the group (a new member, a member that took over a killed one's partitions after
 /// its session timed out) is visible in the log, not silent.
+///
+/// It also keeps the lag of this member's partitions from librdkafka's statistics.
 struct GroupLog {
     group: String,
+    /// `statistics.interval.ms`, if set and not 0.
+    stats_every: Option<Duration>,
+    /// The lag at the last statistics, and when they came.
+    lag: Mutex<Option<(u64, std::time::Instant)>>,
 }
 
-impl rdkafka::ClientContext for GroupLog {}
+impl GroupLog {
+    /// The lag, if the last statistics are at most three intervals old.
+    fn lag(&self) -> Option<u64> {
+        let every = self.stats_every.filter(|d| !d.is_zero())?;
+        let (lag, at) = (*self.lag.lock().ok()?)?;
+        (at.elapsed() <= every * 3).then_some(lag)
+    }
+}
+
+impl rdkafka::ClientContext for GroupLog {
+    /// Per partition this member was assigned, the last offset it can read (the last
+    /// stable one under `read_committed`, the default; else the high watermark) minus
+    /// the group's committed offset (the low watermark before the group committed),
+    /// summed; unknown while nothing is assigned or an offset is not known yet.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let mut lag = 0_u64;
+        let mut assigned = 0;
+        for topic in statistics.topics.values() {
+            for p in topic.partitions.values() {
+                if p.partition < 0 || !p.desired {
+                    continue;
+                }
+                assigned += 1;
+                let end = if p.ls_offset >= 0 {
+                    p.ls_offset
+                } else {
+                    p.hi_offset
+                };
+                let from = if p.committed_offset >= 0 {
+                    p.committed_offset
+                } else {
+                    p.lo_offset
+                };
+                if end < 0 || from < 0 {
+                    return;
+                }
+                lag += u64::try_from(end - from).unwrap_or(0);
+            }
+        }
+        if assigned > 0
+            && let Ok(mut last) = self.lag.lock()
+        {
+            *last = Some((lag, std::time::Instant::now()));
+        }
+    }
+}
 
 impl rdkafka::consumer::ConsumerContext for GroupLog {
     fn post_rebalance(
@@ -294,6 +356,16 @@ impl Transport for KafkaTransport {
     type Token = KafkaToken;
     const NAME: &'static str = "kafka";
     const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
+
+    /// The lag of the partitions the group assigned to this member, from librdkafka's
+    /// statistics (`statistics.interval.ms`, 5 s unless you set it; 0 turns the lag
+    /// off): per partition, the last offset it can read minus the group's committed
+    /// offset, summed. Offsets stored since the last commit (at most
+    /// `auto.commit.interval.ms` old) count as lag. `None` while nothing is assigned, or
+    /// when the last statistics are older than three intervals.
+    async fn backlog(&self) -> Option<u64> {
+        self.consumer.context().lag()
+    }
 
     async fn receive(&self) -> Result<Delivery<KafkaToken>, BoxError> {
         loop {

@@ -132,6 +132,10 @@ pub struct RabbitTransport {
     /// The dead-letter connection and its confirm-mode channel, opened at the first
     /// dead letter.
     dead_letter_link: Mutex<Option<(Connection, Channel)>>,
+    /// The connection [`Transport::backlog`] asks the queue's depth on, opened at the
+    /// first heartbeat (the consuming connection's lock is held while it waits for
+    /// messages).
+    inspect_link: Mutex<Option<Connection>>,
     /// `amqps://`: CA certificates to trust beside the system's.
     ca_file: Option<PathBuf>,
 }
@@ -434,6 +438,7 @@ impl RabbitTransportBuilder {
             reconnect: std::sync::Mutex::new(Backoff::new(RECONNECT_FIRST, RECONNECT_MOST)),
             dead_letter: self.dead_letter,
             dead_letter_link: Mutex::new(None),
+            inspect_link: Mutex::new(None),
             ca_file: self.ca_file,
         };
 
@@ -537,6 +542,48 @@ impl Transport for RabbitTransport {
         headers::CLOUDEVENTS_PREFIXES[1],
         headers::CLOUDEVENTS_PREFIXES[2],
     ];
+
+    /// The messages ready in the queue (not those delivered and unacknowledged), asked
+    /// with a passive `queue.declare` on a connection of its own; `None` when the broker
+    /// does not answer within the connect timeout.
+    async fn backlog(&self) -> Option<u64> {
+        let mut link = self.inspect_link.lock().await;
+        let ask = async {
+            if link.is_none() {
+                *link = Some(
+                    crate::tls::connect(
+                        &self.url,
+                        ConnectionProperties::default()
+                            .with_connection_name("outbox-rabbitmq queue depth".into()),
+                        self.ca_file.as_deref(),
+                    )
+                    .await?,
+                );
+            }
+            let connection = link.as_ref().expect("opened above");
+            let channel = connection.create_channel().await?;
+            let queue = channel
+                .queue_declare(
+                    self.queue.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            let _ = channel.close(200, "outbox-rabbitmq: checked".into()).await;
+            Ok::<_, lapin::Error>(u64::from(queue.message_count()))
+        };
+        match tokio::time::timeout(self.connect_timeout, ask).await {
+            Ok(Ok(ready)) => Some(ready),
+            // The next question starts on a new connection.
+            _ => {
+                *link = None;
+                None
+            }
+        }
+    }
 
     async fn receive(&self) -> Result<Delivery<RabbitToken>, BoxError> {
         let mut link = self.link.lock().await;

@@ -88,9 +88,11 @@ pub fn topics(brokers: &str) -> Vec<(String, usize)> {
 
 /// librdkafka settings for test consumers on this broker (group joins take half the
 /// session timeout on tansu).
-pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 2] = [
+pub const TEST_CONSUMER_SETTINGS: [(&str, &str); 3] = [
     ("session.timeout.ms", "2000"),
     ("heartbeat.interval.ms", "500"),
+    // The lag (from librdkafka's statistics) within a test's patience.
+    ("statistics.interval.ms", "200"),
 ];
 
 /// A consumer transport for tests: group `group`, subscribed to `topic`, with

@@ -36,6 +36,7 @@ pub struct ConsumerBuilder<
     concurrency: usize,
     max_in_flight: Option<usize>,
     stall_warning: Duration,
+    heartbeat: Duration,
 }
 
 impl<T: Transport, DB: Backend> fmt::Debug for ConsumerBuilder<T, DB> {
@@ -77,6 +78,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
             concurrency: 8,
             max_in_flight: None,
             stall_warning: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(10),
         }
     }
 
@@ -186,6 +188,12 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
         /// what it waits for and the transport's [`state`](Transport::state), and is
         /// repeated every such period for as long as it lasts.
         stall_warning(after: Duration) => after.max(Duration::from_millis(100));
+
+        /// How often the consumer writes its heartbeat to the database (default 10 s, at
+        /// least 100 ms): what it handled, its handler errors, and the lag its transport
+        /// reports ([`Transport::backlog`]), for `outbox status`, `outbox doctor` and the
+        /// dashboard. An instance whose heartbeat is three intervals old is shown as gone.
+        heartbeat(every: Duration) => every.max(Duration::from_millis(100));
     }
 
     /// Checks the configuration and creates the consumer.
@@ -220,6 +228,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
                 retry_backoff: self.retry_backoff,
                 handler_attempts: self.handler_attempts,
                 stall_warning: self.stall_warning,
+                heartbeat: self.heartbeat,
                 stats: Arc::new(ConsumerStats::default()),
                 failing: Default::default(),
             }),

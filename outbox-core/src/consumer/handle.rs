@@ -17,7 +17,7 @@ use crate::model::Failure;
 use crate::publisher::cloudevents::{self, split_type};
 use crate::publisher::headers;
 use crate::store::Backend;
-use crate::store::ops::Failures;
+use crate::store::ops::ConsumerRows;
 use crate::task::stopped;
 
 use super::dispatch::Dispatch;
@@ -38,6 +38,9 @@ pub(super) struct Shared<T: Transport, DB: Backend> {
     /// Messages whose handler is failing now (the `outbox_consumer_failing_messages`
     /// gauge).
     pub(super) failing: AtomicI64,
+    /// How often the consumer writes its heartbeat row (see
+    /// `ConsumerBuilder::heartbeat`).
+    pub(super) heartbeat: Duration,
 }
 
 /// How handling a message ended, when it did not stop the consumer.
@@ -349,10 +352,10 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             return;
         }
         let outbox = self.inbox.outbox();
-        if let Err(e) = DB::clear_failures(
+        if let Err(e) = DB::clear_consumer_rows(
             outbox.pool(),
             outbox.tables(),
-            Failures::One { consumer, id },
+            ConsumerRows::Failure { consumer, id },
         )
         .await
         {

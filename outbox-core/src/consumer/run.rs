@@ -9,7 +9,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::model::Beat;
 use crate::store::Backend;
+use crate::store::ops::ConsumerRows;
 use crate::task::stopped;
 
 use super::handle::{Shared, Step};
@@ -96,6 +98,8 @@ pub(super) async fn run<T: Transport, DB: Backend>(
 ) -> Result<(), Error> {
     tracing::info!(transport = T::NAME, inbox = ?shared.inbox, concurrency, max_in_flight,
         "outbox consumer started");
+    let (stop_beating, beats) = watch::channel(false);
+    let heartbeat = tokio::spawn(heartbeat(Arc::clone(&shared), beats));
     let mut lanes = Lanes::new();
     let mut running: JoinSet<(Lane, Result<Step, Error>)> = JoinSet::new();
     // When each running lane's message started, and where it came from.
@@ -188,6 +192,12 @@ pub(super) async fn run<T: Transport, DB: Backend>(
         Err(_) => running.shutdown().await,
     }
     drop(lanes);
+    let _ = stop_beating.send(true);
+    if let Err(e) = heartbeat.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
     let stats = shared.stats.snapshot();
     match Arc::try_unwrap(shared) {
         Ok(shared) => shared.transport.close().await,
@@ -198,6 +208,99 @@ pub(super) async fn run<T: Transport, DB: Backend>(
     }
     tracing::info!(transport = T::NAME, ?stats, "outbox consumer stopped");
     result
+}
+
+/// How long the transport may take to tell its lag.
+const LAG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Writes the instance's heartbeat row every `shared.heartbeat` until `stop` turns
+/// `true`, then deletes it (a graceful stop: the instance is gone, not dead). A database
+/// or broker that does not answer delays a beat, never the consumer.
+async fn heartbeat<T: Transport, DB: Backend>(
+    shared: Arc<Shared<T, DB>>,
+    stop: watch::Receiver<bool>,
+) {
+    let instance = uuid::Uuid::now_v7();
+    let consumer = shared.inbox.consumer();
+    let outbox = shared.inbox.outbox();
+    let interval_ms = i64::try_from(shared.heartbeat.as_millis()).unwrap_or(i64::MAX);
+    // The lag, asked of the transport in a loop of its own: a broker slower to answer
+    // than the heartbeat interval (Kafka asks it for offsets) delays the lag, never the
+    // heartbeat. -1: not known.
+    let last_lag = std::sync::atomic::AtomicI64::new(-1);
+    let ask_lag = async {
+        let mut stop = stop.clone();
+        let mut tick = tokio::time::interval(shared.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stopped(&mut stop) => break,
+            }
+            let lag = tokio::select! {
+                lag = tokio::time::timeout(LAG_TIMEOUT, shared.transport.backlog()) => lag.ok().flatten(),
+                _ = stopped(&mut stop) => break,
+            };
+            let lag = lag.and_then(|l| i64::try_from(l).ok());
+            if let Some(lag) = lag {
+                metrics::gauge!("outbox_consumer_lag", "transport" => T::NAME, "consumer" => consumer.to_owned())
+                    .set(lag as f64);
+            }
+            last_lag.store(lag.unwrap_or(-1), std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let beat = async {
+        let mut stop = stop.clone();
+        let mut tick = tokio::time::interval(shared.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warned = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stopped(&mut stop) => break,
+            }
+            let stats = shared.stats.snapshot();
+            let lag = last_lag.load(std::sync::atomic::Ordering::Relaxed);
+            let beat = Beat {
+                consumer,
+                instance,
+                transport: T::NAME,
+                interval_ms,
+                handled: i64::try_from(stats.handled).unwrap_or(i64::MAX),
+                handler_errors: i64::try_from(stats.handler_errors).unwrap_or(i64::MAX),
+                lag: (lag >= 0).then_some(lag),
+            };
+            let written = tokio::select! {
+                written = DB::beat(outbox.pool(), outbox.tables(), beat) => written,
+                _ = stopped(&mut stop) => break,
+            };
+            match written {
+                Ok(()) => warned = false,
+                // Once per outage: the consumer itself goes on.
+                Err(e) if !warned => {
+                    warned = true;
+                    let hint = if crate::error::is_schema_missing(&e) {
+                        "; run the migrations (`outbox migrate`)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(transport = T::NAME, %consumer, error = %crate::ErrorChain(&e),
+                        "outbox consumer: could not write its heartbeat{hint}; status and doctor will show it as gone");
+                }
+                Err(_) => {}
+            }
+        }
+    };
+    tokio::join!(ask_lag, beat);
+    let gone = ConsumerRows::Instance { consumer, instance };
+    let left = tokio::time::timeout(
+        Duration::from_secs(5),
+        DB::clear_consumer_rows(outbox.pool(), outbox.tables(), gone),
+    )
+    .await;
+    if !matches!(left, Ok(Ok(_))) {
+        tracing::debug!(transport = T::NAME, %consumer, "outbox consumer: its heartbeat row stays (status shows it as gone once it is old)");
+    }
 }
 
 /// Says what a consumer that made no progress for `stall_warning` waits for: messages in

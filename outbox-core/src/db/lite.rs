@@ -272,32 +272,89 @@ macro_rules! lite_backend {
                 })
             }
 
-            fn clear_failures<'c>(
+            fn clear_consumer_rows<'c>(
                 pool: &'c Pool,
                 tables: &'c Tables,
-                rows: $crate::store::ops::Failures<'c>,
+                rows: $crate::store::ops::ConsumerRows<'c>,
             ) -> BoxFuture<'c, SqlResult<u64>> {
-                use $crate::store::ops::Failures;
+                use $crate::store::ops::ConsumerRows;
                 Box::pin(async move {
-                    let t = <$db as Lite>::quote(&tables.processed.with_suffix("_failing"));
+                    let failing = <$db as Lite>::quote(&tables.processed.with_suffix("_failing"));
+                    let instances = <$db as Lite>::quote(&tables.processed.with_suffix("_consumers"));
                     let done = match rows {
-                        Failures::One { consumer, id } => {
+                        ConsumerRows::Failure { consumer, id } => {
                             sqlx::query(crate::store::trusted_sql(format!(
-                                "DELETE FROM {t} WHERE consumer = ? AND message_id = ?"
+                                "DELETE FROM {failing} WHERE consumer = ? AND message_id = ?"
                             )))
                             .bind(consumer)
                             .bind(id.to_string())
                             .execute(pool)
                             .await?
+                            .rows_affected()
                         }
-                        Failures::Before(cutoff) => {
-                            sqlx::query(crate::store::trusted_sql(format!("DELETE FROM {t} WHERE last_failed_at < ?")))
-                                .bind(<$db as Lite>::ts(cutoff))
-                                .execute(pool)
-                                .await?
+                        ConsumerRows::Instance { consumer, instance } => {
+                            sqlx::query(crate::store::trusted_sql(format!(
+                                "DELETE FROM {instances} WHERE consumer = ? AND instance = ?"
+                            )))
+                            .bind(consumer)
+                            .bind(instance.to_string())
+                            .execute(pool)
+                            .await?
+                            .rows_affected()
+                        }
+                        ConsumerRows::Before(cutoff) => {
+                            let mut n = 0;
+                            for sql in [
+                                format!("DELETE FROM {failing} WHERE last_failed_at < ?"),
+                                format!("DELETE FROM {instances} WHERE seen_at < ?"),
+                            ] {
+                                n += sqlx::query(crate::store::trusted_sql(sql))
+                                    .bind(<$db as Lite>::ts(cutoff))
+                                    .execute(pool)
+                                    .await?
+                                    .rows_affected();
+                            }
+                            n
                         }
                     };
-                    Ok(done.rows_affected())
+                    Ok(done)
+                })
+            }
+
+            fn beat<'c>(pool: &'c Pool, tables: &'c Tables, b: $crate::model::Beat<'c>) -> BoxFuture<'c, SqlResult<()>> {
+                Box::pin(async move {
+                    let t = <$db as Lite>::quote(&tables.processed.with_suffix("_consumers"));
+                    let instance = b.instance.to_string();
+                    let updated = sqlx::query(crate::store::trusted_sql(format!(
+                        "UPDATE {t} SET seen_at = {now}, interval_ms = ?, handled = ?, handler_errors = ?, lag = ? \
+                         WHERE consumer = ? AND instance = ?",
+                        now = <$db as Lite>::NOW
+                    )))
+                    .bind(b.interval_ms)
+                    .bind(b.handled)
+                    .bind(b.handler_errors)
+                    .bind(b.lag)
+                    .bind(b.consumer)
+                    .bind(&instance)
+                    .execute(pool)
+                    .await?
+                    .rows_affected();
+                    if updated == 0 {
+                        sqlx::query(crate::store::trusted_sql(format!(
+                            "INSERT INTO {t} (consumer, instance, transport, interval_ms, handled, handler_errors, lag) \
+                             VALUES (?, ?, ?, ?, ?, ?, ?)"
+                        )))
+                        .bind(b.consumer)
+                        .bind(&instance)
+                        .bind(b.transport)
+                        .bind(b.interval_ms)
+                        .bind(b.handled)
+                        .bind(b.handler_errors)
+                        .bind(b.lag)
+                        .execute(pool)
+                        .await?;
+                    }
+                    Ok(())
                 })
             }
 
@@ -327,7 +384,15 @@ macro_rules! lite_backend {
                     .bind(limit)
                     .fetch_all(pool)
                     .await?;
-                    $crate::db::rows::consumers(processed, &failing)
+                    let instances = sqlx::query(crate::store::trusted_sql(format!(
+                        "SELECT {}, {} AS now FROM {} ORDER BY consumer, started_at",
+                        $crate::db::rows::instance_columns(<$db as Lite>::text),
+                        <$db as Lite>::NOW,
+                        <$db as Lite>::quote(&tables.processed.with_suffix("_consumers"))
+                    )))
+                    .fetch_all(pool)
+                    .await?;
+                    $crate::db::rows::consumers(processed, &instances, &failing)
                 })
             }
 

@@ -9,8 +9,8 @@ use sqlx::{ColumnIndex, Row, Type};
 use uuid::Uuid;
 
 use crate::model::{
-    ConsumerStatus, DeadGroup, DestinationStatus, FailingMessage, MessageInfo, MessageState,
-    Status, total,
+    ConsumerInstance, ConsumerStatus, DeadGroup, DestinationStatus, FailingMessage, MessageInfo,
+    MessageState, Status, total,
 };
 use crate::publisher::OutboxRecord;
 
@@ -83,11 +83,23 @@ pub(crate) fn failing_columns(text: impl Fn(&str) -> String) -> String {
     )
 }
 
+/// The columns of the consumer instances, as [`consumers`] reads them (with `now`, the
+/// database's clock).
+pub(crate) fn instance_columns(text: impl Fn(&str) -> String) -> String {
+    format!(
+        "consumer, {} AS instance, transport, interval_ms, started_at, seen_at, handled, \
+         handler_errors, lag",
+        text("instance")
+    )
+}
+
 /// The consumers, from the processed table's recent counts (`consumer`, count, latest
-/// `processed_at`) and the failing messages' rows (selected with [`failing_columns`],
-/// longest failing first), by consumer name.
+/// `processed_at`), the instances' heartbeat rows (selected with [`instance_columns`])
+/// and the failing messages' rows (selected with [`failing_columns`], longest failing
+/// first), by consumer name.
 pub(crate) fn consumers<R: Decode>(
     processed: Vec<(String, i64, Option<DateTime<Utc>>)>,
+    instances: &[R],
     failing: &[R],
 ) -> SqlResult<Vec<ConsumerStatus>> {
     let mut by_name = BTreeMap::<String, ConsumerStatus>::new();
@@ -96,6 +108,28 @@ pub(crate) fn consumers<R: Decode>(
         entry.consumer = consumer;
         entry.processed_last_minute = n;
         entry.last_processed_at = last;
+    }
+    for row in instances {
+        let (consumer, instance) = row.to_instance()?;
+        let entry = by_name.entry(consumer.clone()).or_default();
+        entry.consumer = consumer;
+        entry.instances.push(instance);
+    }
+    for c in by_name.values_mut() {
+        let mut live = c
+            .instances
+            .iter()
+            .filter(|i| i.alive)
+            .filter_map(|i| Some((i.transport.as_str(), i.lag?)))
+            .peekable();
+        // A Kafka instance reports the partitions it was assigned: the group's lag is the
+        // sum. The others report the one durable's or queue's count: the largest (the
+        // most recent) stands for it.
+        c.lag = live.peek().is_some().then(|| {
+            let (kafka, others): (Vec<_>, Vec<_>) = live.partition(|(t, _)| *t == "kafka");
+            kafka.iter().map(|(_, l)| l).sum::<i64>()
+                + others.iter().map(|(_, l)| *l).max().unwrap_or(0)
+        });
     }
     for row in failing {
         let (consumer, message) = row.to_failing()?;
@@ -127,6 +161,8 @@ pub(crate) trait Decode: Row {
     fn to_destination(&self, oldest_age: Option<f64>) -> SqlResult<DestinationStatus>;
     /// One failing message of [`consumers`], with its consumer's name.
     fn to_failing(&self) -> SqlResult<(String, FailingMessage)>;
+    /// One instance of [`consumers`], with its consumer's name.
+    fn to_instance(&self) -> SqlResult<(String, ConsumerInstance)>;
 }
 
 impl<R> Decode for R
@@ -189,6 +225,27 @@ where
             dead: self.try_get("dead")?,
             oldest_pending_age_seconds: oldest_age,
         })
+    }
+
+    fn to_instance(&self) -> SqlResult<(String, ConsumerInstance)> {
+        let now: DateTime<Utc> = self.try_get("now")?;
+        let seen_at: DateTime<Utc> = self.try_get("seen_at")?;
+        let interval_ms: i64 = self.try_get("interval_ms")?;
+        let seen_seconds_ago = (now - seen_at).as_seconds_f64().max(0.0);
+        Ok((
+            self.try_get("consumer")?,
+            ConsumerInstance {
+                instance: uuid(&self.try_get::<String, _>("instance")?)?,
+                transport: self.try_get("transport")?,
+                started_at: self.try_get("started_at")?,
+                seen_at,
+                seen_seconds_ago,
+                alive: seen_seconds_ago * 1000.0 <= 3.0 * interval_ms as f64,
+                handled: self.try_get("handled")?,
+                handler_errors: self.try_get("handler_errors")?,
+                lag: self.try_get("lag")?,
+            },
+        ))
     }
 
     fn to_failing(&self) -> SqlResult<(String, FailingMessage)> {

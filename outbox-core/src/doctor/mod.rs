@@ -19,13 +19,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What it looks at (every database: the first four; PostgreSQL: all):
+//! What it looks at (every database: the first five; PostgreSQL: all):
 //!
 //! | check | needs action when |
 //! | --- | --- |
 //! | `dead-letters` | there are dead letters (each listed with the messages of its key it holds back) |
 //! | `oldest-pending` | the oldest pending message waited longer than [`Limits::oldest_pending`] |
 //! | `no-relay` | messages are pending and no relay is connected (not known on SQLite) |
+//! | `consumer-gone` | no instance of a consumer writes its heartbeat any more (it died, or cannot reach the database) and the broker held messages for it (one instance of several gone, or nothing waiting: a note) |
 //! | `consumer-failing` | a consumer's handler has failed on a message for longer than [`Limits::consumer_failing`]: the message and the later ones of its key wait in that consumer (shorter failures: a note) |
 //! | `open-writer` | a transaction has held the writer lock longer than [`Limits::open_writer`]: the relay publishes nothing written after it began |
 //! | `table-bloat` | dead row versions exceed [`Limits::dead_rows`] and [`Limits::dead_ratio`] of the live ones |
@@ -415,6 +416,7 @@ fn pending(status: &admin::Status, limits: &Limits, standby: bool, out: &mut Vec
 fn consumers(status: &admin::Status, limits: &Limits, out: &mut Vec<Finding>) {
     let limit = limits.consumer_failing.as_secs_f64();
     for consumer in &status.consumers {
+        instances(consumer, out);
         if consumer.failing.is_empty() {
             continue;
         }
@@ -466,4 +468,66 @@ fn consumers(status: &admin::Status, limits: &Limits, out: &mut Vec<Finding>) {
                 .to_owned(),
         });
     }
+}
+
+/// Instances that stopped writing their heartbeat without stopping: a note each; an
+/// action when none of the consumer's instances is alive and the broker holds messages
+/// for it.
+fn instances(consumer: &admin::ConsumerStatus, out: &mut Vec<Finding>) {
+    let gone: Vec<_> = consumer.instances.iter().filter(|i| !i.alive).collect();
+    if gone.is_empty() {
+        return;
+    }
+    let none_alive = gone.len() == consumer.instances.len();
+    let waiting = gone.iter().filter_map(|i| i.lag).max().unwrap_or(0);
+    let severity = if none_alive && waiting > 0 {
+        Severity::Action
+    } else {
+        Severity::Note
+    };
+    let summary = if none_alive {
+        format!(
+            "consumer {}: no instance is running (the last heartbeat was {} ago){}",
+            consumer.consumer,
+            human_duration(
+                gone.iter()
+                    .map(|i| i.seen_seconds_ago)
+                    .fold(f64::MAX, f64::min)
+            ),
+            if waiting > 0 {
+                format!("; {waiting} message(s) waited for it then")
+            } else {
+                String::new()
+            }
+        )
+    } else {
+        format!(
+            "consumer {}: {} instance(s) stopped writing their heartbeat without stopping",
+            consumer.consumer,
+            gone.len()
+        )
+    };
+    out.push(Finding {
+        check: "consumer-gone",
+        severity,
+        summary,
+        details: gone
+            .iter()
+            .map(|i| {
+                format!(
+                    "instance {} ({}), started {}, last seen {} ago, {} handled",
+                    i.instance,
+                    i.transport,
+                    i.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                    human_duration(i.seen_seconds_ago),
+                    i.handled
+                )
+            })
+            .collect(),
+        fix: "an instance that died (`kill -9`, a lost host) or cannot reach the database: \
+              start it again, or read its log; a consumer retired on purpose can be forgotten \
+              by deleting its rows from the `_consumers` table (retention deletes them after \
+              its processed-ids window)"
+            .to_owned(),
+    });
 }

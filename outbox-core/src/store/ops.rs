@@ -8,10 +8,10 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::config::Tables;
-pub use crate::model::{Change, SentBatch, SentWindow, Which};
 use crate::model::{
-    ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState, Status,
+    Beat, ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState, Status,
 };
+pub use crate::model::{Change, SentBatch, SentWindow, Which};
 
 /// Whose parked messages [`Ops::unpark`] re-queues: those behind the dead letters with
 /// these ids, or behind every dead letter of this key.
@@ -23,19 +23,27 @@ pub enum Behind<'a> {
     Key(&'a str),
 }
 
-/// Which rows of handler failures [`Ops::clear_failures`] deletes.
+/// Which rows of the consumers' state [`Ops::clear_consumer_rows`] deletes.
 #[derive(Debug, Clone, Copy)]
-pub enum Failures<'a> {
-    /// One consumer's row for one message (handled, skipped or dead-lettered).
-    One {
+pub enum ConsumerRows<'a> {
+    /// One consumer's failure record of one message (handled, skipped or dead-lettered).
+    Failure {
         /// The inbox name.
         consumer: &'a str,
         /// The message id.
         id: Uuid,
     },
-    /// Every row whose last failure is before this time: left by a consumer that has not
-    /// retried its message since (the message was handled by another instance, or the
-    /// consumer has stopped), and older than the processed ids retention keeps.
+    /// One consumer instance's heartbeat row (it stopped).
+    Instance {
+        /// The inbox name.
+        consumer: &'a str,
+        /// The instance id.
+        instance: Uuid,
+    },
+    /// Every failure record whose last failure, and every instance row whose last
+    /// heartbeat, is before this time: left by a consumer that has not retried its
+    /// message since (the message was handled by another instance, or the consumer has
+    /// stopped) or died, and older than the processed ids retention keeps.
     Before(DateTime<Utc>),
 }
 
@@ -78,16 +86,22 @@ pub trait Ops: super::Database {
         failure: Failure<'c>,
     ) -> BoxFuture<'c, SqlResult<()>>;
 
-    /// Forgets recorded handler failures: one consumer's for one message, or every row
-    /// whose last failure is older than a cutoff (retention's clean-up).
-    fn clear_failures<'c>(
+    /// Deletes rows of the consumers' state: see [`ConsumerRows`].
+    fn clear_consumer_rows<'c>(
         pool: &'c sqlx::Pool<Self>,
         tables: &'c Tables,
-        rows: Failures<'c>,
+        rows: ConsumerRows<'c>,
     ) -> BoxFuture<'c, SqlResult<u64>>;
 
-    /// Each consumer's processed messages since `since`, and the failing messages (at
-    /// most `limit`, the longest failing first), by consumer name.
+    /// Writes a consumer instance's heartbeat (inserting its row at the first).
+    fn beat<'c>(
+        pool: &'c sqlx::Pool<Self>,
+        tables: &'c Tables,
+        beat: Beat<'c>,
+    ) -> BoxFuture<'c, SqlResult<()>>;
+
+    /// Each consumer's processed messages since `since`, its instances, and the failing
+    /// messages (at most `limit`, the longest failing first), by consumer name.
     fn consumers<'c>(
         pool: &'c sqlx::Pool<Self>,
         tables: &'c Tables,

@@ -13,10 +13,10 @@ use crate::config::Tables;
 use crate::db::rows::{dead_group, message, message_columns};
 use crate::model::state::{FAILED, PENDING};
 use crate::model::{
-    Change, ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState, SentBatch,
-    SentWindow, Status, Which, count, requeue_reset,
+    Beat, Change, ConsumerStatus, DeadGroup, Failure, ListFilter, MessageInfo, MessageState,
+    SentBatch, SentWindow, Status, Which, count, requeue_reset,
 };
-use crate::store::ops::{Behind, Failures, Ops, SqlResult};
+use crate::store::ops::{Behind, ConsumerRows, Ops, SqlResult};
 use crate::store::trusted_sql;
 
 impl Ops for Postgres {
@@ -85,33 +85,71 @@ impl Ops for Postgres {
         })
     }
 
-    fn clear_failures<'c>(
+    fn clear_consumer_rows<'c>(
         pool: &'c PgPool,
         tables: &'c Tables,
-        rows: Failures<'c>,
+        rows: ConsumerRows<'c>,
     ) -> BoxFuture<'c, SqlResult<u64>> {
         Box::pin(async move {
-            let t = tables.processed.with_suffix("_failing").quoted();
+            let failing = tables.processed.with_suffix("_failing").quoted();
+            let instances = tables.processed.with_suffix("_consumers").quoted();
             let done = match rows {
-                Failures::One { consumer, id } => {
-                    sqlx::query(trusted_sql(format!(
-                        "DELETE FROM {t} WHERE consumer = $1 AND message_id = $2"
-                    )))
-                    .bind(consumer)
-                    .bind(id)
-                    .execute(pool)
-                    .await?
-                }
-                Failures::Before(cutoff) => {
-                    sqlx::query(trusted_sql(format!(
-                        "DELETE FROM {t} WHERE last_failed_at < $1"
-                    )))
-                    .bind(cutoff)
-                    .execute(pool)
-                    .await?
+                ConsumerRows::Failure { consumer, id } => sqlx::query(trusted_sql(format!(
+                    "DELETE FROM {failing} WHERE consumer = $1 AND message_id = $2"
+                )))
+                .bind(consumer)
+                .bind(id)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+                ConsumerRows::Instance { consumer, instance } => sqlx::query(trusted_sql(format!(
+                    "DELETE FROM {instances} WHERE consumer = $1 AND instance = $2"
+                )))
+                .bind(consumer)
+                .bind(instance)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+                ConsumerRows::Before(cutoff) => {
+                    let mut n = 0;
+                    for sql in [
+                        format!("DELETE FROM {failing} WHERE last_failed_at < $1"),
+                        format!("DELETE FROM {instances} WHERE seen_at < $1"),
+                    ] {
+                        n += sqlx::query(trusted_sql(sql))
+                            .bind(cutoff)
+                            .execute(pool)
+                            .await?
+                            .rows_affected();
+                    }
+                    n
                 }
             };
-            Ok(done.rows_affected())
+            Ok(done)
+        })
+    }
+
+    fn beat<'c>(pool: &'c PgPool, tables: &'c Tables, b: Beat<'c>) -> BoxFuture<'c, SqlResult<()>> {
+        Box::pin(async move {
+            sqlx::query(trusted_sql(format!(
+                "INSERT INTO {t} AS c \
+                   (consumer, instance, transport, interval_ms, handled, handler_errors, lag) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (consumer, instance) DO UPDATE SET seen_at = now(), \
+                   interval_ms = EXCLUDED.interval_ms, handled = EXCLUDED.handled, \
+                   handler_errors = EXCLUDED.handler_errors, lag = EXCLUDED.lag",
+                t = tables.processed.with_suffix("_consumers").quoted()
+            )))
+            .bind(b.consumer)
+            .bind(b.instance)
+            .bind(b.transport)
+            .bind(b.interval_ms)
+            .bind(b.handled)
+            .bind(b.handler_errors)
+            .bind(b.lag)
+            .execute(pool)
+            .await?;
+            Ok(())
         })
     }
 
@@ -141,7 +179,14 @@ impl Ops for Postgres {
             .bind(limit)
             .fetch_all(pool)
             .await?;
-            crate::db::rows::consumers(processed, &failing)
+            let instances = sqlx::query(trusted_sql(format!(
+                "SELECT {}, now() AS now FROM {} ORDER BY consumer, started_at",
+                crate::db::rows::instance_columns(|c| format!("{c}::text")),
+                tables.processed.with_suffix("_consumers").quoted()
+            )))
+            .fetch_all(pool)
+            .await?;
+            crate::db::rows::consumers(processed, &instances, &failing)
         })
     }
 

@@ -13,3 +13,18 @@ CREATE TABLE {processed+_failing} (
     last_error      TEXT         NOT NULL,
     PRIMARY KEY (consumer, message_id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Each running consumer instance writes its row here every heartbeat and deletes it when
+-- it stops.
+CREATE TABLE {processed+_consumers} (
+    consumer       VARCHAR(255) NOT NULL,
+    instance       CHAR(36)     NOT NULL,
+    transport      VARCHAR(64)  NOT NULL,
+    interval_ms    BIGINT       NOT NULL,
+    started_at     DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    seen_at        DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    handled        BIGINT       NOT NULL,
+    handler_errors BIGINT       NOT NULL,
+    lag            BIGINT,
+    PRIMARY KEY (consumer, instance)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -14,3 +14,20 @@ CREATE TABLE {processed+_failing} (
     last_error      text        NOT NULL,
     PRIMARY KEY (consumer, message_id)
 );
+
+-- Each running consumer instance writes its row here every heartbeat (what it handled,
+-- its handler errors, the lag its transport reports) and deletes it when it stops; a row
+-- not refreshed for three of its intervals is an instance that died or cannot reach
+-- the database.
+CREATE TABLE {processed+_consumers} (
+    consumer       text        NOT NULL,
+    instance       uuid        NOT NULL,
+    transport      text        NOT NULL,
+    interval_ms    int8        NOT NULL,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    seen_at        timestamptz NOT NULL DEFAULT now(),
+    handled        int8        NOT NULL,
+    handler_errors int8        NOT NULL,
+    lag            int8,
+    PRIMARY KEY (consumer, instance)
+);

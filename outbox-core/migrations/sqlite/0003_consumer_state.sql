@@ -13,3 +13,18 @@ CREATE TABLE {processed+_failing} (
     last_error      TEXT    NOT NULL,
     PRIMARY KEY (consumer, message_id)
 );
+
+-- Each running consumer instance writes its row here every heartbeat and deletes it when
+-- it stops.
+CREATE TABLE {processed+_consumers} (
+    consumer       TEXT    NOT NULL,
+    instance       TEXT    NOT NULL,
+    transport      TEXT    NOT NULL,
+    interval_ms    INTEGER NOT NULL,
+    started_at     TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    seen_at        TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    handled        INTEGER NOT NULL,
+    handler_errors INTEGER NOT NULL,
+    lag            INTEGER,
+    PRIMARY KEY (consumer, instance)
+);
