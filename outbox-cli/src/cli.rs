@@ -169,6 +169,9 @@ pub enum Command {
         /// A consumer's handler may fail on one message this long.
         #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "5m")]
         consumer_failing: Duration,
+        /// A consumer may have no running instance this long.
+        #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "5m")]
+        consumer_gone: Duration,
         /// Dead row versions in the outbox table above this many (and above a fifth of
         /// the live rows) need a vacuum.
         #[arg(long, value_name = "ROWS", default_value_t = 100_000)]

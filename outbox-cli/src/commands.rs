@@ -165,6 +165,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             oldest_pending,
             open_writer,
             consumer_failing,
+            consumer_gone,
             dead_rows,
             slot_wal_mib,
             partitions,
@@ -173,6 +174,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 .oldest_pending(oldest_pending)
                 .open_writer(open_writer)
                 .consumer_failing(consumer_failing)
+                .consumer_gone(consumer_gone)
                 .dead_rows(dead_rows, Limits::default().dead_ratio)
                 .slot_retained_bytes(
                     i64::try_from(slot_wal_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX),

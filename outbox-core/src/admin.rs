@@ -43,6 +43,20 @@ pub use crate::model::{
 
 use crate::store::Backend;
 use crate::store::ops::Behind;
+
+/// Whether the warning that the consumers' state cannot be read was logged (the
+/// dashboard reads the status every 5 s).
+static CONSUMERS_UNREADABLE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `warn` the first time only.
+fn once_per_process(done: &std::sync::atomic::AtomicBool, warn: impl FnOnce()) {
+    if !done.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn();
+    } else {
+        tracing::debug!("the consumers' state is not shown (see the first warning)");
+    }
+}
 use crate::{Error, Outbox, Result};
 
 moved! {
@@ -112,7 +126,14 @@ impl<DB: Backend> Admin<DB> {
         .await
         .map_err(self.err("reading the outbox status"))?;
         status.table = self.table();
-        status.consumers = self.consumers().await?;
+        // The consumers' part must not take the outbox's status down with it (a role
+        // that may not read the new tables, an older schema): said once, then left out.
+        status.consumers = self.consumers().await.unwrap_or_else(|e| {
+            once_per_process(&CONSUMERS_UNREADABLE, || {
+                tracing::warn!(error = %crate::ErrorChain(&e), "the consumers' state is not shown")
+            });
+            Vec::new()
+        });
         Ok(status)
     }
 
@@ -135,7 +156,10 @@ impl<DB: Backend> Admin<DB> {
                 Ok(consumers)
             }
             Err(e) if crate::error::is_schema_missing(&e) => {
-                tracing::warn!(table = %self.outbox.tables().processed, "the consumers' state is not shown: this database lacks the table of failing messages; run the migrations (`outbox migrate`)");
+                once_per_process(
+                    &CONSUMERS_UNREADABLE,
+                    || tracing::warn!(table = %self.outbox.tables().processed, "the consumers' state is not shown: this database lacks the consumers' tables; run the migrations (`outbox migrate`)"),
+                );
                 Ok(Vec::new())
             }
             Err(e) => Err(self.err(context)(e)),

@@ -308,11 +308,17 @@ impl rdkafka::consumer::ConsumerContext for GroupLog {
                 partitions = %partitions(list),
                 "outbox-kafka consumer: the group assigned partitions"
             ),
-            Rebalance::Revoke(list) => tracing::info!(
-                group = %self.group,
-                partitions = %partitions(list),
-                "outbox-kafka consumer: the group revoked partitions"
-            ),
+            Rebalance::Revoke(list) => {
+                // The last statistics counted partitions this member no longer has.
+                if let Ok(mut lag) = self.lag.lock() {
+                    *lag = None;
+                }
+                tracing::info!(
+                    group = %self.group,
+                    partitions = %partitions(list),
+                    "outbox-kafka consumer: the group revoked partitions"
+                );
+            }
             Rebalance::Error(e) => tracing::warn!(
                 group = %self.group,
                 error = %e,

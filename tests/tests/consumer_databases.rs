@@ -288,3 +288,45 @@ failing! {
     mysql_failing_handler_behind_rabbitmq: MySql, Rabbit;
     sqlite_failing_handler_behind_kafka: Sqlite, Kafka;
 }
+
+/// A consumer whose `run` future is dropped (its task aborted) stops its heartbeat at
+/// once: it is shown as gone, not as alive for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_consumer_stops_its_heartbeat() {
+    let fixture = <Postgres as TestBackend>::fixture().await;
+    let outbox = fixture.outbox.clone();
+    let place = <Nats as Broker>::place().await;
+    let group = outbox_tests::kafka::unique("dropped-group").replace('.', "-");
+    let consumer = Consumer::builder(
+        <Nats as Broker>::transport(&place, &group).await,
+        Inbox::new(&outbox, "jobs"),
+    )
+    .heartbeat(Duration::from_millis(100))
+    .on_event_type::<Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }))
+    .build()
+    .expect("consumer");
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(consumer.run(shutdown));
+    let alive = |c: &ConsumerStatus| c.instances.iter().any(|i| i.alive);
+    wait_until_explained(
+        "the instance's heartbeat",
+        WAIT,
+        || async { jobs_status(&outbox).await.is_some_and(|c| alive(&c)) },
+        || async { format!("{:?}", jobs_status(&outbox).await) },
+    )
+    .await;
+    task.abort();
+    wait_until_explained(
+        "the aborted instance shown as gone",
+        WAIT,
+        || async {
+            jobs_status(&outbox)
+                .await
+                .is_some_and(|c| c.instances.len() == 1 && !alive(&c))
+        },
+        || async { format!("{:?}", jobs_status(&outbox).await) },
+    )
+    .await;
+    <Nats as Broker>::remove(place).await;
+    <Postgres as TestBackend>::cleanup(fixture).await;
+}

@@ -833,6 +833,20 @@ async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBack
         ),
     )
     .await;
+    // And two instances' heartbeat rows: one killed two days ago, one alive.
+    let (dead, alive) = (Uuid::now_v7(), Uuid::now_v7());
+    DB::exec(
+        &f,
+        &format!(
+            "INSERT INTO outbox_processed_consumers \
+               (consumer, instance, transport, interval_ms, started_at, seen_at, handled, handler_errors) \
+             VALUES ('billing', '{dead}', 'kafka', 10000, {ago}, {ago}, 1, 0), \
+                    ('billing', '{alive}', 'kafka', 10000, {now}, {now}, 1, 0)",
+            ago = DB::ago(2 * DAY),
+            now = DB::ago(0),
+        ),
+    )
+    .await;
 
     let retention = Retention::builder(f.outbox.clone())
         .sent_older_than(Duration::from_secs(7 * DAY))
@@ -899,6 +913,20 @@ async fn retention_deletes_only_old_sent_messages_and_processed_ids<DB: TestBack
         .await,
         1,
         "the fresh failure record stays"
+    );
+    assert_eq!(
+        DB::int(
+            &f,
+            &format!("SELECT count(*) FROM outbox_processed_consumers WHERE instance = '{alive}'")
+        )
+        .await,
+        1,
+        "the live instance stays"
+    );
+    assert_eq!(
+        DB::int(&f, "SELECT count(*) FROM outbox_processed_consumers").await,
+        1,
+        "the instance not seen within the window is gone"
     );
     let again = retention.run_once().await.expect("second run");
     assert_eq!((again.sent_deleted, again.processed_deleted), (0, 0));

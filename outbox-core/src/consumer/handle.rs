@@ -224,9 +224,10 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             // The first attempt uses the event decoded above; a retry decodes it again.
             let run = match decoded.take() {
                 Some(run) => run,
-                None => Arc::clone(dispatch)
-                    .decode(payload, meta.clone())
-                    .map_err(|e| undecodable(e.to_string()))?,
+                None => match Arc::clone(dispatch).decode(payload, meta.clone()) {
+                    Ok(run) => run,
+                    Err(e) => break Err(undecodable(e.to_string())),
+                },
             };
             // The handler's span links to the trace that emitted the message.
             let span = tracing::info_span!("outbox.consume", otel.kind = "consumer", messaging.message.id = %id, %event_type, %origin, transport = T::NAME);
@@ -265,6 +266,7 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                 }
                 Err(e) => {
                     self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("outbox_consumer_handler_errors_total", "transport" => T::NAME, "consumer" => self.inbox.consumer().to_owned()).increment(1);
                     // Only the handler's own failures count towards giving up: a database
                     // that is briefly unavailable must not dead-letter or skip messages.
                     if matches!(e, InboxError::Handler(_)) {
@@ -319,7 +321,6 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         noted: &mut bool,
     ) {
         let consumer = self.inbox.consumer();
-        metrics::counter!("outbox_consumer_handler_errors_total", "transport" => T::NAME, "consumer" => consumer.to_owned()).increment(1);
         if !*noted {
             *noted = true;
             let failing = self.failing.fetch_add(1, Ordering::Relaxed) + 1;
@@ -328,11 +329,15 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         let outbox = self.inbox.outbox();
         let origin = delivery.origin.to_string();
         let error: String = error.chars().take(2000).collect();
+        // MySQL keeps types and keys in 255 characters; a longer one from another
+        // producer must not make the record fail (it is shown, not matched on).
+        let event_type: String = event_type.chars().take(255).collect();
+        let key: Option<String> = delivery.key.as_ref().map(|k| k.chars().take(255).collect());
         let failure = Failure {
             consumer,
             id,
-            event_type,
-            key: delivery.key.as_deref(),
+            event_type: &event_type,
+            key: key.as_deref(),
             origin: &origin,
             error: &error,
         };

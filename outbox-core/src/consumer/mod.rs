@@ -299,9 +299,12 @@ pub trait Transport: Send + Sync + 'static {
         String::new()
     }
 
-    /// How many messages the broker holds for this consumer that it has not delivered
-    /// yet, if the transport can ask cheaply (RabbitMQ: the queue's ready messages;
-    /// JetStream: the consumer's pending count). The consumer asks only when it has
+    /// How many messages the broker holds for this consumer that it has not handled
+    /// yet, if the transport can ask cheaply (Kafka: the lag of its assigned partitions,
+    /// from librdkafka's statistics; RabbitMQ: the queue's ready messages; JetStream:
+    /// the consumer's pending count). The consumer asks at every heartbeat (see
+    /// [`ConsumerBuilder::heartbeat`], 10 s by default; the answer is its lag in `outbox
+    /// status` and the `outbox_consumer_lag` gauge), bounded by 10 s, and when it has
     /// received nothing for a while, to tell an idle consumer from a stuck one. `None`
     /// (the default) if the transport cannot tell.
     fn backlog(&self) -> impl Future<Output = Option<u64>> + Send {

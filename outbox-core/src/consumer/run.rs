@@ -98,8 +98,7 @@ pub(super) async fn run<T: Transport, DB: Backend>(
 ) -> Result<(), Error> {
     tracing::info!(transport = T::NAME, inbox = ?shared.inbox, concurrency, max_in_flight,
         "outbox consumer started");
-    let (stop_beating, beats) = watch::channel(false);
-    let heartbeat = tokio::spawn(heartbeat(Arc::clone(&shared), beats));
+    let beating = Beating::start(Arc::clone(&shared));
     let mut lanes = Lanes::new();
     let mut running: JoinSet<(Lane, Result<Step, Error>)> = JoinSet::new();
     // When each running lane's message started, and where it came from.
@@ -192,12 +191,7 @@ pub(super) async fn run<T: Transport, DB: Backend>(
         Err(_) => running.shutdown().await,
     }
     drop(lanes);
-    let _ = stop_beating.send(true);
-    if let Err(e) = heartbeat.await
-        && e.is_panic()
-    {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    beating.stop().await;
     let stats = shared.stats.snapshot();
     match Arc::try_unwrap(shared) {
         Ok(shared) => shared.transport.close().await,
@@ -208,6 +202,48 @@ pub(super) async fn run<T: Transport, DB: Backend>(
     }
     tracing::info!(transport = T::NAME, ?stats, "outbox consumer stopped");
     result
+}
+
+/// The heartbeat task of one `run`: stopped (its row deleted) at the end of a graceful
+/// run; aborted if the run ends otherwise (a panic, a dropped `run` future), so that a
+/// dead consumer does not go on looking alive, nor keep its transport open.
+struct Beating {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Beating {
+    fn start<T: Transport, DB: Backend>(shared: Arc<Shared<T, DB>>) -> Beating {
+        let (stop, beats) = watch::channel(false);
+        Beating {
+            stop,
+            task: Some(tokio::spawn(heartbeat(shared, beats))),
+        }
+    }
+
+    /// Stops the heartbeat and waits for it to leave (delete its row).
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take()
+            && let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+impl Drop for Beating {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Resolves when `stop` turns `true` or its sender is gone.
+async fn ended(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 /// How long the transport may take to tell its lag.
@@ -235,11 +271,11 @@ async fn heartbeat<T: Transport, DB: Backend>(
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stopped(&mut stop) => break,
+                _ = ended(&mut stop) => break,
             }
             let lag = tokio::select! {
                 lag = tokio::time::timeout(LAG_TIMEOUT, shared.transport.backlog()) => lag.ok().flatten(),
-                _ = stopped(&mut stop) => break,
+                _ = ended(&mut stop) => break,
             };
             let lag = lag.and_then(|l| i64::try_from(l).ok());
             if let Some(lag) = lag {
@@ -257,7 +293,7 @@ async fn heartbeat<T: Transport, DB: Backend>(
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stopped(&mut stop) => break,
+                _ = ended(&mut stop) => break,
             }
             let stats = shared.stats.snapshot();
             let lag = last_lag.load(std::sync::atomic::Ordering::Relaxed);
@@ -272,7 +308,7 @@ async fn heartbeat<T: Transport, DB: Backend>(
             };
             let written = tokio::select! {
                 written = DB::beat(outbox.pool(), outbox.tables(), beat) => written,
-                _ = stopped(&mut stop) => break,
+                _ = ended(&mut stop) => break,
             };
             match written {
                 Ok(()) => warned = false,

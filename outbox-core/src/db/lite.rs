@@ -254,8 +254,10 @@ macro_rules! lite_backend {
                         return Ok(());
                     }
                     let inserted = sqlx::query(crate::store::trusted_sql(format!(
-                        "INSERT INTO {t} (consumer, message_id, event_type, partition_key, origin, attempts, last_error) \
-                         VALUES (?, ?, ?, ?, ?, 1, ?)"
+                        "INSERT INTO {t} (consumer, message_id, event_type, partition_key, origin, attempts, last_error, \
+                           first_failed_at, last_failed_at) \
+                         VALUES (?, ?, ?, ?, ?, 1, ?, {now}, {now})",
+                        now = <$db as Lite>::NOW
                     )))
                     .bind(f.consumer)
                     .bind(&id)
@@ -341,8 +343,10 @@ macro_rules! lite_backend {
                     .rows_affected();
                     if updated == 0 {
                         sqlx::query(crate::store::trusted_sql(format!(
-                            "INSERT INTO {t} (consumer, instance, transport, interval_ms, handled, handler_errors, lag) \
-                             VALUES (?, ?, ?, ?, ?, ?, ?)"
+                            "INSERT INTO {t} (consumer, instance, transport, interval_ms, handled, handler_errors, lag, \
+                               started_at, seen_at) \
+                             VALUES (?, ?, ?, ?, ?, ?, ?, {now}, {now})",
+                            now = <$db as Lite>::NOW
                         )))
                         .bind(b.consumer)
                         .bind(&instance)

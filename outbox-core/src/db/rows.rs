@@ -116,20 +116,7 @@ pub(crate) fn consumers<R: Decode>(
         entry.instances.push(instance);
     }
     for c in by_name.values_mut() {
-        let mut live = c
-            .instances
-            .iter()
-            .filter(|i| i.alive)
-            .filter_map(|i| Some((i.transport.as_str(), i.lag?)))
-            .peekable();
-        // A Kafka instance reports the partitions it was assigned: the group's lag is the
-        // sum. The others report the one durable's or queue's count: the largest (the
-        // most recent) stands for it.
-        c.lag = live.peek().is_some().then(|| {
-            let (kafka, others): (Vec<_>, Vec<_>) = live.partition(|(t, _)| *t == "kafka");
-            kafka.iter().map(|(_, l)| l).sum::<i64>()
-                + others.iter().map(|(_, l)| *l).max().unwrap_or(0)
-        });
+        c.lag = lag(&c.instances);
     }
     for row in failing {
         let (consumer, message) = row.to_failing()?;
@@ -138,6 +125,24 @@ pub(crate) fn consumers<R: Decode>(
         entry.failing.push(message);
     }
     Ok(by_name.into_values().collect())
+}
+
+/// A consumer's lag from its live instances' reports: a Kafka instance reports the
+/// partitions it was assigned, so the group's lag is their sum; the others report the
+/// one durable's or queue's count, each at its own moment, and the largest stands for
+/// it. `None` when no live instance reported one.
+pub(crate) fn lag(instances: &[crate::model::ConsumerInstance]) -> Option<i64> {
+    let mut live = instances
+        .iter()
+        .filter(|i| i.alive)
+        .filter_map(|i| Some((i.transport.as_str(), i.lag?)))
+        .peekable();
+    live.peek()?;
+    let (kafka, others): (Vec<_>, Vec<_>) = live.partition(|(t, _)| *t == "kafka");
+    Some(
+        kafka.iter().map(|(_, l)| l).sum::<i64>()
+            + others.iter().map(|(_, l)| *l).max().unwrap_or(0),
+    )
 }
 
 /// A row of the dead letters grouped by error: (error, count, lowest `seq`).
@@ -330,5 +335,49 @@ pub(crate) fn headers(seq: i64, text: &str) -> BTreeMap<String, String> {
             tracing::warn!(seq, error = %e, "outbox row's headers are not a JSON object; publishing without them");
             BTreeMap::new()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(transport: &str, alive: bool, lag: Option<i64>) -> crate::model::ConsumerInstance {
+        crate::model::ConsumerInstance {
+            instance: Uuid::now_v7(),
+            transport: transport.to_owned(),
+            started_at: Utc::now(),
+            seen_at: Utc::now(),
+            seen_seconds_ago: 0.0,
+            alive,
+            handled: 0,
+            handler_errors: 0,
+            lag,
+        }
+    }
+
+    #[test]
+    fn the_lag_sums_kafka_instances_and_takes_the_largest_of_the_others_live_only() {
+        assert_eq!(lag(&[]), None);
+        assert_eq!(lag(&[instance("kafka", true, None)]), None);
+        assert_eq!(
+            lag(&[
+                instance("kafka", true, Some(3)),
+                instance("kafka", true, Some(4)),
+                instance("kafka", false, Some(100)),
+            ]),
+            Some(7),
+            "each Kafka instance reports its partitions; a gone one is not counted"
+        );
+        assert_eq!(
+            lag(&[
+                instance("nats", true, Some(5)),
+                instance("nats", true, Some(6)),
+                instance("nats", false, Some(50)),
+            ]),
+            Some(6),
+            "NATS instances report the same durable"
+        );
+        assert_eq!(lag(&[instance("rabbitmq", false, Some(9))]), None);
     }
 }

@@ -26,7 +26,7 @@
 //! | `dead-letters` | there are dead letters (each listed with the messages of its key it holds back) |
 //! | `oldest-pending` | the oldest pending message waited longer than [`Limits::oldest_pending`] |
 //! | `no-relay` | messages are pending and no relay is connected (not known on SQLite) |
-//! | `consumer-gone` | no instance of a consumer writes its heartbeat any more (it died, or cannot reach the database) and the broker held messages for it (one instance of several gone, or nothing waiting: a note) |
+//! | `consumer-gone` | no instance of a consumer has written its heartbeat for longer than [`Limits::consumer_gone`] (it died without stopping, or cannot reach the database); earlier, or one instance of several gone: a note |
 //! | `consumer-failing` | a consumer's handler has failed on a message for longer than [`Limits::consumer_failing`]: the message and the later ones of its key wait in that consumer (shorter failures: a note) |
 //! | `open-writer` | a transaction has held the writer lock longer than [`Limits::open_writer`]: the relay publishes nothing written after it began |
 //! | `table-bloat` | dead row versions exceed [`Limits::dead_rows`] and [`Limits::dead_ratio`] of the live ones |
@@ -83,6 +83,10 @@ pub struct Limits {
     /// A consumer's handler may fail on one message this long before it needs action
     /// (default 5 minutes).
     pub consumer_failing: Duration,
+    /// A consumer may have no running instance this long (since its last heartbeat)
+    /// before it needs action, when the broker held messages for it or this long has
+    /// passed (default 5 minutes).
+    pub consumer_gone: Duration,
 }
 
 impl Default for Limits {
@@ -95,6 +99,7 @@ impl Default for Limits {
             slot_retained_bytes: 1 << 30,
             partitions: None,
             consumer_failing: Duration::from_secs(300),
+            consumer_gone: Duration::from_secs(300),
         }
     }
 }
@@ -111,6 +116,8 @@ impl Limits {
         partitions(partitions: u16) => Some(partitions);
         /// See [`Limits::consumer_failing`](struct.Limits.html#structfield.consumer_failing).
         consumer_failing(limit: Duration);
+        /// See [`Limits::consumer_gone`](struct.Limits.html#structfield.consumer_gone).
+        consumer_gone(limit: Duration);
     }
     /// See [`Limits::dead_rows`](struct.Limits.html#structfield.dead_rows) and
     /// [`Limits::dead_ratio`](struct.Limits.html#structfield.dead_ratio).
@@ -416,7 +423,7 @@ fn pending(status: &admin::Status, limits: &Limits, standby: bool, out: &mut Vec
 fn consumers(status: &admin::Status, limits: &Limits, out: &mut Vec<Finding>) {
     let limit = limits.consumer_failing.as_secs_f64();
     for consumer in &status.consumers {
-        instances(consumer, out);
+        instances(consumer, limits, out);
         if consumer.failing.is_empty() {
             continue;
         }
@@ -470,17 +477,24 @@ fn consumers(status: &admin::Status, limits: &Limits, out: &mut Vec<Finding>) {
     }
 }
 
-/// Instances that stopped writing their heartbeat without stopping: a note each; an
-/// action when none of the consumer's instances is alive and the broker holds messages
-/// for it.
-fn instances(consumer: &admin::ConsumerStatus, out: &mut Vec<Finding>) {
+/// At most this many gone instances are listed in a finding.
+const GONE_LISTED: usize = 10;
+
+/// Instances that stopped writing their heartbeat without stopping: a note; an action
+/// when none of the consumer's instances is alive and the last one was seen longer ago
+/// than [`Limits::consumer_gone`].
+fn instances(consumer: &admin::ConsumerStatus, limits: &Limits, out: &mut Vec<Finding>) {
     let gone: Vec<_> = consumer.instances.iter().filter(|i| !i.alive).collect();
     if gone.is_empty() {
         return;
     }
     let none_alive = gone.len() == consumer.instances.len();
     let waiting = gone.iter().filter_map(|i| i.lag).max().unwrap_or(0);
-    let severity = if none_alive && waiting > 0 {
+    let last_seen = gone
+        .iter()
+        .map(|i| i.seen_seconds_ago)
+        .fold(f64::MAX, f64::min);
+    let severity = if none_alive && last_seen > limits.consumer_gone.as_secs_f64() {
         Severity::Action
     } else {
         Severity::Note
@@ -489,11 +503,7 @@ fn instances(consumer: &admin::ConsumerStatus, out: &mut Vec<Finding>) {
         format!(
             "consumer {}: no instance is running (the last heartbeat was {} ago){}",
             consumer.consumer,
-            human_duration(
-                gone.iter()
-                    .map(|i| i.seen_seconds_ago)
-                    .fold(f64::MAX, f64::min)
-            ),
+            human_duration(last_seen),
             if waiting > 0 {
                 format!("; {waiting} message(s) waited for it then")
             } else {
@@ -513,6 +523,7 @@ fn instances(consumer: &admin::ConsumerStatus, out: &mut Vec<Finding>) {
         summary,
         details: gone
             .iter()
+            .take(GONE_LISTED)
             .map(|i| {
                 format!(
                     "instance {} ({}), started {}, last seen {} ago, {} handled",
@@ -523,6 +534,10 @@ fn instances(consumer: &admin::ConsumerStatus, out: &mut Vec<Finding>) {
                     i.handled
                 )
             })
+            .chain(
+                (gone.len() > GONE_LISTED)
+                    .then(|| format!("... and {} more", gone.len() - GONE_LISTED)),
+            )
             .collect(),
         fix: "an instance that died (`kill -9`, a lost host) or cannot reach the database: \
               start it again, or read its log; a consumer retired on purpose can be forgotten \
