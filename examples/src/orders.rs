@@ -175,6 +175,12 @@ async fn scenario(
         "database ready (schema {schema}); stock: BOOK-1 x 1000000"
     ));
 
+    // The relay's publisher, first: it creates the topic the consumer's `build` checks.
+    let publisher = KafkaPublisher::builder(&config.brokers)
+        .create_missing_topics(4, 1)
+        .build()
+        .await?;
+
     // Inventory service: reserves stock, once per order, in one transaction with the
     // record of the message id. Orders of other runs (the broker may still hold them)
     // are not in this schema's `orders` table and are ignored.
@@ -182,7 +188,8 @@ async fn scenario(
         .topic(ORDER_EVENTS.as_str())
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
-        .build()?;
+        .build()
+        .await?;
     let consumer = Consumer::builder(transport, Inbox::new(&outbox, "inventory"))
         .on::<OrderConfirmed, _>(|tx, msg| {
             Box::pin(async move {
@@ -212,10 +219,6 @@ async fn scenario(
         .spawn();
 
     // Order service + relay.
-    let publisher = KafkaPublisher::builder(&config.brokers)
-        .create_missing_topics(4, 1)
-        .build()
-        .await?;
     let relay: RelayHandle = Relay::builder(outbox.clone(), publisher).spawn();
     let service = OrderService {
         outbox: outbox.clone(),

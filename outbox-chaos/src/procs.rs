@@ -269,7 +269,8 @@ pub async fn consume(args: &[String]) -> Result<(), String> {
             ] {
                 builder = builder.set(k, v);
             }
-            let transport = builder.build().map_err(|e| e.to_string())?;
+            // Unchecked: a consumer restarted while the rig holds the broker down waits for it.
+            let transport = builder.build_unchecked().map_err(|e| e.to_string())?;
             consume_with(&pool, group, transport, inbox).await
         }
         "nats" => {

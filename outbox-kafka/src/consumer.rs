@@ -110,6 +110,7 @@ impl fmt::Debug for KafkaTransport {
 #[must_use = "a builder does nothing until `build`"]
 pub struct KafkaTransportBuilder {
     settings: Settings,
+    startup_timeout: Duration,
     topics: Vec<String>,
     dead_letter_topic: Option<String>,
     dead_letter_settings: Vec<(String, String)>,
@@ -142,6 +143,7 @@ impl KafkaTransport {
             .set("group.id", group_id);
         KafkaTransportBuilder {
             settings,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             topics: Vec::new(),
             dead_letter_topic: None,
             dead_letter_settings: Vec::new(),
@@ -186,8 +188,55 @@ impl KafkaTransportBuilder {
         self
     }
 
-    /// Creates the consumer and subscribes.
-    pub fn build(mut self) -> Result<KafkaTransport> {
+    /// How long [`build`](Self::build) waits for the cluster to say which topics it
+    /// has (default 10 s, as the publisher's
+    /// [`startup_timeout`](crate::KafkaPublisherBuilder::startup_timeout)).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// Checks the cluster, then creates the consumer and subscribes: within
+    /// [`startup_timeout`](Self::startup_timeout) the cluster must answer (a wrong
+    /// address, a refused TLS handshake or SASL login is [`Error::Metadata`], with
+    /// librdkafka's reason), and the topics and the dead-letter topic must exist
+    /// ([`Error::NoSuchTopics`]: a consumer of a missing topic would wait in silence).
+    /// Like the other transports' and the publishers' `build`, it is async; without a
+    /// cluster to ask (a synchronous context, topics made later), use
+    /// [`build_unchecked`](Self::build_unchecked).
+    ///
+    /// [`Error::Metadata`]: crate::Error::Metadata
+    /// [`Error::NoSuchTopics`]: crate::Error::NoSuchTopics
+    pub async fn build(self) -> Result<KafkaTransport> {
+        if self.topics.is_empty() {
+            return Err(Error::Incomplete("no topics"));
+        }
+        // Only the connection and security settings: a producer-side client asks.
+        let connection = dead_letter_settings(&self.settings, &[]);
+        let have = crate::topics::existing(&connection, self.startup_timeout).await?;
+        let missing: Vec<String> = self
+            .topics
+            .iter()
+            .chain(&self.dead_letter_topic)
+            .filter(|t| !have.contains(t.as_str()))
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::NoSuchTopics {
+                topics: missing,
+                brokers: self.settings.brokers().to_owned(),
+            });
+        }
+        self.build_unchecked()
+    }
+
+    /// Creates the consumer and subscribes, without asking the cluster anything first:
+    /// a wrong address or a missing topic shows only later, in the consumer's log and
+    /// [`state`](outbox_core::consumer::Transport::state). For synchronous code, and for
+    /// a consumer started before its topics exist (it waits for them).
+    pub fn build_unchecked(mut self) -> Result<KafkaTransport> {
         if self.topics.is_empty() {
             return Err(Error::Incomplete("no topics"));
         }
@@ -227,6 +276,9 @@ impl KafkaTransportBuilder {
         })
     }
 }
+
+/// The default [`KafkaTransportBuilder::startup_timeout`].
+const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Says at info what the group gave this member and took from it: a consumer that waits
 /// for the group (a new member, a member that took over a killed one's partitions after
@@ -562,7 +614,7 @@ mod tests {
             .topic("orders")
             .dead_letter_topic("orders.dlq")
             .dead_letter_set("sasl.password", "dlq-secret-2")
-            .build()
+            .build_unchecked()
             .expect("a client needs no broker to be created");
         let text = "auth failed with consumer-secret-1 and dlq-secret-2";
         assert_eq!(

@@ -43,6 +43,19 @@ pub enum Error {
         brokers: String,
     },
 
+    /// Topics a consumer subscribes to, or its dead-letter topic, do not exist.
+    #[error(
+        "Kafka topic(s) {} do not exist on the cluster at {brokers}; create them (the relay's publisher does \
+         with `.create_missing_topics(..)`), or build the consumer with `build_unchecked()` to wait for them",
+        topics.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+    )]
+    NoSuchTopics {
+        /// The missing topics, sorted.
+        topics: Vec<String>,
+        /// `bootstrap.servers`.
+        brokers: String,
+    },
+
     /// Creating a topic failed. The broker's or librdkafka's error is the
     /// [`source`](std::error::Error::source): print the chain with
     /// `outbox_core::ErrorChain` (or `{:#}`).

@@ -32,7 +32,8 @@
 //! // Consuming: each message runs once in effect, in one transaction with its effect.
 //! let transport = KafkaTransport::builder("127.0.0.1:9092", "billing")
 //!     .topic("orders.events")
-//!     .build()?;
+//!     .build()
+//!     .await?;
 //! let consumer = Consumer::builder(transport, Inbox::new(&outbox, "billing"))
 //!     .on::<OrderConfirmed, _>(|tx, msg| {
 //!         Box::pin(async move {

@@ -53,21 +53,19 @@ impl LastError {
     }
 }
 
+/// Its errors and warnings are logged at debug only: they are the reason of the one
+/// error `build` returns if the cluster does not answer, and noise if it answers.
 impl ClientContext for LastError {
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::error!(target: "librdkafka", %error, reason, "librdkafka");
+        tracing::debug!(target: "librdkafka", %error, reason, "librdkafka");
         self.keep(reason);
     }
 
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         use RDKafkaLogLevel::*;
         match level {
-            Emerg | Alert | Critical | Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {fac} {log_message}");
-                self.keep(log_message);
-            }
-            Warning => {
-                tracing::warn!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            Emerg | Alert | Critical | Error | Warning => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {log_message}");
                 self.keep(log_message);
             }
             Notice | Info => {

@@ -81,7 +81,8 @@
 //! async fn invoice(outbox: Outbox) -> Result<(), Box<dyn std::error::Error>> {
 //!     let kafka = KafkaTransport::builder("127.0.0.1:9092", "billing")
 //!         .topic(ORDER_EVENTS.as_str())
-//!         .build()?;
+//!         .build()
+//!         .await?;
 //!     let consumer = Consumer::builder(kafka, Inbox::new(&outbox, "billing"))
 //!         .on::<OrderConfirmed, _>(|tx, msg| Box::pin(async move {
 //!             outbox::sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)")

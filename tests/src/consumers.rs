@@ -106,6 +106,7 @@ impl Broker for Kafka {
         kafka::transport(&kafka::brokers(), group, &place.source)
             .dead_letter_topic(&place.dead_letters)
             .build()
+            .await
             .expect("kafka transport")
     }
 

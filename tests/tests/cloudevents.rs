@@ -363,6 +363,7 @@ async fn the_kafka_consumer_accepts_a_cloud_event_without_the_outbox_headers() {
     let builder = Consumer::builder(
         kafka::transport(&brokers, unique("group"), &topic)
             .build()
+            .await
             .expect("kafka transport"),
         Inbox::new(&outbox, "ce"),
     )

@@ -82,6 +82,7 @@ async fn a_consumer_killed_before_committing_offsets_is_not_run_twice_by_the_red
     let builder = Consumer::builder(
         kafka::transport(&brokers, &group, &topic)
             .build()
+            .await
             .expect("kafka transport"),
         Inbox::new(&outbox, "jobs"),
     )

@@ -103,6 +103,7 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     let builder = Consumer::builder(
         kafka::transport(&brokers, kafka::unique("e2e-group"), &topic)
             .build()
+            .await
             .expect("kafka transport"),
         outbox_core::inbox::Inbox::new(&outbox, "e2e"),
     )

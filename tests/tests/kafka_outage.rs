@@ -53,6 +53,7 @@ async fn a_broker_killed_for_ten_seconds_loses_nothing_and_the_backlog_drains() 
     let builder = Consumer::builder(
         kafka::transport(&brokers, kafka::unique("outage-group"), &topic)
             .build()
+            .await
             .expect("kafka transport"),
         Inbox::new(&outbox, "outage"),
     )

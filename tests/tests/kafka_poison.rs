@@ -21,7 +21,7 @@ struct Job {
     n: i32,
 }
 
-fn consumer(
+async fn consumer(
     brokers: &str,
     group: &str,
     topic: &str,
@@ -30,6 +30,7 @@ fn consumer(
     Consumer::builder(
         kafka::transport(brokers, group, topic)
             .build()
+            .await
             .expect("kafka transport"),
         Inbox::new(db_outbox, "jobs"),
     )
@@ -98,6 +99,7 @@ async fn an_oversized_message_is_dead_lettered_at_once_and_parks_its_key_until_d
         .backoff(Duration::from_secs(60), Duration::from_secs(60)) // a retry would not finish in this test
         .spawn();
     let consumer = consumer(&brokers, &kafka::unique("oversized-group"), &topic, &outbox)
+        .await
         .build()
         .expect("consumer")
         .spawn();
@@ -215,6 +217,7 @@ async fn skip_policies_log_and_skip_every_poison_message() {
         &topic,
         &outbox,
     )
+    .await
     .on_unknown_event_type(Policy::Skip)
     .on_undecodable(Policy::Skip)
     .build()
@@ -242,6 +245,7 @@ async fn an_undecodable_message_stops_the_consumer_by_default_and_again_after_a_
 
     for (run, handled) in [(1, 1), (2, 0)] {
         let consumer = consumer(&brokers, &group, &topic, &outbox)
+            .await
             .build()
             .expect("consumer")
             .spawn();
@@ -278,6 +282,7 @@ async fn an_unknown_event_type_stops_the_consumer_when_told_to() {
         &topic,
         &outbox,
     )
+    .await
     .on_undecodable(Policy::Skip)
     .on_unknown_event_type(Policy::Stop)
     .build()

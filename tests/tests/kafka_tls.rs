@@ -48,6 +48,7 @@ async fn the_relay_publishes_and_a_consumer_consumes_over_tls_only() {
         .set("ssl.ca.location", ca("ca.crt"))
         .topic(&topic)
         .build()
+        .await
         .expect("a consumer transport over TLS");
     let seen = handle_jobs(transport, &outbox, "over-tls", 3, Duration::from_secs(60)).await;
     relay.shutdown().await;

@@ -166,12 +166,14 @@ impl KafkaPublisherBuilder {
         // broker to create any topic it is handed (a typo in a destination included).
         self.settings
             .set_default("allow.auto.create.topics", "false");
-        let producer = Arc::new(create_producer(&self.settings)?);
         let wanted: BTreeSet<String> =
             outbox_core::catalog::destinations_to_check(self.destinations, self.check_catalog)
                 .into_iter()
                 .collect();
         topics::ensure(&self.settings, &wanted, self.create, self.startup_timeout).await?;
+        // After the check: a cluster that does not answer is one error, not also the
+        // producer's own reports of brokers down.
+        let producer = Arc::new(create_producer(&self.settings)?);
         tracing::info!(settings = ?self.settings, "outbox-kafka publisher ready");
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {

@@ -36,6 +36,7 @@ async fn main() {
     let transport = outbox_tests::kafka::transport(brokers, group.as_str(), topic)
         .set("auto.commit.interval.ms", "600000")
         .build()
+        .await
         .expect("kafka transport");
     let consumer = Consumer::builder(transport, Inbox::new(&outbox, "jobs"))
         .on_event_type::<Job, _>("Job", |tx, msg| {
