@@ -150,6 +150,31 @@ impl KafkaTransport {
         }
     }
 
+    /// The next message; while this member holds no partition, says so at info every
+    /// [`WAITING_LOG_EVERY`] (a new member waits for the group's rebalance; a member
+    /// that took over a killed one's partitions waits for that member's session to time
+    /// out; a member beyond the partition count gets none).
+    async fn recv_or_say_why_not(
+        &self,
+    ) -> std::result::Result<rdkafka::message::BorrowedMessage<'_>, rdkafka::error::KafkaError>
+    {
+        loop {
+            let group = self.consumer.context();
+            if group.holds_partitions() {
+                return self.consumer.recv().await;
+            }
+            match tokio::time::timeout(WAITING_LOG_EVERY, self.consumer.recv()).await {
+                Ok(received) => return received,
+                Err(_) if !group.holds_partitions() => {
+                    tracing::info!(group = %group.group, waited = ?group.waiting_since().elapsed(),
+                        "outbox-kafka consumer: waiting for the group to assign partitions \
+                         (a rebalance, a killed member's session to time out, or more members than partitions)");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     fn offsets(&self) -> MutexGuard<'_, Offsets> {
         // The map stays consistent whatever panicked while it was held.
         self.offsets
@@ -263,6 +288,7 @@ impl KafkaTransportBuilder {
             group,
             stats_every,
             lag: Mutex::new(None),
+            held: Mutex::new((false, std::time::Instant::now())),
         })?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(Error::Consumer)?;
@@ -276,6 +302,9 @@ impl KafkaTransportBuilder {
         })
     }
 }
+
+/// How often a member that holds no partition says it waits for the group.
+const WAITING_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// The default [`KafkaTransportBuilder::startup_timeout`].
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -291,9 +320,31 @@ struct GroupLog {
     stats_every: Option<Duration>,
     /// The lag at the last statistics, and when they came.
     lag: Mutex<Option<(u64, std::time::Instant)>>,
+    /// Whether the group assigned this member partitions, and since when it has none
+    /// (its subscription, or the last revocation).
+    held: Mutex<(bool, std::time::Instant)>,
 }
 
 impl GroupLog {
+    fn holds_partitions(&self) -> bool {
+        self.held.lock().map(|held| held.0).unwrap_or(true)
+    }
+
+    fn waiting_since(&self) -> std::time::Instant {
+        self.held
+            .lock()
+            .map(|held| held.1)
+            .unwrap_or_else(|_| std::time::Instant::now())
+    }
+
+    fn set_held(&self, held: bool) {
+        if let Ok(mut state) = self.held.lock()
+            && state.0 != held
+        {
+            *state = (held, std::time::Instant::now());
+        }
+    }
+
     /// The lag, if the last statistics are at most three intervals old.
     fn lag(&self) -> Option<u64> {
         let every = self.stats_every.filter(|d| !d.is_zero())?;
@@ -343,9 +394,12 @@ impl rdkafka::ClientContext for GroupLog {
 impl rdkafka::consumer::ConsumerContext for GroupLog {
     fn post_rebalance(
         &self,
-        _: &rdkafka::consumer::BaseConsumer<Self>,
+        consumer: &rdkafka::consumer::BaseConsumer<Self>,
         rebalance: &rdkafka::consumer::Rebalance<'_>,
     ) {
+        // What the member holds after the rebalance (under the cooperative protocol a
+        // revocation or an assignment is a part of it).
+        self.set_held(consumer.assignment().is_ok_and(|held| held.count() > 0));
         use rdkafka::consumer::Rebalance;
         let partitions = |list: &rdkafka::TopicPartitionList| {
             list.elements()
@@ -355,11 +409,13 @@ impl rdkafka::consumer::ConsumerContext for GroupLog {
                 .join(", ")
         };
         match rebalance {
-            Rebalance::Assign(list) => tracing::info!(
-                group = %self.group,
-                partitions = %partitions(list),
-                "outbox-kafka consumer: the group assigned partitions"
-            ),
+            Rebalance::Assign(list) => {
+                tracing::info!(
+                    group = %self.group,
+                    partitions = %partitions(list),
+                    "outbox-kafka consumer: the group assigned partitions"
+                );
+            }
             Rebalance::Revoke(list) => {
                 // The last statistics counted partitions this member no longer has.
                 if let Ok(mut lag) = self.lag.lock() {
@@ -427,7 +483,7 @@ impl Transport for KafkaTransport {
 
     async fn receive(&self) -> Result<Delivery<KafkaToken>, BoxError> {
         loop {
-            let message = match self.consumer.recv().await {
+            let message = match self.recv_or_say_why_not().await {
                 Ok(m) => m,
                 Err(e) => {
                     if self.consumer.client().fatal_error().is_some() {

@@ -128,3 +128,59 @@ async fn the_partitions_the_group_assigns_are_logged() {
     );
     db.cleanup().await;
 }
+
+/// A member the group gives no partition (here: a second member of a group reading one
+/// partition) says so at info while it waits, instead of an empty log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_partitions_says_it_waits_for_the_group() {
+    let logs = logs();
+    let brokers = brokers();
+    let topic = format!("outbox-group-wait-{}", uuid::Uuid::now_v7().simple());
+    let group = format!("group-wait-{}", uuid::Uuid::now_v7().simple());
+    outbox_tests::kafka::create_topic(&brokers, &topic, 1).await;
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let member = || async {
+        let transport = KafkaTransport::builder(&brokers, &group)
+            .topic(&topic)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .build()
+            .await
+            .expect("transport");
+        outbox_core::consumer::Consumer::builder(
+            transport,
+            outbox_core::inbox::Inbox::new(&outbox, "group-wait"),
+        )
+        .on_event_type::<outbox_tests::kafka::Job, _>("Job", |_tx, _msg| Box::pin(async { Ok(()) }))
+        .build()
+        .expect("consumer")
+        .spawn()
+    };
+    let first = member().await;
+    let second = member().await;
+    let waiting = |text: &str| {
+        text.lines()
+            .find(|l| {
+                l.contains("waiting for the group to assign partitions") && l.contains(&group)
+            })
+            .map(str::to_owned)
+    };
+    outbox_tests::wait_until_or(
+        "a member of the group saying it waits for partitions",
+        Duration::from_secs(60),
+        || async { waiting(&logs.text()).is_some() },
+        || {
+            logs.text()
+                .lines()
+                .filter(|l| l.contains(&group))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    )
+    .await;
+    eprintln!("{}", waiting(&logs.text()).unwrap_or_default());
+    first.shutdown().await.expect("first member");
+    second.shutdown().await.expect("second member");
+    db.cleanup().await;
+}
