@@ -37,8 +37,8 @@ use uuid::Uuid;
 
 use crate::model::{Change, SentWindow, Which};
 pub use crate::model::{
-    ConsumerStatus, DeadGroup, DestinationStatus, FAILING_LISTED, FailingMessage, ListFilter,
-    MessageInfo, MessageState, PurgeReport, Status, human_duration,
+    ConsumerInstance, ConsumerStatus, DeadGroup, DestinationStatus, FAILING_LISTED, FailingMessage,
+    ListFilter, MessageInfo, MessageState, PurgeReport, Status, human_duration,
 };
 
 use crate::store::Backend;

@@ -141,6 +141,10 @@ pub mod postgres;
 pub mod publisher;
 pub mod relay;
 pub mod retention;
+// The contracts a database implements (sealed: the implementations are this crate's).
+// Not a public API, so hidden from the docs; `Backend` and `DefaultBackend`, which
+// applications name, are documented at the crate root.
+#[doc(hidden)]
 pub mod store;
 pub mod task;
 mod trace;

@@ -212,7 +212,7 @@ pub struct ConsumerStatus {
     /// When it last recorded a processed message, if that was within the last minute.
     pub last_processed_at: Option<DateTime<Utc>>,
     /// Its instances that wrote a heartbeat and have not stopped: running ones, and
-    /// those that died without stopping (not [`alive`](ConsumerInstance::alive)).
+    /// those that died without stopping (not [`alive`](crate::admin::ConsumerInstance::alive)).
     pub instances: Vec<ConsumerInstance>,
     /// Messages the broker holds for it that it has not handled, as its live instances'
     /// transports last reported (Kafka: the sum over the partitions each was assigned;

@@ -72,7 +72,7 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The last [`TAIL`] bytes the child wrote so far.
+    /// The last 24 KiB the child wrote so far.
     pub fn output_tail(&self) -> String {
         let Ok(mut file) = std::fs::File::open(&self.log) else {
             return String::new();
