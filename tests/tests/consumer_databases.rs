@@ -330,3 +330,55 @@ async fn a_dropped_consumer_stops_its_heartbeat() {
     <Nats as Broker>::remove(place).await;
     <Postgres as TestBackend>::cleanup(fixture).await;
 }
+
+/// Records a job in `effects`: a handler written as an `async fn` (#36 §4: handlers had
+/// to be `Box::pin(async move ..)` closures).
+async fn record<DB: TestBackend>(
+    tx: &mut outbox_core::OutboxTx<'static, DB>,
+    msg: outbox_core::consumer::Received<Job>,
+) -> Result<(), outbox_core::consumer::BoxError> {
+    let sql = format!("INSERT INTO effects (n) VALUES ({})", msg.event.n);
+    DB::exec_on(&mut **tx, &sql).await;
+    Ok(())
+}
+
+/// An `async fn` handler and an async closure handler, with no `Box::pin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_fns_and_async_closures_are_handlers() {
+    let fixture = <Sqlite as TestBackend>::fixture().await;
+    let outbox = fixture.outbox.clone();
+    Sqlite::exec(&fixture, "CREATE TABLE effects (n INTEGER NOT NULL)").await;
+    let place = <Rabbit as Broker>::place().await;
+    let mut jobs: Vec<_> = (0..3).map(|n| job(&place.destination, "k", n)).collect();
+    jobs[2].event_type = "Other".to_owned();
+    <Rabbit as Broker>::publish(&place, &jobs).await;
+    let consumer = Consumer::builder(
+        <Rabbit as Broker>::transport(&place, "async-fns").await,
+        Inbox::new(&outbox, "jobs"),
+    )
+    .on_event_type_async::<Job, _>("Job", record::<Sqlite>)
+    .on_event_type_async::<Job, _>(
+        "Other",
+        async |tx: &mut outbox_core::OutboxTx<'static, Sqlite>,
+               msg: outbox_core::consumer::Received<Job>| {
+            let sql = format!("INSERT INTO effects (n) VALUES ({})", msg.event.n + 100);
+            Sqlite::exec_on(&mut **tx, &sql).await;
+            Ok(())
+        },
+    )
+    .build()
+    .expect("consumer")
+    .spawn();
+    wait_until("three handled", WAIT, || async {
+        consumer.stats().handled >= 3
+    })
+    .await;
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!(
+        Sqlite::int(&fixture, "SELECT sum(n) FROM effects").await,
+        1 + 102,
+        "jobs 0 and 1 by the async fn, job 2 (+100) by the closure"
+    );
+    <Rabbit as Broker>::remove(place).await;
+    Sqlite::cleanup(fixture).await;
+}

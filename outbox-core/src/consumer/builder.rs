@@ -16,7 +16,13 @@ use crate::store::Backend;
 
 use super::dispatch::{Dispatch, Typed};
 use super::handle::Shared;
-use super::{Consumer, ConsumerStats, Error, Handler, Policy, Transport};
+use futures_util::future::BoxFuture;
+
+use crate::tx::OutboxTx;
+
+use super::{
+    AsyncHandler, BoxError, Consumer, ConsumerStats, Error, Handler, Policy, Received, Transport,
+};
 
 /// Configures a [`Consumer`]; start with [`Consumer::builder`].
 #[must_use = "a builder does nothing until it is built or spawned"]
@@ -109,6 +115,55 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
             self.add(name.to_owned(), Arc::clone(&dispatch));
         }
         self
+    }
+
+    /// Like [`on`](Self::on), with a handler written as an `async fn` of the inbox
+    /// transaction and the decoded message (no `Box::pin`):
+    ///
+    /// ```no_run
+    /// use outbox_core::OutboxTx;
+    /// use outbox_core::consumer::{BoxError, Consumer, Received, Transport};
+    /// use outbox_core::inbox::Inbox;
+    /// # use outbox_core::OutboxEvent;
+    /// # #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+    /// # #[outbox(destination = "orders", key = order_id)]
+    /// # struct OrderPlaced { order_id: i64 }
+    ///
+    /// async fn invoice(tx: &mut OutboxTx<'static>, msg: Received<OrderPlaced>) -> Result<(), BoxError> {
+    ///     sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)")
+    ///         .bind(msg.event.order_id)
+    ///         .execute(&mut **tx)
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    ///
+    /// # fn demo(outbox: outbox_core::Outbox, transport: impl Transport) -> Result<(), Box<dyn std::error::Error>> {
+    /// let consumer = Consumer::builder(transport, Inbox::new(&outbox, "billing"))
+    ///     .on_async::<OrderPlaced, _>(invoice)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// An async closure works too when its parameter types are written out
+    /// (`async |tx: &mut OutboxTx<'static>, msg: Received<OrderPlaced>| { ... }`): Rust
+    /// infers a closure's signature from a bound only for closures that return a boxed
+    /// future, which is why [`on`](Self::on) takes those.
+    pub fn on_async<E, F>(self, handler: F) -> Self
+    where
+        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        F: AsyncHandler<DB, E>,
+    {
+        self.on::<E, _>(boxed(handler))
+    }
+
+    /// [`on_event_type`](Self::on_event_type) with an `async fn` handler (see
+    /// [`on_async`](Self::on_async)).
+    pub fn on_event_type_async<E, F>(self, event_type: impl Into<String>, handler: F) -> Self
+    where
+        E: DeserializeOwned + Send + 'static,
+        F: AsyncHandler<DB, E>,
+    {
+        self.on_event_type::<E, _>(event_type, boxed(handler))
     }
 
     /// Handles messages whose event type is `event_type`, with a payload that
@@ -235,5 +290,12 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
             concurrency: self.concurrency,
             max_in_flight,
         })
+    }
+}
+
+/// An [`AsyncHandler`] as a [`Handler`]: its future, boxed.
+fn boxed<DB: Backend, E, F: AsyncHandler<DB, E>>(handler: F) -> impl Handler<DB, E> {
+    move |tx: &mut OutboxTx<'static, DB>, msg: Received<E>| -> BoxFuture<'_, Result<(), BoxError>> {
+        Box::pin(handler(tx, msg))
     }
 }

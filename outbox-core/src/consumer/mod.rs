@@ -79,12 +79,43 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A handler of the events of type `E` ([`ConsumerBuilder::on`]): a function of the inbox
 /// transaction and the decoded message that returns a boxed future,
 /// `|tx, msg| Box::pin(async move { ...; Ok(()) })`. Every such closure or function is
-/// one.
+/// one. An `async fn` is an [`AsyncHandler`], for [`ConsumerBuilder::on_async`].
 pub trait Handler<DB: Backend, E>:
     for<'t> Fn(&'t mut OutboxTx<'static, DB>, Received<E>) -> BoxFuture<'t, Result<(), BoxError>>
     + Send
     + Sync
     + 'static
+{
+}
+
+/// One call of an [`AsyncHandler`] for the transaction borrowed for `'t`: what lets an
+/// `async fn` (whose future borrows the transaction) be a handler. Implemented for every
+/// such function; not to be implemented by hand.
+pub trait AsyncHandlerCall<'t, DB: Backend, E>:
+    Fn(&'t mut OutboxTx<'static, DB>, Received<E>) -> <Self as AsyncHandlerCall<'t, DB, E>>::Fut
+{
+    /// The future the call returns.
+    type Fut: Future<Output = Result<(), BoxError>> + Send + 't;
+}
+
+impl<'t, DB: Backend, E, F, Fut> AsyncHandlerCall<'t, DB, E> for F
+where
+    F: Fn(&'t mut OutboxTx<'static, DB>, Received<E>) -> Fut,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 't,
+{
+    type Fut = Fut;
+}
+
+/// A handler of the events of type `E` written as an `async fn` (or an async closure
+/// with its parameter types written out), for [`ConsumerBuilder::on_async`]: `async fn
+/// invoice(tx: &mut OutboxTx<'static>, msg: Received<OrderPlaced>) -> Result<(), BoxError>`.
+pub trait AsyncHandler<DB: Backend, E>:
+    for<'t> AsyncHandlerCall<'t, DB, E> + Send + Sync + 'static
+{
+}
+
+impl<DB: Backend, E, F> AsyncHandler<DB, E> for F where
+    F: for<'t> AsyncHandlerCall<'t, DB, E> + Send + Sync + 'static
 {
 }
 
