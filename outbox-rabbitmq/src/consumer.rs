@@ -151,6 +151,24 @@ impl fmt::Debug for RabbitTransport {
     }
 }
 
+/// The queue's ready messages and consumers, asked with a passive `queue.declare` on a
+/// channel of its own.
+async fn queue_depth(connection: &Connection, queue: &str) -> Result<(u32, u32), lapin::Error> {
+    let channel = connection.create_channel().await?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let _ = channel.close(200, "outbox-rabbitmq: checked".into()).await;
+    Ok((declared.message_count(), declared.consumer_count()))
+}
+
 /// A connection being made: its connection and consumer, or why not.
 type Connecting = Pin<Box<dyn Future<Output = Result<Up, String>> + Send>>;
 
@@ -285,21 +303,7 @@ impl RabbitTransport {
         if in_hand > 0 {
             return None;
         }
-        let ask = async {
-            let channel = up.connection.create_channel().await?;
-            let queue = channel
-                .queue_declare(
-                    self.queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            let _ = channel.close(200, "outbox-rabbitmq: checked".into()).await;
-            Ok::<_, lapin::Error>((queue.message_count(), queue.consumer_count()))
-        };
+        let ask = queue_depth(&up.connection, &self.queue);
         match tokio::time::timeout(self.connect_timeout, ask).await {
             Ok(Ok((0, _))) => None,
             Ok(Ok((ready, consumers))) => Some(format!(
@@ -561,19 +565,8 @@ impl Transport for RabbitTransport {
                 );
             }
             let connection = link.as_ref().expect("opened above");
-            let channel = connection.create_channel().await?;
-            let queue = channel
-                .queue_declare(
-                    self.queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            let _ = channel.close(200, "outbox-rabbitmq: checked".into()).await;
-            Ok::<_, lapin::Error>(u64::from(queue.message_count()))
+            let (ready, _) = queue_depth(connection, &self.queue).await?;
+            Ok::<_, lapin::Error>(u64::from(ready))
         };
         match tokio::time::timeout(self.connect_timeout, ask).await {
             Ok(Ok(ready)) => Some(ready),

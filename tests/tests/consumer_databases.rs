@@ -80,6 +80,18 @@ async fn jobs_status<DB: TestBackend>(outbox: &Outbox<DB>) -> Option<ConsumerSta
     status.consumers.into_iter().find(|c| c.consumer == "jobs")
 }
 
+/// What a wait for `jobs`' status prints when it fails: the status and the counters.
+async fn explain<DB: TestBackend>(
+    outbox: &Outbox<DB>,
+    consumer: &outbox_core::consumer::ConsumerHandle,
+) -> String {
+    format!(
+        "{:?}; stats {:?}",
+        jobs_status(outbox).await,
+        consumer.stats()
+    )
+}
+
 async fn a_failing_handler_is_visible<DB: TestBackend, B: Broker>() {
     let fixture = DB::fixture().await;
     let outbox = fixture.outbox.clone();
@@ -138,13 +150,7 @@ async fn a_failing_handler_is_visible<DB: TestBackend, B: Broker>() {
                     && c.lag.is_some()
             })
         },
-        || async {
-            format!(
-                "{:?}; stats {:?}",
-                jobs_status(&outbox).await,
-                consumer.stats()
-            )
-        },
+        || explain(&outbox, &consumer),
     )
     .await;
     let status = jobs_status(&outbox).await.expect("the consumer is listed");
@@ -221,13 +227,7 @@ async fn a_failing_handler_is_visible<DB: TestBackend, B: Broker>() {
                 c.processed_last_minute == 3 && c.failing.is_empty() && c.lag == Some(0)
             })
         },
-        || async {
-            format!(
-                "{:?}; stats {:?}",
-                jobs_status(&outbox).await,
-                consumer.stats()
-            )
-        },
+        || explain(&outbox, &consumer),
     )
     .await;
     consumer.shutdown().await.expect("consumer");
@@ -246,12 +246,13 @@ async fn a_failing_handler_is_visible<DB: TestBackend, B: Broker>() {
     DB::cleanup(fixture).await;
 }
 
-macro_rules! matrix {
-    ($($name:ident: $db:ty, $broker:ty;)*) => {
+/// One test per (database, broker) pair: `$name: $db, $broker;` runs `$test::<$db, $broker>`.
+macro_rules! cases {
+    ($test:ident { $($name:ident: $db:ty, $broker:ty;)* }) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                redeliveries_are_skipped::<$db, $broker>().await;
+                $test::<$db, $broker>().await;
             }
         )*
     };
@@ -260,7 +261,7 @@ macro_rules! matrix {
 use outbox_core::sqlx::{MySql, Postgres, Sqlite};
 use outbox_tests::consumers::{Kafka, Nats, Rabbit};
 
-matrix! {
+cases! { redeliveries_are_skipped {
     postgres_inbox_behind_kafka: Postgres, Kafka;
     postgres_inbox_behind_nats: Postgres, Nats;
     postgres_inbox_behind_rabbitmq: Postgres, Rabbit;
@@ -270,24 +271,13 @@ matrix! {
     sqlite_inbox_behind_kafka: Sqlite, Kafka;
     sqlite_inbox_behind_nats: Sqlite, Nats;
     sqlite_inbox_behind_rabbitmq: Sqlite, Rabbit;
-}
+} }
 
-macro_rules! failing {
-    ($($name:ident: $db:ty, $broker:ty;)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                a_failing_handler_is_visible::<$db, $broker>().await;
-            }
-        )*
-    };
-}
-
-failing! {
+cases! { a_failing_handler_is_visible {
     postgres_failing_handler_behind_nats: Postgres, Nats;
     mysql_failing_handler_behind_rabbitmq: MySql, Rabbit;
     sqlite_failing_handler_behind_kafka: Sqlite, Kafka;
-}
+} }
 
 /// A consumer whose `run` future is dropped (its task aborted) stops its heartbeat at
 /// once: it is shown as gone, not as alive for ever.
