@@ -17,7 +17,14 @@ fn ca(name: &str) -> PathBuf {
 }
 
 /// Options that trust only the CA in `tls_dir()/ca_file`.
+///
+/// Picks rustls' crypto provider first, as docs/dependencies.md tells an application
+/// whose own TLS clients share the process with `wal` + `tls-rustls` (both providers are
+/// compiled in then, and rustls has no default). Without it, the test's own client below
+/// panicked whenever it connected before the publisher (which sets the provider itself):
+/// red in CI, and every time the test ran alone.
 fn trusting(ca_file: &str) -> ConnectOptions {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     ConnectOptions::new()
         .add_root_certificates(ca(ca_file))
         .require_tls(true)
