@@ -409,6 +409,10 @@ impl rdkafka::consumer::ConsumerContext for GroupLog {
                 .join(", ")
         };
         match rebalance {
+            // The cooperative protocol's rounds that hand this member nothing new.
+            Rebalance::Assign(list) if list.count() == 0 => {
+                tracing::debug!(group = %self.group, "outbox-kafka consumer: a rebalance assigned nothing new");
+            }
             Rebalance::Assign(list) => {
                 tracing::info!(
                     group = %self.group,

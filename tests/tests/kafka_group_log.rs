@@ -184,3 +184,163 @@ async fn a_member_without_partitions_says_it_waits_for_the_group() {
     second.shutdown().await.expect("second member");
     db.cleanup().await;
 }
+
+/// Two members of one group, the second joining while the first consumes (a deploy
+/// that scales out, or a restarted instance): the group moves partitions to it, and
+/// still every message is handled once (the inbox skips what the first member handled
+/// and had not committed) and each key's messages in order. Under `strategy` (the
+/// protocol's default when `None`; docs/kafka.md suggests `cooperative-sticky`).
+async fn a_member_joining_mid_stream(strategy: Option<&str>) {
+    let logs = logs();
+    let brokers = brokers();
+    let topic = outbox_tests::kafka::unique("join");
+    let group = outbox_tests::kafka::unique("join-group");
+    outbox_tests::kafka::create_topic(&brokers, &topic, 4).await;
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    outbox_core::sqlx::query(
+        "CREATE TABLE effects (at bigserial PRIMARY KEY, key text NOT NULL, n int NOT NULL, member text NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("create effects");
+    let publisher = outbox_tests::kafka::job_publisher(&brokers, &topic).await;
+    let (keys, per_key) = (16, 40);
+    let (brokers, topic, group) = (brokers.as_str(), topic.as_str(), group.as_str());
+    let publish = |from: i32, to: i32| {
+        let records: Vec<_> = (from..to)
+            .flat_map(|n| {
+                (0..keys).map(move |k| outbox_tests::consumers::job(topic, &format!("k{k}"), n))
+            })
+            .collect();
+        let publisher = &publisher;
+        async move {
+            let results = outbox_core::publisher::Publisher::publish(publisher, &records).await;
+            assert!(results.iter().all(Result::is_ok), "published: {results:?}");
+        }
+    };
+    let outbox = &outbox;
+    let member = |name: &'static str| async move {
+        let mut transport = KafkaTransport::builder(brokers, group)
+            .topic(topic)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        if let Some(strategy) = strategy {
+            transport = transport.set("partition.assignment.strategy", strategy);
+        }
+        outbox_core::consumer::Consumer::builder(
+            transport.build().await.expect("transport"),
+            outbox_core::inbox::Inbox::new(outbox, "join"),
+        )
+        .on_event_type::<outbox_tests::kafka::Job, _>("Job", move |tx, msg| {
+            let key = msg.key.clone().unwrap_or_default();
+            Box::pin(async move {
+                outbox_core::sqlx::query(
+                    "INSERT INTO effects (key, n, member) VALUES ($1, $2, $3)",
+                )
+                .bind(key)
+                .bind(msg.event.n)
+                .bind(name)
+                .execute(&mut **tx)
+                .await?;
+                Ok(())
+            })
+        })
+        .build()
+        .expect("consumer")
+        .spawn()
+    };
+    let effects = || async {
+        outbox_core::sqlx::query_as::<_, (String, i32, String)>(
+            "SELECT key, n, member FROM effects ORDER BY at",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .expect("effects")
+    };
+    let group_log = || {
+        logs.text()
+            .lines()
+            .filter(|l| l.contains(group))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // One message per key every 100 ms, while the second member joins (tansu's join
+    // takes 1-2 s with these settings); the last round after the rebalance.
+    let flow = async {
+        for n in 0..per_key - 1 {
+            publish(n, n + 1).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let join = async {
+        let first = member("first").await;
+        outbox_tests::wait_until_or(
+            "the first member handling messages",
+            Duration::from_secs(60),
+            || async { first.stats().handled > 0 },
+            group_log,
+        )
+        .await;
+        let second = member("second").await;
+        // The group took partitions from the first member for the second.
+        outbox_tests::wait_until_or(
+            "a revocation from the first member",
+            Duration::from_secs(60),
+            || async { group_log().contains("the group revoked partitions") },
+            group_log,
+        )
+        .await;
+        (first, second)
+    };
+    let ((), (first, second)) = tokio::join!(flow, join);
+    publish(per_key - 1, per_key).await;
+    let all = (keys * per_key) as usize;
+    outbox_tests::wait_until_or(
+        &format!("{all} messages handled by the two members"),
+        Duration::from_secs(90),
+        || async { effects().await.len() >= all },
+        || format!("{:?} {:?}\n{}", first.stats(), second.stats(), group_log()),
+    )
+    .await;
+    first.shutdown().await.expect("first member");
+    second.shutdown().await.expect("second member");
+
+    let effects = effects().await;
+    let mut by_key: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+    for (key, n, _) in &effects {
+        by_key.entry(key.clone()).or_default().push(*n);
+    }
+    let in_order: Vec<i32> = (0..per_key).collect();
+    for (key, ns) in &by_key {
+        assert_eq!(
+            ns,
+            &in_order,
+            "key {key}: each once, in order\n{}",
+            group_log()
+        );
+    }
+    assert_eq!(by_key.len(), keys as usize);
+    let by_second = effects.iter().filter(|(_, _, m)| m == "second").count();
+    assert!(
+        by_second > 0,
+        "the second member handled none of the second half: it never held a partition\n{}",
+        group_log()
+    );
+    eprintln!(
+        "{strategy:?}: the second member handled {by_second} of {all}; the group's log:\n{}",
+        group_log()
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_mid_stream_takes_partitions_without_loss_or_disorder() {
+    a_member_joining_mid_stream(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_mid_stream_under_the_cooperative_protocol_too() {
+    a_member_joining_mid_stream(Some("cooperative-sticky")).await;
+}
