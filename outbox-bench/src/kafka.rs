@@ -46,7 +46,7 @@ pub async fn publisher(brokers: &str, topic: &str) -> Result<KafkaPublisher, Box
     let mut builder = KafkaPublisher::builder(brokers)
         .skip_catalog_check()
         .destination(topic);
-    let overrides = producer_overrides()?;
+    let overrides = overrides("OUTBOX_BENCH_PRODUCER")?;
     if !overrides.is_empty() {
         eprintln!("producer properties set by OUTBOX_BENCH_PRODUCER: {overrides:?}");
     }
@@ -56,9 +56,9 @@ pub async fn publisher(brokers: &str, topic: &str) -> Result<KafkaPublisher, Box
     Ok(builder.build().await?)
 }
 
-/// The `OUTBOX_BENCH_PRODUCER` properties.
-fn producer_overrides() -> Result<Vec<(String, String)>, BoxError> {
-    let Ok(text) = std::env::var("OUTBOX_BENCH_PRODUCER") else {
+/// The librdkafka properties in the environment variable `name` (`k=v,k=v`).
+pub fn overrides(name: &str) -> Result<Vec<(String, String)>, BoxError> {
+    let Ok(text) = std::env::var(name) else {
         return Ok(Vec::new());
     };
     text.split(',')
@@ -66,10 +66,7 @@ fn producer_overrides() -> Result<Vec<(String, String)>, BoxError> {
         .map(|p| {
             p.split_once('=')
                 .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .ok_or_else(|| {
-                    format!("OUTBOX_BENCH_PRODUCER: {p:?} is not key=value (e.g. linger.ms=0)")
-                        .into()
-                })
+                .ok_or_else(|| format!("{name}: {p:?} is not key=value (e.g. linger.ms=0)").into())
         })
         .collect()
 }

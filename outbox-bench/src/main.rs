@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p outbox-bench -- <scenario>... [options]
-//! scenarios: drain latency write notify enqueue sustained idle history scale wal partitions all; nats (needs NATS with JetStream,
+//! scenarios: drain latency write notify enqueue sustained idle history scale wal partitions restart all; nats (needs NATS with JetStream,
 //! `OUTBOX_BENCH_NATS`, default nats://127.0.0.1:4222; not part of `all`); rabbitmq (needs
 //! RabbitMQ, `OUTBOX_BENCH_RABBITMQ`, default amqp://guest:guest@127.0.0.1:5672/%2f; not part of `all`)
 //! options:   --events N --keys K --payload BYTES --history ROWS --idle-seconds S
 //!            --broker HOST:PORT|memory (default 127.0.0.1:9092) --latency-seconds S --latency-rate N
+//!            --session-timeout-ms MS --restart-rounds N (restart)
 //!            --smoke (tiny sizes, seconds) --out DIR (JSON + SVG, default target/bench)
 //! ```
 //! PostgreSQL from `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
@@ -22,6 +23,7 @@ mod partitions;
 mod publisher;
 mod rabbitmq;
 mod report;
+mod restart;
 mod scenarios;
 mod setup;
 mod wal;
@@ -38,6 +40,14 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() {
+    // A consumer process of the `restart` scenario (it spawns this binary).
+    if std::env::args().nth(1).as_deref() == Some(restart::MEMBER) {
+        if let Err(e) = restart::member().await {
+            eprintln!("outbox-bench restart member: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
@@ -70,6 +80,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
             "sustained" => load::sustained(args, &mut report).await?,
             "wal" => wal::wal(args, &mut report).await?,
             "partitions" => partitions::partitions(args, &mut report).await?,
+            "restart" => restart::restart(args, &mut report).await?,
             other => return Err(format!("unknown scenario {other:?}\n\n{}", Args::USAGE).into()),
         }
     }

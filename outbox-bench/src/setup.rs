@@ -40,17 +40,20 @@ pub struct Args {
     pub sustained_batch: u64,
     /// Seconds of load per layout in the `partitions` scenario.
     pub partitions_seconds: u64,
+    /// The `restart` scenario: the groups' `session.timeout.ms`, and rounds per figure.
+    pub session_timeout_ms: u64,
+    pub restart_rounds: usize,
 }
 
 impl Args {
-    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|consume|partitions|all>... \
+    pub const USAGE: &'static str = "usage: outbox-bench <drain|latency|write|notify|enqueue|sustained|idle|history|scale|wal|nats|rabbitmq|consume|partitions|restart|all>... \
         [--events N (100000)] [--keys K (1000)] [--payload BYTES (1024)] \
         [--history ROWS (10000000)] [--idle-seconds S (60)] [--write-iterations N (2000)] \
         [--broker HOST:PORT|memory (127.0.0.1:9092)] [--latency-seconds S (30)] [--latency-rate TX/S (1000)] \
-        [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--partitions-seconds S (120)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
+        [--batch-size N (the relay's default)] [--batches-in-flight N (the relay's default, 1)] [--notify-seconds S (6)] [--sustained-rates R,R.. (2500,...,20000)] [--sustained-seconds S (120)] [--sustained-batch EVENTS/TX (10)] [--partitions-seconds S (120)] [--session-timeout-ms MS (10000; 0: librdkafka's defaults)] [--restart-rounds N (3)] [--check (exit 3 on a missed target)] [--smoke] [--out DIR (target/bench)]";
 
     /// Every scenario `run` knows, in the order of [`USAGE`](Self::USAGE).
-    pub const SCENARIOS: [&'static str; 14] = [
+    pub const SCENARIOS: [&'static str; 15] = [
         "drain",
         "latency",
         "write",
@@ -65,6 +68,7 @@ impl Args {
         "rabbitmq",
         "consume",
         "partitions",
+        "restart",
     ];
 
     pub fn parse(it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -88,6 +92,8 @@ impl Args {
             sustained_rates: vec![2_500, 5_000, 7_500, 10_000, 12_500, 15_000, 20_000],
             sustained_seconds: 120,
             partitions_seconds: 120,
+            session_timeout_ms: 10_000,
+            restart_rounds: 3,
             sustained_batch: 10,
             database_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
@@ -111,6 +117,7 @@ impl Args {
                             // Last: it leaves the broker holding its messages (tansu keeps
                             // topics in memory), which slows what runs after it.
                             "sustained",
+                            "restart",
                         ]
                         .map(String::from),
                     ),
@@ -156,6 +163,18 @@ impl Args {
                 "--notify-seconds" => args.notify_seconds = number()?.max(1) as f64,
                 "--sustained-seconds" => args.sustained_seconds = number()?.max(1),
                 "--partitions-seconds" => args.partitions_seconds = number()?.max(5),
+                "--session-timeout-ms" => {
+                    // 0: librdkafka's defaults; otherwise at least librdkafka's minimum.
+                    args.session_timeout_ms = match number()? {
+                        0 => 0,
+                        ms => ms.max(1000),
+                    }
+                }
+                "--restart-rounds" => {
+                    args.restart_rounds = usize::try_from(number()?)
+                        .map_err(|e| e.to_string())?
+                        .max(1)
+                }
                 "--sustained-batch" => args.sustained_batch = number()?.max(1),
                 "--sustained-rates" => {
                     args.sustained_rates = value
@@ -201,6 +220,8 @@ impl Args {
             args.sustained_rates = vec![200];
             args.sustained_seconds = args.sustained_seconds.min(2);
             args.partitions_seconds = args.partitions_seconds.min(6);
+            args.session_timeout_ms = 2_000;
+            args.restart_rounds = 1;
         }
         Ok(args)
     }
