@@ -364,6 +364,14 @@ impl RelayHandle {
         /// `publish_timeout + connect_timeout` in every state, also while it connects or
         /// waits on a database that stopped answering (what it had not recorded then is
         /// published again by the next relay).
+        ///
+        /// It returns nothing, where [`ConsumerHandle::shutdown`] returns a `Result`: a
+        /// relay has no way to end in error (a database or broker outage, a failing
+        /// message: each is retried, logged and counted in [`RelayHandle::stats`], the
+        /// metrics and `outbox status`), while a consumer can stop by itself, on
+        /// `Policy::Stop` or a fatal error, and says which.
+        ///
+        /// [`ConsumerHandle::shutdown`]: crate::consumer::ConsumerHandle::shutdown
         shutdown;
         /// Stops the relay at once, wherever it is (as a crash would): a batch in flight
         /// is published again by the next relay.
