@@ -147,6 +147,7 @@ pub mod retention;
 #[doc(hidden)]
 pub mod store;
 pub mod task;
+pub mod telemetry;
 mod trace;
 mod transactional;
 mod tx;

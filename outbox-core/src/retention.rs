@@ -284,6 +284,7 @@ impl<DB: Backend> Retention<DB> {
     /// its sender is dropped). A batch in flight is finished first. Errors are logged and
     /// the next run retries.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        crate::telemetry::describe_metrics();
         loop {
             match self.run_until(&mut shutdown).await {
                 Ok(report) => {

@@ -549,6 +549,7 @@ impl<T: Transport, DB: Backend> Consumer<T, DB> {
     /// error ends it (`Err`). Either way the messages in hand finish first (a handler
     /// being retried stops retrying, unacknowledged), then the transport closes.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+        crate::telemetry::describe_metrics();
         run::run(self.inner, self.concurrency, self.max_in_flight, shutdown).await
     }
 }

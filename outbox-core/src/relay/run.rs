@@ -183,6 +183,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// Database errors never end the relay: it logs them, reconnects with backoff and
     /// carries on where the database says it left off.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        crate::telemetry::describe_metrics();
         let mut backoff = Backoff::new(RECONNECT_FIRST, self.config.reconnect_delay);
         // Once shutdown is asked, the batch in flight gets `publish_timeout` to be
         // published and `connect_timeout` more to be recorded; past that (a database that

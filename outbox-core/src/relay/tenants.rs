@@ -181,6 +181,7 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
     /// database given. (Databases that cannot be reached yet are retried in the
     /// background, as one relay retries its session.)
     pub fn spawn(self) -> crate::Result<TenantsHandle> {
+        crate::telemetry::describe_metrics();
         if self.databases.is_empty() {
             return Err(Error::InvalidArgument(
                 "a relay of many outboxes needs at least one database: call \

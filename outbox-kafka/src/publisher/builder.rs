@@ -149,6 +149,7 @@ impl KafkaPublisherBuilder {
     ///
     /// [`Error::MissingTopics`]: crate::Error::MissingTopics
     pub async fn build(mut self) -> Result<KafkaPublisher> {
+        outbox_core::telemetry::describe(&[super::producer::REBUILDS]);
         self.settings.set_default("enable.idempotence", "true");
         self.settings.set_default("acks", "all");
         // The relay hands over whole batches, so a long linger adds latency without

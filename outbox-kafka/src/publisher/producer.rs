@@ -12,6 +12,15 @@ use super::KafkaPublisher;
 use crate::Result;
 use crate::settings::Settings;
 
+/// The publisher's own metric, described to the recorder when a publisher is built.
+pub(crate) const REBUILDS: outbox_core::telemetry::Metric = outbox_core::telemetry::Metric::new(
+    "outbox_kafka_producer_rebuilds_total",
+    outbox_core::telemetry::Kind::Counter,
+    None,
+    &[],
+    "Idempotent producers the Kafka publisher replaced because librdkafka could not recover them (a fatal error).",
+);
+
 pub(super) struct Current {
     pub(super) generation: u64,
     pub(super) producer: Arc<FutureProducer>,
@@ -90,7 +99,7 @@ impl KafkaPublisher {
         // What the old producer held is purged with it: never waited for again.
         self.lock_pending().retain(|_, p| p.generation > generation);
         self.inner.rebuilds.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("outbox_kafka_producer_rebuilds_total").increment(1);
+        metrics::counter!(REBUILDS.name).increment(1);
         tracing::warn!(
             reason,
             generation = generation + 1,
