@@ -124,7 +124,9 @@ impl<DB: Backend> Outbox<DB> {
     /// Writes `events` into the outbox inside a transaction you already own.
     ///
     /// The events become visible, and relays are woken, when you commit `tx`; if you roll
-    /// it back, they are gone with your other changes. Returns the message ids.
+    /// it back, they are gone with your other changes. Returns the message ids. With the
+    /// `opentelemetry` feature each records the current span's trace context, as
+    /// [`OutboxTx::emit`](crate::OutboxTx::emit) does (a `traceparent` you set wins).
     ///
     /// On PostgreSQL, writing takes the outbox's writer lock until the transaction ends:
     /// until then the relay publishes nothing written after it began, for any key. Commit
@@ -151,9 +153,13 @@ impl<DB: Backend> Outbox<DB> {
     ) -> Result<()> {
         for m in messages {
             m.validate()?;
+        }
+        // The trace context, as `OutboxTx::emit` records it, before the size check.
+        let messages = crate::trace::captured(messages);
+        for m in messages.iter() {
             self.admit(m)?;
         }
-        self.write(&mut *tx, messages).await
+        self.write(&mut *tx, &messages).await
     }
 
     /// Refuses a message larger than [`max_message_bytes`](OutboxBuilder::max_message_bytes)

@@ -42,6 +42,35 @@ pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn capture(_headers: &mut BTreeMap<String, String>) {}
 
+/// `messages` with the current span's trace context (as [`capture`] adds it), copied
+/// only when there is a context to add: for the write path that takes borrowed
+/// messages (`Outbox::enqueue_messages`).
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn captured(
+    messages: &[crate::OutboxMessage],
+) -> std::borrow::Cow<'_, [crate::OutboxMessage]> {
+    let mut context = BTreeMap::new();
+    capture(&mut context);
+    if context.is_empty() || messages.iter().all(|m| m.headers.contains_key(TRACEPARENT)) {
+        return std::borrow::Cow::Borrowed(messages);
+    }
+    let mut owned = messages.to_vec();
+    for m in owned
+        .iter_mut()
+        .filter(|m| !m.headers.contains_key(TRACEPARENT))
+    {
+        m.headers.extend(context.clone());
+    }
+    std::borrow::Cow::Owned(owned)
+}
+
+#[cfg(not(feature = "opentelemetry"))]
+pub(crate) fn captured(
+    messages: &[crate::OutboxMessage],
+) -> std::borrow::Cow<'_, [crate::OutboxMessage]> {
+    std::borrow::Cow::Borrowed(messages)
+}
+
 /// The fields of a `traceparent` header value.
 #[cfg(any(feature = "opentelemetry", feature = "fuzzing", test))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -160,3 +160,86 @@ async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
     );
     db.cleanup().await;
 }
+
+/// An event of this binary for `Outbox::enqueue`.
+#[derive(Debug, serde::Serialize, outbox_core::OutboxEvent)]
+#[outbox(destination = "traced")]
+struct Enqueued {
+    n: i32,
+}
+
+/// `Outbox::enqueue` and `enqueue_messages`, into a transaction the caller owns, carry
+/// the trace context as `tx.emit` does (#37: they carried none, so the relay's and the
+/// consumer's spans had nothing to link to); a `traceparent` the caller set wins. A
+/// subscriber of its own for this test's future: the other test owns the global one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_enqueued_into_the_callers_transaction_carry_the_trace_context() {
+    use tracing::instrument::WithSubscriber;
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(InMemorySpanExporter::default())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traced = OutboxMessage::new("Job", "traced", r#"{"n":1}"#);
+    let kept =
+        OutboxMessage::new("Job", "traced", r#"{"n":2}"#).with_header("traceparent", explicit);
+    let (traced_id, kept_id) = (traced.id, kept.id);
+    let (request, enqueued_id) = async {
+        let request = tracing::info_span!("place order");
+        let context = request.context().span().span_context().clone();
+        let enqueued = async {
+            let mut tx = outbox.pool().begin().await.expect("begin");
+            outbox
+                .enqueue_messages(&mut tx, &[traced, kept])
+                .await
+                .expect("enqueue_messages");
+            let ids = outbox
+                .enqueue(&mut tx, [Enqueued { n: 3 }])
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            ids[0]
+        }
+        .instrument(request)
+        .await;
+        (context, enqueued)
+    }
+    .with_subscriber(subscriber)
+    .await;
+    assert!(request.is_valid());
+
+    let rows: Vec<(uuid::Uuid, String)> =
+        outbox_core::sqlx::query_as("SELECT id, headers::text FROM outbox")
+            .fetch_all(&db.pool)
+            .await
+            .expect("the rows");
+    let traceparent = |id: uuid::Uuid| {
+        let (_, headers) = rows
+            .iter()
+            .find(|(row, _)| *row == id)
+            .unwrap_or_else(|| panic!("no row {id}: {rows:?}"));
+        let headers: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(headers).expect("headers are a JSON object");
+        headers.get("traceparent").cloned()
+    };
+    let request_traceparent = format!("00-{}-{}-01", request.trace_id(), request.span_id());
+    assert_eq!(
+        traceparent(traced_id).as_deref(),
+        Some(request_traceparent.as_str()),
+        "enqueue_messages: the request's trace context; the rows: {rows:?}"
+    );
+    assert_eq!(
+        traceparent(enqueued_id).as_deref(),
+        Some(request_traceparent.as_str()),
+        "enqueue: the request's trace context; the rows: {rows:?}"
+    );
+    assert_eq!(
+        traceparent(kept_id).as_deref(),
+        Some(explicit),
+        "a traceparent the caller set is kept"
+    );
+    db.cleanup().await;
+}
