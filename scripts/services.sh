@@ -504,6 +504,26 @@ ensure_python_tools() {
   log "Python tools installed in $venv"
 }
 
+# ---------------------------------------------------------------------- promtool
+# Prometheus's rule checker and rule unit tester, for docs/prometheus-alerts.yml (CI's
+# step "alert rules"). Taken out of Debian's `prometheus` package without installing
+# it (an install would start a Prometheus server), into the tools folder.
+ensure_promtool() {
+  local dir="$OUTBOX_TOOLS_DIR/promtool"
+  OUTBOX_PROMTOOL="$dir/usr/bin/promtool"
+  if [ -x "$OUTBOX_PROMTOOL" ]; then return 0; fi
+  command -v apt-get >/dev/null 2>&1 || die "promtool is missing and apt-get is not here; the alert rules' check needs it (Debian's prometheus package has it)"
+  log "taking promtool out of Debian's prometheus package into $dir"
+  local deb
+  deb=$(mktemp -d)
+  ( cd "$deb" && { apt-get download prometheus >&2 || { apt-get update -qq >&2 && apt-get download prometheus >&2; }; } ) \
+    || die "cannot download Debian's prometheus package (apt-get download prometheus)"
+  mkdir -p "$dir"
+  dpkg-deb -x "$deb"/prometheus_*.deb "$dir" || die "cannot unpack $deb/prometheus_*.deb"
+  rm -rf "$deb"
+  [ -x "$OUTBOX_PROMTOOL" ] || die "the prometheus package has no usr/bin/promtool"
+}
+
 ensure_postgres
 ensure_pg_settings
 ensure_tls_certs
@@ -516,7 +536,9 @@ ensure_kafka
 ensure_kafka_tls
 ensure_chromium
 ensure_python_tools
+ensure_promtool
 echo "export TANSU_BIN=$TANSU_BIN"
+echo "export OUTBOX_PROMTOOL=$OUTBOX_PROMTOOL"
 echo "export OUTBOX_PYTHON=$OUTBOX_PYTHON"
 echo "export OUTBOX_TEST_TLS_DIR=$TLS_DIR"
 if [ -z "${OUTBOX_TEST_MYSQL_URL:-}" ]; then
