@@ -67,6 +67,15 @@ pub struct Cli {
 pub enum Command {
     /// Create or upgrade the outbox tables (safe to run again).
     Migrate,
+    /// Print the completion script for a shell (no database needed).
+    ///
+    /// E.g. `outbox completions bash > ~/.local/share/bash-completion/completions/outbox`,
+    /// `outbox completions zsh > "${fpath[1]}/_outbox"`,
+    /// `outbox completions fish > ~/.config/fish/completions/outbox.fish`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Pending, in-retry and dead-lettered counts, overall and per destination.
     Status {
         /// Print JSON.

@@ -151,6 +151,8 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
     let table = outbox.tables().outbox.to_string();
     let admin = Admin::new(outbox.clone());
     match cli.command {
+        // Answered in `main`, before a database is asked for.
+        Command::Completions { .. } => {}
         Command::Migrate => {
             let applied = outbox.migrate().await?;
             if applied.is_empty() {

@@ -17,6 +17,18 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    if let cli::Command::Completions { shell } = cli.command {
+        let mut command = <cli::Cli as clap::CommandFactory>::command();
+        // Into memory first: clap_complete panics on a write error, and a reader that
+        // went away (`| head`) is not an error of ours.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut command, "outbox", &mut script);
+        return match std::io::stdout().lock().write_all(&script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("cannot write the output: {e}")),
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")

@@ -1575,3 +1575,63 @@ async fn tls_only_postgres_is_operated_over_tls_and_a_wrong_ca_is_named() {
     );
     db.cleanup().await;
 }
+
+/// `outbox completions <shell>` needs no database; bash (a shell we did not write) loads
+/// the script and completes the subcommands and their arguments from it (#37 §4).
+#[tokio::test]
+async fn completions_load_in_bash_and_complete_the_commands() {
+    let bash = outbox_with_env(&["completions", "bash"], None).await;
+    let script = std::env::temp_dir().join(format!("outbox-completions-{}.bash", Uuid::now_v7()));
+    std::fs::write(&script, bash.ok()).expect("write the script");
+    // What bash offers after `outbox <words>` (the last word being completed).
+    let complete = |words: &[&str]| {
+        let words: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let line = format!(
+            "source '{}'; COMP_WORDS=(outbox {}); COMP_CWORD={}; \
+             _outbox outbox \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            words.join(" "),
+            words.len()
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &line])
+            .output()
+            .expect("run bash");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let offered = complete(&["re"]);
+    for command in ["release", "replay", "retention"] {
+        assert!(
+            offered.lines().any(|l| l == command),
+            "`outbox re<TAB>`: {offered}"
+        );
+    }
+    let offered = complete(&["completions", ""]);
+    assert!(
+        offered.lines().any(|l| l == "zsh"),
+        "`outbox completions <TAB>`: {offered}"
+    );
+    let offered = complete(&["dead", "--des"]);
+    assert!(
+        offered.lines().any(|l| l == "--destination"),
+        "`outbox dead --des<TAB>`: {offered}"
+    );
+    std::fs::remove_file(&script).expect("remove the script");
+    for shell in ["zsh", "fish"] {
+        let run = outbox_with_env(&["completions", shell], None).await;
+        assert!(run.ok().contains("release"), "{shell}: {}", run.stdout);
+    }
+    let wrong = outbox_with_env(&["completions", "nushell"], None).await;
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+    assert!(
+        wrong.stderr.contains("possible values: bash"),
+        "{}",
+        wrong.stderr
+    );
+}
