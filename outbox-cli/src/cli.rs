@@ -154,6 +154,10 @@ pub enum Command {
         /// would delete and asks on a terminal, or deletes nothing.
         #[arg(long, short = 'y', conflicts_with = "dry_run")]
         yes: bool,
+        /// Refuse to delete more rows than this: one transaction holds its locks and
+        /// writes all its WAL at once. Above it, `outbox retention` deletes in batches.
+        #[arg(long, default_value_t = 100_000, value_name = "ROWS")]
+        max_rows: u64,
     },
     /// WAL mode: the outbox's replication slot (`status` shows its lag).
     Slot {

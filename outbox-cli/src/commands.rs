@@ -289,19 +289,34 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             dead_before,
             dry_run,
             yes,
+            max_rows,
         } => {
-            if dead_before.is_some() && !dry_run && !yes {
-                // Dead letters are messages that never reached anyone: ask first.
+            if !dry_run {
+                // Counted first: a purge of millions of rows in one transaction is a long
+                // lock and a burst of WAL (the delete may still find a few more, written
+                // since).
                 let preview = admin.purge(sent_before, dead_before, true).await?;
-                writeln!(
-                    out,
-                    "would delete {} sent and {} dead-lettered message(s) from {table}",
-                    preview.sent, preview.dead
-                )?;
-                if preview.sent + preview.dead == 0 {
-                    return Ok(());
+                let rows = preview.sent + preview.dead;
+                if rows > max_rows {
+                    return Err(Failure::Message(format!(
+                        "would delete {rows} row(s) of {table} in one transaction, more than \
+                         --max-rows {max_rows} (a long lock and a burst of WAL); nothing deleted. \
+                         Delete old sent messages in batches with `outbox retention \
+                         --sent-older-than <age> --keep-processed`, or raise --max-rows"
+                    )));
                 }
-                confirm(out, "delete them", "deleted")?;
+                if dead_before.is_some() && !yes {
+                    // Dead letters are messages that never reached anyone: ask first.
+                    writeln!(
+                        out,
+                        "would delete {} sent and {} dead-lettered message(s) from {table}",
+                        preview.sent, preview.dead
+                    )?;
+                    if rows == 0 {
+                        return Ok(());
+                    }
+                    confirm(out, "delete them", "deleted")?;
+                }
             }
             let report = admin.purge(sent_before, dead_before, dry_run).await?;
             let verb = if dry_run { "would delete" } else { "deleted" };

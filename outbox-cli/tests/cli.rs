@@ -777,7 +777,24 @@ async fn purge_deletes_old_history_and_dry_run_only_counts() {
     );
     assert_eq!(db.count("outbox").await, 6, "dry run deletes nothing");
 
-    let out = in_db(&db, &["purge", "--sent-before", "7d"]).await;
+    // More rows than --max-rows: refused, nothing deleted, retention named (#37: one
+    // transaction over millions of rows is a long lock and a WAL burst).
+    let out = in_db(&db, &["purge", "--sent-before", "7d", "--max-rows", "2"]).await;
+    let refused = out.failed();
+    assert!(
+        refused.contains("would delete 3 row(s)")
+            && refused.contains("--max-rows 2")
+            && refused.contains("outbox retention")
+            && refused.contains("nothing deleted"),
+        "{refused}"
+    );
+    assert_eq!(
+        db.count("outbox").await,
+        6,
+        "a refused purge deletes nothing"
+    );
+
+    let out = in_db(&db, &["purge", "--sent-before", "7d", "--max-rows", "3"]).await;
     assert!(
         out.ok().starts_with("deleted 3 sent and 0 dead-lettered"),
         "{}",
