@@ -8,13 +8,27 @@ use uuid::Uuid;
 
 use crate::time::{parse_age, parse_time};
 
-const TIMES: &str = "Times: RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01, midnight UTC), \
-                     `now`, or an age before now (90s, 15m, 12h, 7d, 2w; this machine's clock).";
+/// The forms a time takes, under the help of each command that takes one.
+macro_rules! times {
+    () => {
+        "Times: RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01, midnight UTC), \
+         `now`, or an age before now (90s, 15m, 12h, 7d, 2w; this machine's clock)."
+    };
+}
+const TIMES: &str = times!();
+
+/// The times paragraph and the exit statuses, under `outbox --help`.
+const MAIN_AFTER_HELP: &str = concat!(
+    times!(),
+    "\n\nExit status: 0 done; 1 the command failed (the reason on one line of standard \
+     error; nothing changed); 2 the command line does not parse; 3 `doctor` found \
+     something that needs action."
+);
 
 /// Operate a transactional outbox: migrate its tables, watch the queue, replay sent
 /// messages, release dead letters and purge history.
 #[derive(Debug, Parser)]
-#[command(name = "outbox", version, after_help = TIMES)]
+#[command(name = "outbox", version, after_help = MAIN_AFTER_HELP)]
 pub struct Cli {
     /// The database: postgres://user:password@host:5432/db, mysql://user@host:3306/db
     /// (MariaDB too) or sqlite://path/to/app.db.
@@ -22,6 +36,7 @@ pub struct Cli {
         long,
         env = "DATABASE_URL",
         global = true,
+        help_heading = "Global options",
         hide_env_values = true,
         value_name = "URL"
     )]
@@ -32,6 +47,7 @@ pub struct Cli {
         long,
         env = "OUTBOX_TABLE",
         global = true,
+        help_heading = "Global options",
         default_value = "outbox",
         value_name = "TABLE"
     )]
@@ -42,21 +58,29 @@ pub struct Cli {
         long,
         env = "OUTBOX_PROCESSED_TABLE",
         global = true,
+        help_heading = "Global options",
         value_name = "TABLE"
     )]
     pub processed_table: Option<String>,
 
     /// PostgreSQL WAL mode (docs/wal.md): the outbox's replication slot, for `status`,
     /// `migrate` and `slot drop` (default with --wal: `outbox_<table>`).
-    #[arg(long, env = "OUTBOX_WAL_SLOT", global = true, value_name = "SLOT")]
+    #[arg(
+        long,
+        env = "OUTBOX_WAL_SLOT",
+        global = true,
+        help_heading = "Global options",
+        value_name = "SLOT"
+    )]
     pub wal_slot: Option<String>,
 
     /// PostgreSQL WAL mode with the default slot name (`outbox_<table>`).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     pub wal: bool,
 
     /// Give up connecting after this long (an age such as 10s).
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_age, value_name = "AGE")]
+    #[arg(long, global = true,
+        help_heading = "Global options", default_value = "10s", value_parser = parse_age, value_name = "AGE")]
     pub connect_timeout: Duration,
 
     #[command(subcommand)]
@@ -229,7 +253,7 @@ pub enum Command {
         #[arg(long, value_name = "INTERVAL")]
         interval: Interval,
         /// Do not ask for confirmation.
-        #[arg(long)]
+        #[arg(long, short = 'y')]
         yes: bool,
     },
     /// Run retention once: delete old sent messages and processed ids in small batches.

@@ -1652,3 +1652,42 @@ async fn completions_load_in_bash_and_complete_the_commands() {
         wrong.stderr
     );
 }
+
+/// `outbox --help` puts the options every command takes under their own heading and
+/// lists the exit statuses; `partition` takes `-y` like the other confirming commands
+/// (#37 §4).
+#[tokio::test]
+async fn help_shows_the_global_options_apart_and_the_exit_statuses() {
+    let help = outbox_with_env(&["--help"], None).await;
+    let text = help.ok();
+    let (commands, global) = text
+        .split_once("Global options:")
+        .unwrap_or_else(|| panic!("a `Global options:` heading:\n{text}"));
+    for option in [
+        "--database-url",
+        "--table",
+        "--wal-slot",
+        "--connect-timeout",
+    ] {
+        assert!(
+            global.contains(option),
+            "{option} under Global options:\n{text}"
+        );
+        assert!(!commands.contains(option), "{option} only there:\n{text}");
+    }
+    assert!(
+        text.contains("Exit status: 0 done; 1 the command failed")
+            && text.contains("3 `doctor` found"),
+        "{text}"
+    );
+    let partition = outbox_with_env(
+        &["partition", "--interval", "day", "-y"],
+        Some("sqlite://x.db"),
+    )
+    .await;
+    assert!(
+        partition.failed().contains("PostgreSQL only"),
+        "-y parses; the refusal is the database's: {}",
+        partition.stderr
+    );
+}
