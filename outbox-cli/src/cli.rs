@@ -83,6 +83,12 @@ pub struct Cli {
         help_heading = "Global options", default_value = "10s", value_parser = parse_age, value_name = "AGE")]
     pub connect_timeout: Duration,
 
+    /// Print JSON on standard output (status, doctor: the report; pending, dead: the
+    /// messages with payloads and headers; other commands: what they did), and a failure
+    /// as one JSON object on standard error. Commands that ask first need --yes with it.
+    #[arg(long, global = true, help_heading = "Global options")]
+    pub json: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -101,11 +107,7 @@ pub enum Command {
         shell: clap_complete::Shell,
     },
     /// Pending, in-retry and dead-lettered counts, overall and per destination.
-    Status {
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Status,
     /// List pending messages, oldest first.
     Pending {
         #[command(flatten)]
@@ -194,9 +196,6 @@ pub enum Command {
     /// and autovacuum, the sequence cache, relays and their partitions, replication
     /// slots. Read-only. Exit status 3 when something needs action.
     Doctor {
-        /// Print JSON (the findings and the facts they come from).
-        #[arg(long)]
-        json: bool,
         /// The oldest pending message may wait this long.
         #[arg(long, value_parser = parse_age, value_name = "AGE", default_value = "5m")]
         oldest_pending: Duration,
@@ -337,7 +336,4 @@ pub struct Filter {
     /// At most this many.
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
-    /// Print JSON (an array of messages, with payloads and headers).
-    #[arg(long)]
-    pub json: bool,
 }

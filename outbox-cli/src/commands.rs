@@ -66,7 +66,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
             return slot_command(&cli, outbox, command, out).await;
         }
         if let Command::Partition { interval, yes } = &cli.command {
-            return partition_command(outbox, *interval, *yes, out).await;
+            return partition_command(outbox, *interval, *yes, cli.json, out).await;
         }
         execute(cli, outbox, out).await
     } else if is(MySql::URL_SCHEMES) {
@@ -118,8 +118,14 @@ fn sqlite_file_exists(url: &str, command: &Command) -> Result {
 
 /// Asks on the terminal whether to go on (`question`, e.g. "delete them"); without a
 /// terminal, or without a yes, fails saying that nothing was `done` (e.g. "deleted").
-fn confirm(out: &mut impl Write, question: &str, done: &str) -> Result {
+fn confirm(out: &mut impl Write, json: bool, question: &str, done: &str) -> Result {
     use std::io::{BufRead, IsTerminal};
+    if json {
+        return Err(Failure::Message(format!(
+            "nothing {done}: with --json, give --yes to go ahead (nothing is asked: the \
+             question would mix with the JSON)"
+        )));
+    }
     out.flush()?;
     let stdin = io::stdin();
     if !stdin.is_terminal() {
@@ -147,23 +153,47 @@ fn mysql_scheme(url: &str) -> String {
     }
 }
 
+/// What a command did: a line of text, or with `--json` the object `value`.
+fn report(
+    out: &mut impl Write,
+    json: bool,
+    text: impl FnOnce() -> String,
+    value: serde_json::Value,
+) -> Result {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, &value)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", text())?;
+    }
+    Ok(())
+}
+
 async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write) -> Result {
     let table = outbox.tables().outbox.to_string();
     let admin = Admin::new(outbox.clone());
+    let json = cli.json;
     match cli.command {
         // Answered in `main`, before a database is asked for.
         Command::Completions { .. } => {}
         Command::Migrate => {
             let applied = outbox.migrate().await?;
-            if applied.is_empty() {
-                writeln!(out, "{table} is up to date; no migration to apply")?;
-            } else {
-                let list: Vec<String> = applied.iter().map(i64::to_string).collect();
-                writeln!(out, "applied migrations {} to {table}", list.join(", "))?;
-            }
+            let value = serde_json::json!({ "table": table, "applied": applied });
+            report(
+                out,
+                json,
+                || {
+                    if applied.is_empty() {
+                        format!("{table} is up to date; no migration to apply")
+                    } else {
+                        let list: Vec<String> = applied.iter().map(i64::to_string).collect();
+                        format!("applied migrations {} to {table}", list.join(", "))
+                    }
+                },
+                value,
+            )?;
         }
         Command::Doctor {
-            json,
             oldest_pending,
             open_writer,
             consumer_failing,
@@ -202,7 +232,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
         } => {
             crate::serve::serve(outbox.clone(), listen, token, allowed_hosts, out).await?;
         }
-        Command::Status { json } => {
+        Command::Status => {
             let status = admin.status().await?;
             if json {
                 serde_json::to_writer_pretty(&mut *out, &status)?;
@@ -212,14 +242,12 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             }
         }
         Command::Pending { filter, in_retry } => {
-            let json = filter.json;
             let mut list_filter = list_filter(filter);
             list_filter.in_retry_only = in_retry;
             let messages = admin.pending(&list_filter).await?;
             print_messages(out, &messages, json, "pending")?;
         }
         Command::Dead { filter } => {
-            let json = filter.json;
             let messages = admin.dead(&list_filter(filter)).await?;
             print_messages(out, &messages, json, "dead-lettered")?;
         }
@@ -237,24 +265,37 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                         let n = admin
                             .preview_replay_sent_between(since, until, destination)
                             .await?;
-                        writeln!(
-                            out,
-                            "would re-queue {n} message(s) sent from {since} until {until}{} in {table}",
-                            destination.map(|d| format!(" to {d}")).unwrap_or_default()
-                        )?;
-                        if n == 0 {
-                            return Ok(());
+                        if !json {
+                            writeln!(
+                                out,
+                                "would re-queue {n} message(s) sent from {since} until {until}{} in {table}",
+                                destination.map(|d| format!(" to {d}")).unwrap_or_default()
+                            )?;
                         }
-                        confirm(out, "re-queue them", "re-queued")?;
+                        if n == 0 {
+                            return report(
+                                out,
+                                json,
+                                String::new,
+                                serde_json::json!({ "table": table, "requeued": 0 }),
+                            );
+                        }
+                        confirm(out, json, "re-queue them", "re-queued")?;
                     }
                     admin.replay_sent_between(since, until, destination).await?
                 }
                 _ => admin.replay(&ids).await?,
             };
-            writeln!(
+            report(
                 out,
-                "re-queued {n} sent message(s) in {table}; the relay publishes them again, each before \
-                 the newer pending messages of its key"
+                json,
+                || {
+                    format!(
+                        "re-queued {n} sent message(s) in {table}; the relay publishes them again, \
+                         each before the newer pending messages of its key"
+                    )
+                },
+                serde_json::json!({ "table": table, "requeued": n }),
             )?;
         }
         Command::Release { ids, key } => {
@@ -271,17 +312,29 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 }
                 None => admin.release(&ids).await?,
             };
-            writeln!(
+            report(
                 out,
-                "released {n} dead-lettered message(s) in {table}: pending again, attempts reset"
+                json,
+                || {
+                    format!(
+                        "released {n} dead-lettered message(s) in {table}: pending again, attempts reset"
+                    )
+                },
+                serde_json::json!({ "table": table, "released": n }),
             )?;
         }
         Command::Discard { ids } => {
             let n = admin.discard(&ids).await?;
-            writeln!(
+            report(
                 out,
-                "discarded {n} dead-lettered message(s) from {table}: deleted, never to be published; \
-                 the later messages of their keys go on"
+                json,
+                || {
+                    format!(
+                        "discarded {n} dead-lettered message(s) from {table}: deleted, never to be \
+                         published; the later messages of their keys go on"
+                    )
+                },
+                serde_json::json!({ "table": table, "discarded": n }),
             )?;
         }
         Command::Purge {
@@ -307,29 +360,42 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 }
                 if dead_before.is_some() && !yes {
                     // Dead letters are messages that never reached anyone: ask first.
-                    writeln!(
-                        out,
-                        "would delete {} sent and {} dead-lettered message(s) from {table}",
-                        preview.sent, preview.dead
-                    )?;
-                    if rows == 0 {
-                        return Ok(());
+                    if !json {
+                        writeln!(
+                            out,
+                            "would delete {} sent and {} dead-lettered message(s) from {table}",
+                            preview.sent, preview.dead
+                        )?;
                     }
-                    confirm(out, "delete them", "deleted")?;
+                    if rows == 0 {
+                        return report(
+                            out,
+                            json,
+                            String::new,
+                            serde_json::json!({ "table": table, "sent": 0, "dead": 0, "dry_run": false }),
+                        );
+                    }
+                    confirm(out, json, "delete them", "deleted")?;
                 }
             }
-            let report = admin.purge(sent_before, dead_before, dry_run).await?;
+            let done = admin.purge(sent_before, dead_before, dry_run).await?;
             let verb = if dry_run { "would delete" } else { "deleted" };
-            writeln!(
+            report(
                 out,
-                "{verb} {} sent and {} dead-lettered message(s) from {table}{}",
-                report.sent,
-                report.dead,
-                if dry_run {
-                    " (dry run: nothing deleted)"
-                } else {
-                    ""
-                }
+                json,
+                || {
+                    format!(
+                        "{verb} {} sent and {} dead-lettered message(s) from {table}{}",
+                        done.sent,
+                        done.dead,
+                        if dry_run {
+                            " (dry run: nothing deleted)"
+                        } else {
+                            ""
+                        }
+                    )
+                },
+                serde_json::json!({ "table": table, "sent": done.sent, "dead": done.dead, "dry_run": dry_run }),
             )?;
         }
         Command::Slot { .. } => {
@@ -355,8 +421,22 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             if keep_processed {
                 builder = builder.keep_processed();
             }
-            let report = builder.build().run_once().await?;
-            writeln!(out, "{table}: {report}")?;
+            let done = builder.build().run_once().await?;
+            report(
+                out,
+                json,
+                || format!("{table}: {done}"),
+                serde_json::json!({
+                    "table": table,
+                    "sent_deleted": done.sent_deleted,
+                    "processed_deleted": done.processed_deleted,
+                    "sent_cutoff": done.sent_cutoff,
+                    "processed_cutoff": done.processed_cutoff,
+                    "batches": done.batches,
+                    "longest_batch_seconds": done.longest_batch.as_secs_f64(),
+                    "elapsed_seconds": done.elapsed.as_secs_f64(),
+                }),
+            )?;
         }
     }
     Ok(())
@@ -390,6 +470,7 @@ async fn partition_command(
     outbox: Outbox<Postgres>,
     interval: crate::cli::Interval,
     yes: bool,
+    json: bool,
     out: &mut impl Write,
 ) -> Result {
     let table = outbox.tables().outbox.clone();
@@ -400,6 +481,7 @@ async fn partition_command(
     if !yes {
         confirm(
             out,
+            json,
             &format!(
                 "copy {table} into a table partitioned {interval} (writers and relays wait meanwhile), \
                  then drop the old table"
@@ -408,25 +490,34 @@ async fn partition_command(
         )?;
     }
     let done = outbox.partition_by_time(interval).await?;
-    if done.partitions.is_empty() {
-        writeln!(
-            out,
-            "{table} is already partitioned {interval}; nothing to do"
-        )?;
-    } else {
-        writeln!(
-            out,
-            "{table} is partitioned {interval}: {} rows copied into {} partitions ({} to {}) \
-             and the default partition; {} relay session(s) reconnect to it. `outbox retention` \
-             now drops old partitions whole",
-            done.rows_copied,
-            done.partitions.len(),
-            done.partitions.first().map_or("", String::as_str),
-            done.partitions.last().map_or("", String::as_str),
-            done.relays_disconnected
-        )?;
-    }
-    Ok(())
+    let value = serde_json::json!({
+        "table": table.to_string(),
+        "interval": interval.to_string(),
+        "rows_copied": done.rows_copied,
+        "partitions": done.partitions,
+        "relays_disconnected": done.relays_disconnected,
+    });
+    report(
+        out,
+        json,
+        || {
+            if done.partitions.is_empty() {
+                format!("{table} is already partitioned {interval}; nothing to do")
+            } else {
+                format!(
+                    "{table} is partitioned {interval}: {} rows copied into {} partitions ({} to {}) \
+                     and the default partition; {} relay session(s) reconnect to it. `outbox retention` \
+                     now drops old partitions whole",
+                    done.rows_copied,
+                    done.partitions.len(),
+                    done.partitions.first().map_or("", String::as_str),
+                    done.partitions.last().map_or("", String::as_str),
+                    done.relays_disconnected
+                )
+            }
+        },
+        value,
+    )
 }
 
 /// `outbox slot ...` (PostgreSQL, WAL mode).
@@ -448,23 +539,31 @@ async fn slot_command(
         SlotCommand::Drop { yes } => {
             if !yes {
                 let status = admin.status().await?;
-                if let Some(slot) = &status.slot {
+                if let Some(slot) = status.slot.as_ref().filter(|_| !cli.json) {
                     print_slot(out, slot)?;
                 }
                 confirm(
                     out,
+                    cli.json,
                     "drop the slot, and the events it still holds",
                     "dropped",
                 )?;
             }
             let slot = outbox_core::postgres::Slot::drop(admin.outbox()).await?;
-            writeln!(
+            report(
                 out,
-                "dropped replication slot {} and its publication ({} not confirmed by a relay); \
-                 `outbox migrate --wal-slot {}` creates a new one, which sees only what is written after it",
-                slot.name,
-                bytes(slot.unconfirmed_bytes),
-                slot.name
+                cli.json,
+                || {
+                    format!(
+                        "dropped replication slot {} and its publication ({} not confirmed by a \
+                         relay); `outbox migrate --wal-slot {}` creates a new one, which sees only \
+                         what is written after it",
+                        slot.name,
+                        bytes(slot.unconfirmed_bytes),
+                        slot.name
+                    )
+                },
+                serde_json::json!({ "slot": slot.name, "unconfirmed_bytes": slot.unconfirmed_bytes }),
             )?;
         }
     }

@@ -45,6 +45,8 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
+    let json = cli.json;
+    let fail = |message: &str| fail_as(json, message);
     let mut out = std::io::stdout().lock();
     match runtime.block_on(commands::run(cli, &mut out)) {
         Ok(()) => match out.flush() {
@@ -65,8 +67,22 @@ fn main() -> ExitCode {
 }
 
 fn fail(message: &str) -> ExitCode {
+    fail_as(false, message)
+}
+
+/// The failure on one line of standard error: `outbox: error: ...`, or with `--json` a
+/// JSON object `{"error": "...", "exit_status": 1}`.
+fn fail_as(json: bool, message: &str) -> ExitCode {
     // One line: messages from the library never span lines, but a driver error might.
     let line = message.replace('\n', " ");
-    let _ = writeln!(std::io::stderr(), "outbox: error: {line}");
+    let _ = if json {
+        writeln!(
+            std::io::stderr(),
+            "{}",
+            serde_json::json!({ "error": line, "exit_status": 1 })
+        )
+    } else {
+        writeln!(std::io::stderr(), "outbox: error: {line}")
+    };
     ExitCode::FAILURE
 }

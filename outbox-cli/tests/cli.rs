@@ -1691,3 +1691,100 @@ async fn help_shows_the_global_options_apart_and_the_exit_statuses() {
         partition.stderr
     );
 }
+
+/// `--json` on every command that changes something: what it did, as one JSON object on
+/// standard output; a failure, as one JSON object on one line of standard error; a
+/// command that asks first refuses without `--yes` instead of mixing its question with
+/// the JSON (#37 §4: only status, pending, dead and doctor spoke JSON).
+#[tokio::test]
+async fn the_commands_that_change_things_speak_json_when_asked() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    let table = format!("{}.outbox", db.schema);
+    let migrate = json(in_db(&db, &["migrate", "--json"]).await.ok());
+    assert_eq!(migrate["table"], table.as_str());
+    assert_eq!(migrate["applied"], serde_json::json!([]), "{migrate}");
+
+    let old_sent = Row {
+        sent_ago: Some("10 days"),
+        created_ago: "10 days",
+        ..PENDING
+    };
+    let old_dead = Row {
+        dead_ago: Some("10 days"),
+        created_ago: "10 days",
+        attempts: 1,
+        ..PENDING
+    };
+    let sent = insert(&db, old_sent).await.to_string();
+    let replay = json(in_db(&db, &["replay", "--json", "--id", &sent]).await.ok());
+    assert_eq!(replay["requeued"], 1, "{replay}");
+    let dead = insert(&db, old_dead).await.to_string();
+    let release = json(in_db(&db, &["release", "--json", "--id", &dead]).await.ok());
+    assert_eq!(release["released"], 1, "{release}");
+    let dead = insert(&db, old_dead).await.to_string();
+    let discard = json(in_db(&db, &["discard", "--json", "--id", &dead]).await.ok());
+    assert_eq!(discard["discarded"], 1, "{discard}");
+    insert(&db, old_sent).await;
+    let purge = json(
+        in_db(&db, &["purge", "--json", "--sent-before", "7d"])
+            .await
+            .ok(),
+    );
+    assert_eq!(
+        (&purge["sent"], &purge["dead"], &purge["dry_run"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(0),
+            &serde_json::json!(false)
+        ),
+        "{purge}"
+    );
+    let retention = json(in_db(&db, &["retention", "--json"]).await.ok());
+    for field in [
+        "sent_deleted",
+        "processed_deleted",
+        "batches",
+        "elapsed_seconds",
+    ] {
+        assert!(retention[field].is_number(), "{field}: {retention}");
+    }
+
+    // A failure: nothing on standard output, one JSON object on standard error.
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let failed = in_db(&db, &["replay", "--json", "--id", &unknown]).await;
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    assert_eq!(failed.stdout, "", "nothing on standard output");
+    assert_eq!(
+        failed.stderr.trim_end().lines().count(),
+        1,
+        "{}",
+        failed.stderr
+    );
+    let error = json(&failed.stderr);
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&unknown))
+            && error["exit_status"] == 1,
+        "{error}"
+    );
+    // A command that would ask: refused, nothing changed, no question on the output.
+    let dead = insert(&db, old_dead).await;
+    let asked = in_db(&db, &["purge", "--json", "--dead-before", "1d"]).await;
+    assert_eq!(asked.code, 1, "{}", asked.stderr);
+    assert_eq!(asked.stdout, "", "no preview text among the JSON");
+    assert!(
+        json(&asked.stderr)["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--yes"))
+    );
+    assert!(state(&db, dead).await.is_some(), "nothing deleted");
+    let yes = json(
+        in_db(&db, &["purge", "--json", "--dead-before", "1d", "--yes"])
+            .await
+            .ok(),
+    );
+    assert_eq!(yes["dead"], 1, "{yes}");
+    db.cleanup().await;
+}
