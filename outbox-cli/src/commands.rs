@@ -841,21 +841,77 @@ fn print_messages(
     Ok(())
 }
 
+/// `text` on one line, at most `max` columns wide as a terminal shows it (a CJK
+/// character or an emoji takes two), cut with `…`.
 fn shorten(text: &str, max: usize) -> String {
     let one_line = text.replace(['\n', '\r'], " ");
-    if one_line.chars().count() <= max {
+    if width(&one_line) <= max {
         return one_line;
     }
-    let mut s: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    let mut s = String::new();
+    let mut used = 0;
+    for c in one_line.chars() {
+        let w = unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w + 1 > max {
+            break;
+        }
+        used += w;
+        s.push(c);
+    }
     s.push('…');
     s
 }
 
+/// Columns a terminal gives `text`.
+fn width(text: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(text)
+}
+
+/// The terminal's width when standard output is one (`COLUMNS` first, as shells set it);
+/// `None` otherwise: a script gets whole rows.
+fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !io::stdout().is_terminal() {
+        return None;
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .or_else(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
+}
+
 fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    fit_table(out, header, rows, terminal_width())
+}
+
+/// Columns padded to their widest cell; with `max_width`, the widest columns are cut
+/// (their cells end in `…`) until a line fits, down to 8 columns each.
+fn fit_table(
+    out: &mut impl Write,
+    header: &[&str],
+    rows: &[Vec<String>],
+    max_width: Option<usize>,
+) -> io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            *w = (*w).max(width(cell));
+        }
+    }
+    if let Some(max) = max_width {
+        let gaps = 2 * widths.len().saturating_sub(1);
+        while widths.iter().sum::<usize>() + gaps > max {
+            let Some((i, w)) = widths.iter().copied().enumerate().max_by_key(|(_, w)| *w) else {
+                break;
+            };
+            if w <= 8 {
+                break;
+            }
+            let over = widths.iter().sum::<usize>() + gaps - max;
+            widths[i] = (w - over).max(8).max(width(header[i]));
+            if widths[i] == w {
+                break;
+            }
         }
     }
     let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
@@ -864,9 +920,14 @@ fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Res
             if i > 0 {
                 text.push_str("  ");
             }
-            text.push_str(cell);
+            let cell = if width(cell) > *w {
+                shorten(cell, *w)
+            } else {
+                (*cell).to_owned()
+            };
+            text.push_str(&cell);
             if i + 1 < cells.len() {
-                text.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+                text.extend(std::iter::repeat_n(' ', w - width(&cell)));
             }
         }
         writeln!(out, "{text}")
@@ -882,6 +943,65 @@ fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rendered(rows: &[Vec<String>], max_width: Option<usize>) -> Vec<String> {
+        let mut out = Vec::new();
+        fit_table(&mut out, &["KEY", "TYPE", "LAST ERROR"], rows, max_width).expect("render");
+        String::from_utf8(out)
+            .expect("utf-8")
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Wide characters take two columns: the next column starts at the same column on
+    /// every line (it was shifted by one per CJK character: `chars().count()`).
+    #[test]
+    fn cjk_and_emoji_cells_keep_the_columns_aligned() {
+        let rows = vec![
+            vec![
+                "注文-42".to_owned(),
+                "Bestellung".to_owned(),
+                "-".to_owned(),
+            ],
+            vec!["k🚀".to_owned(), "注文確定".to_owned(), "-".to_owned()],
+            vec!["plain".to_owned(), "x".to_owned(), "-".to_owned()],
+        ];
+        let lines = rendered(&rows, None);
+        let third_column = |line: &str| {
+            let at = line.rfind("  ").expect("a gap") + 2;
+            // Measured as a terminal shows it (not with the code under test).
+            unicode_width::UnicodeWidthStr::width(&line[..at])
+        };
+        let starts: Vec<usize> = lines.iter().map(|l| third_column(l)).collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{lines:#?}");
+    }
+
+    /// On a terminal narrower than the table, the widest column is cut (`…`) and every
+    /// line fits.
+    #[test]
+    fn a_table_fits_the_terminal_by_cutting_its_widest_column() {
+        let error = "connection refused by the broker at kafka-1.internal:9092 (all brokers down) "
+            .repeat(2);
+        let rows = vec![vec![
+            "order-1".to_owned(),
+            "OrderPlaced".to_owned(),
+            error.clone(),
+        ]];
+        let lines = rendered(&rows, Some(60));
+        for line in &lines {
+            assert!(width(line) <= 60, "{} columns: {line}", width(line));
+        }
+        assert!(
+            lines[1].ends_with('…') && lines[1].contains("OrderPlaced"),
+            "{lines:#?}"
+        );
+        let whole = rendered(&rows, None);
+        assert!(
+            whole[1].trim_end().ends_with(error.trim_end()),
+            "no terminal: whole rows"
+        );
+    }
 
     #[test]
     fn only_the_mariadb_scheme_is_rewritten() {
