@@ -512,12 +512,26 @@ ensure_promtool() {
   local dir="$OUTBOX_TOOLS_DIR/promtool"
   OUTBOX_PROMTOOL="$dir/usr/bin/promtool"
   if [ -x "$OUTBOX_PROMTOOL" ]; then return 0; fi
-  command -v apt-get >/dev/null 2>&1 || die "promtool is missing and apt-get is not here; the alert rules' check needs it (Debian's prometheus package has it)"
+  if command -v promtool >/dev/null 2>&1; then
+    OUTBOX_PROMTOOL=$(command -v promtool)
+    return 0
+  fi
+  # Only scripts/check-alerts.sh needs it: a machine that cannot get it still runs the tests.
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "WARNING: promtool is missing and apt-get is not here: scripts/check-alerts.sh will fail; install Prometheus's promtool"
+    return 0
+  fi
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   log "taking promtool out of Debian's prometheus package into $dir"
   local deb
   deb=$(mktemp -d)
-  ( cd "$deb" && { apt-get download prometheus >&2 || { apt-get update -qq >&2 && apt-get download prometheus >&2; }; } ) \
-    || die "cannot download Debian's prometheus package (apt-get download prometheus)"
+  if ! ( cd "$deb" && { apt-get download prometheus >&2 \
+           || { $sudo apt-get update -qq >&2 && apt-get download prometheus >&2; }; } ); then
+    log "WARNING: cannot download Debian's prometheus package (apt-get download prometheus): scripts/check-alerts.sh will fail"
+    rm -rf "$deb"
+    return 0
+  fi
   mkdir -p "$dir"
   dpkg-deb -x "$deb"/prometheus_*.deb "$dir" || die "cannot unpack $deb/prometheus_*.deb"
   rm -rf "$deb"

@@ -164,7 +164,9 @@ impl Args {
                 "--sustained-seconds" => args.sustained_seconds = number()?.max(1),
                 "--partitions-seconds" => args.partitions_seconds = number()?.max(5),
                 "--session-timeout-ms" => {
-                    // 0: librdkafka's defaults; otherwise at least librdkafka's minimum.
+                    // 0: librdkafka's defaults. Below 1 s a group churns even on tansu; an
+                    // Apache Kafka broker refuses sessions below its
+                    // group.min.session.timeout.ms (6 s by default).
                     args.session_timeout_ms = match number()? {
                         0 => 0,
                         ms => ms.max(1000),
@@ -220,7 +222,10 @@ impl Args {
             args.sustained_rates = vec![200];
             args.sustained_seconds = args.sustained_seconds.min(2);
             args.partitions_seconds = args.partitions_seconds.min(6);
-            args.session_timeout_ms = 2_000;
+            // Short sessions, unless librdkafka's defaults were asked for.
+            if args.session_timeout_ms != 0 {
+                args.session_timeout_ms = args.session_timeout_ms.min(2_000);
+            }
             args.restart_rounds = 1;
         }
         Ok(args)

@@ -273,12 +273,16 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                             )?;
                         }
                         if n == 0 {
-                            return report(
-                                out,
-                                json,
-                                String::new,
-                                serde_json::json!({ "table": table, "requeued": 0 }),
-                            );
+                            return match json {
+                                true => report(
+                                    out,
+                                    json,
+                                    String::new,
+                                    serde_json::json!({ "table": table, "requeued": 0 }),
+                                ),
+                                // The line above said it.
+                                false => Ok(()),
+                            };
                         }
                         confirm(out, json, "re-queue them", "re-queued")?;
                     }
@@ -351,11 +355,18 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                 let preview = admin.purge(sent_before, dead_before, true).await?;
                 let rows = preview.sent + preview.dead;
                 if rows > max_rows {
+                    let instead = if preview.dead > 0 {
+                        " (retention keeps dead letters: for those, raise --max-rows or narrow \
+                         --dead-before)"
+                    } else {
+                        ""
+                    };
                     return Err(Failure::Message(format!(
-                        "would delete {rows} row(s) of {table} in one transaction, more than \
-                         --max-rows {max_rows} (a long lock and a burst of WAL); nothing deleted. \
-                         Delete old sent messages in batches with `outbox retention \
-                         --sent-older-than <age> --keep-processed`, or raise --max-rows"
+                        "would delete {rows} row(s) of {table} ({} sent, {} dead-lettered) in one \
+                         transaction, more than --max-rows {max_rows} (a long lock and a burst of \
+                         WAL); nothing deleted. Delete old sent messages in batches with `outbox \
+                         retention --sent-older-than <age> --keep-processed`, or raise --max-rows{instead}",
+                        preview.sent, preview.dead
                     )));
                 }
                 if dead_before.is_some() && !yes {
@@ -368,12 +379,16 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                         )?;
                     }
                     if rows == 0 {
-                        return report(
-                            out,
-                            json,
-                            String::new,
-                            serde_json::json!({ "table": table, "sent": 0, "dead": 0, "dry_run": false }),
-                        );
+                        return match json {
+                            true => report(
+                                out,
+                                json,
+                                String::new,
+                                serde_json::json!({ "table": table, "sent": 0, "dead": 0, "dry_run": false }),
+                            ),
+                            // The line above said it.
+                            false => Ok(()),
+                        };
                     }
                     confirm(out, json, "delete them", "deleted")?;
                 }
@@ -884,8 +899,13 @@ fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> io::Res
     fit_table(out, header, rows, terminal_width())
 }
 
-/// Columns padded to their widest cell; with `max_width`, the widest columns are cut
-/// (their cells end in `…`) until a line fits, down to 8 columns each.
+/// The columns a narrow terminal may cut: prose and names. Ids, keys, numbers and times
+/// stay whole (an operator copies them into `release --id`, `release --key`).
+const CUTTABLE: [&str; 3] = ["LAST ERROR", "TYPE", "DESTINATION"];
+
+/// Columns padded to their widest cell; with `max_width`, the [`CUTTABLE`] columns are
+/// cut, widest first (their cells end in `…`), down to 8 columns each, until a line
+/// fits; if it still does not, the lines are longer than the terminal.
 fn fit_table(
     out: &mut impl Write,
     header: &[&str],
@@ -900,18 +920,19 @@ fn fit_table(
     }
     if let Some(max) = max_width {
         let gaps = 2 * widths.len().saturating_sub(1);
-        while widths.iter().sum::<usize>() + gaps > max {
-            let Some((i, w)) = widths.iter().copied().enumerate().max_by_key(|(_, w)| *w) else {
+        let floor = |i: usize| width(header[i]).max(8);
+        loop {
+            let total = widths.iter().sum::<usize>() + gaps;
+            let Some(over) = total.checked_sub(max).filter(|over| *over > 0) else {
                 break;
             };
-            if w <= 8 {
+            let widest = (0..widths.len())
+                .filter(|&i| CUTTABLE.contains(&header[i]) && widths[i] > floor(i))
+                .max_by_key(|&i| widths[i]);
+            let Some(i) = widest else {
                 break;
-            }
-            let over = widths.iter().sum::<usize>() + gaps - max;
-            widths[i] = (w - over).max(8).max(width(header[i]));
-            if widths[i] == w {
-                break;
-            }
+            };
+            widths[i] -= over.min(widths[i] - floor(i));
         }
     }
     let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
@@ -927,7 +948,7 @@ fn fit_table(
             };
             text.push_str(&cell);
             if i + 1 < cells.len() {
-                text.extend(std::iter::repeat_n(' ', w - width(&cell)));
+                text.extend(std::iter::repeat_n(' ', w.saturating_sub(width(&cell))));
             }
         }
         writeln!(out, "{text}")
@@ -977,10 +998,10 @@ mod tests {
         assert!(starts.windows(2).all(|w| w[0] == w[1]), "{lines:#?}");
     }
 
-    /// On a terminal narrower than the table, the widest column is cut (`…`) and every
-    /// line fits.
+    /// On a terminal narrower than the table, the prose columns are cut (`…`) and every
+    /// line fits; ids and keys stay whole.
     #[test]
-    fn a_table_fits_the_terminal_by_cutting_its_widest_column() {
+    fn a_table_fits_the_terminal_by_cutting_its_prose() {
         let error = "connection refused by the broker at kafka-1.internal:9092 (all brokers down) "
             .repeat(2);
         let rows = vec![vec![
@@ -1001,6 +1022,48 @@ mod tests {
             whole[1].trim_end().ends_with(error.trim_end()),
             "no terminal: whole rows"
         );
+    }
+
+    /// `outbox dead` on an 80-column terminal: nine columns, more over than any one
+    /// column is wide (it underflowed and panicked: found in review). The id and the key
+    /// stay whole; the type, destination and error give way; the lines are as short as
+    /// that allows.
+    #[test]
+    fn a_wide_listing_on_80_columns_keeps_ids_and_keys_whole() {
+        let header = [
+            "SEQ",
+            "ID",
+            "STATE",
+            "TYPE",
+            "DESTINATION",
+            "KEY",
+            "CREATED",
+            "ATTEMPTS",
+            "LAST ERROR",
+        ];
+        let id = "0192a3b4-c5d6-7e8f-9012-3456789abcde";
+        let key = "customer-7f3a9c";
+        let row = vec![
+            "1234567".to_owned(),
+            id.to_owned(),
+            "dead".to_owned(),
+            "billing.InvoiceFinalized".to_owned(),
+            "billing.invoices.v2".to_owned(),
+            key.to_owned(),
+            "2026-12-04T09:00:00Z".to_owned(),
+            "5".to_owned(),
+            "message too large: 1200000 bytes, the broker takes 1048576".to_owned(),
+        ];
+        let mut out = Vec::new();
+        fit_table(&mut out, &header, &[row], Some(80)).expect("render");
+        let text = String::from_utf8(out).expect("utf-8");
+        let line = text.lines().nth(1).expect("a row");
+        assert!(line.contains(id) && line.contains(key), "{text}");
+        assert!(line.contains('…'), "the prose is cut: {text}");
+        for cut in ["TYPE", "DESTINATION", "LAST ERROR"] {
+            let i = header.iter().position(|h| *h == cut).expect("a column");
+            assert!(text.lines().next().expect("header").contains(header[i]));
+        }
     }
 
     #[test]

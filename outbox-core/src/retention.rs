@@ -276,6 +276,7 @@ impl<DB: Backend> Retention<DB> {
     /// what it removed. An error stops the run; the batches before it stay deleted
     /// (each is complete in itself) and the next run carries on.
     pub async fn run_once(&self) -> Result<RetentionReport> {
+        crate::telemetry::describe_metrics();
         let (_tx, mut rx) = watch::channel(false);
         self.run_until(&mut rx).await
     }

@@ -208,7 +208,7 @@ pub const METRICS: &[Metric] = &[
         Gauge,
         None,
         CONSUMER,
-        "Messages the broker holds for this consumer instance that it has not handled.",
+        "Messages the broker holds for this consumer instance that it has not handled (NaN while unknown).",
     ),
     // Retention.
     Metric::new(

@@ -41,6 +41,11 @@ async fn every_outbox_metric_a_scrape_shows_has_its_help_and_type() {
     relay.shutdown().await;
 
     let text = prometheus.render();
+    // The counters exist from the relay's start, at 0 (an `increase()` over a series that
+    // first appears at 1 misses that first event).
+    for zero in ["outbox_dead_lettered_total 0", "outbox_failed_total 0"] {
+        assert!(text.contains(&format!("\n{zero}\n")), "{zero}:\n{text}");
+    }
     let shown: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("outbox_"))

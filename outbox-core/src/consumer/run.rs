@@ -278,10 +278,10 @@ async fn heartbeat<T: Transport, DB: Backend>(
                 _ = ended(&mut stop) => break,
             };
             let lag = lag.and_then(|l| i64::try_from(l).ok());
-            if let Some(lag) = lag {
-                metrics::gauge!("outbox_consumer_lag", "transport" => T::NAME, "consumer" => consumer.to_owned())
-                    .set(lag as f64);
-            }
+            // Unknown (no partitions held, the broker did not answer): NaN, not the last
+            // value, which would go on counting partitions this instance no longer reads.
+            metrics::gauge!("outbox_consumer_lag", "transport" => T::NAME, "consumer" => consumer.to_owned())
+                .set(lag.map_or(f64::NAN, |lag| lag as f64));
             last_lag.store(lag.unwrap_or(-1), std::sync::atomic::Ordering::Relaxed);
         }
     };

@@ -184,6 +184,18 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
     /// carries on where the database says it left off.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         crate::telemetry::describe_metrics();
+        // The counters exist from the start, at 0: a rate or `increase()` over a series
+        // that first appears at 1 misses that first event (the first dead letter of a
+        // process would not fire an alert on `increase(outbox_dead_lettered_total[..])`).
+        for counter in [
+            "outbox_published_total",
+            "outbox_failed_total",
+            "outbox_dead_lettered_total",
+            "outbox_publish_unavailable_total",
+            "outbox_relay_reconnects_total",
+        ] {
+            self.counter(counter).increment(0);
+        }
         let mut backoff = Backoff::new(RECONNECT_FIRST, self.config.reconnect_delay);
         // Once shutdown is asked, the batch in flight gets `publish_timeout` to be
         // published and `connect_timeout` more to be recorded; past that (a database that
