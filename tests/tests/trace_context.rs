@@ -30,18 +30,45 @@ fn spans(exporter: &InMemorySpanExporter, name: &str) -> Vec<SpanData> {
         .collect()
 }
 
+/// What this binary's tests read back: the spans and the metrics of the whole process.
+struct Installed {
+    exporter: InMemorySpanExporter,
+    provider: SdkTracerProvider,
+    snapshotter: metrics_util::debugging::Snapshotter,
+}
+
+/// Installs the process's one subscriber and one metrics recorder, once, before a test
+/// makes its `TestDb` (whose own logging subscriber is installed only when none is):
+/// every test of this binary calls it first. (Each test installing its own raced with
+/// the other test's `TestDb::new`, and lost 3 times in 30 runs.)
+fn installed() -> &'static Installed {
+    static INSTALLED: std::sync::OnceLock<Installed> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder");
+        Installed {
+            exporter,
+            provider,
+            snapshotter,
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).expect("the only recorder");
+    let Installed {
+        exporter,
+        provider,
+        snapshotter,
+    } = installed();
 
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
@@ -114,12 +141,12 @@ async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
                 && l.span_context.span_id() == request_context.span_id()
         })
     };
-    let publish = spans(&exporter, "outbox.publish");
+    let publish = spans(exporter, "outbox.publish");
     assert!(
         publish.iter().any(links_to_request),
         "a publish span links to the request: {publish:#?}"
     );
-    let consume = spans(&exporter, "outbox.consume");
+    let consume = spans(exporter, "outbox.consume");
     let consume = consume
         .iter()
         .find(|s| links_to_request(s))
@@ -129,7 +156,7 @@ async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
         trace_id,
         "a link, not a parent"
     );
-    let work = spans(&exporter, "reserve stock");
+    let work = spans(exporter, "reserve stock");
     assert_eq!(work.len(), 1, "{work:#?}");
     assert_eq!(
         work[0].parent_span_id,
@@ -170,16 +197,10 @@ struct Enqueued {
 
 /// `Outbox::enqueue` and `enqueue_messages`, into a transaction the caller owns, carry
 /// the trace context as `tx.emit` does (#37: they carried none, so the relay's and the
-/// consumer's spans had nothing to link to); a `traceparent` the caller set wins. A
-/// subscriber of its own for this test's future: the other test owns the global one.
+/// consumer's spans had nothing to link to); a `traceparent` the caller set wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_enqueued_into_the_callers_transaction_carry_the_trace_context() {
-    use tracing::instrument::WithSubscriber;
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(InMemorySpanExporter::default())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+    installed();
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     let explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -207,7 +228,6 @@ async fn events_enqueued_into_the_callers_transaction_carry_the_trace_context() 
         .await;
         (context, enqueued)
     }
-    .with_subscriber(subscriber)
     .await;
     assert!(request.is_valid());
 
