@@ -7,8 +7,19 @@
 //! exporter installed before them describes everything; call it yourself after
 //! installing one later. Broker crates describe their own metrics when their publisher
 //! or transport is built (`outbox_kafka_producer_rebuilds_total`).
+//!
+//! Traces: the relay's `outbox.publish` span (`send {destination}` in OpenTelemetry) and
+//! the consumer's `outbox.consume` span (`process {destination}`) carry the attributes of
+//! the OpenTelemetry messaging semantic conventions; with the `opentelemetry` feature the
+//! trace context travels in the message headers through the application's global
+//! text-map propagator ([`context_of`] reads it back), with the crate versions
+//! [`OPENTELEMETRY_VERSIONS`] names.
 
 use metrics::Unit;
+
+pub use crate::trace::OPENTELEMETRY_VERSIONS;
+#[cfg(feature = "opentelemetry")]
+pub use crate::trace::context_of;
 
 /// What kind of metric a [`Metric`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +264,32 @@ pub fn describe_metrics() {
     describe(METRICS);
 }
 
+/// The host and port of a broker's address, for the `server.address` and `server.port`
+/// span attributes: `url` is a URL (`amqp://user:secret@host:5672/vhost`,
+/// `nats://host:4222`) or a list of `host:port` (Kafka's bootstrap servers, the first
+/// taken). What comes before an `@` (credentials) is never part of the answer. `None`
+/// when no host is found.
+pub fn server_of(url: &str) -> Option<(String, Option<u16>)> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let first = rest.split([',', ' ']).find(|s| !s.is_empty())?;
+    let authority = first.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!host.contains(':') || host.ends_with(']')) =>
+        {
+            (host, port.parse().ok())
+        }
+        _ => (authority, None),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,5 +392,40 @@ mod tests {
             names_in(text),
             ["outbox_a_total", "outbox_b", "outbox_c_total"]
         );
+    }
+
+    /// Credentials never reach a span: only the host and the port of the first server.
+    #[test]
+    fn a_servers_host_and_port_without_credentials() {
+        let cases = [
+            (
+                "amqp://user:s3cret@rabbit.example:5671/%2f",
+                Some(("rabbit.example", Some(5671))),
+            ),
+            ("nats://127.0.0.1:4222", Some(("127.0.0.1", Some(4222)))),
+            ("tls://u:p@nats.example", Some(("nats.example", None))),
+            (
+                "broker-1:9092,broker-2:9092",
+                Some(("broker-1", Some(9092))),
+            ),
+            ("amqps://[::1]:5671", Some(("::1", Some(5671)))),
+            ("amqp://a:b@c@host?x=1", Some(("host", None))),
+            ("", None),
+            ("amqp://user:secret@/vhost", None),
+        ];
+        for (url, expected) in cases {
+            let got = server_of(url);
+            assert_eq!(
+                got.as_ref().map(|(h, p)| (h.as_str(), *p)),
+                expected,
+                "{url:?}"
+            );
+            if let Some((host, _)) = got {
+                assert!(
+                    !host.contains("secret") && !host.contains("s3cret"),
+                    "{url:?}"
+                );
+            }
+        }
     }
 }

@@ -1,16 +1,66 @@
 //! Trace context across the outbox: with the `opentelemetry` feature, `emit` records the
-//! current span's W3C trace context (`traceparent`, `tracestate`) in the message's
-//! headers, and the relay's publish span and the consumer's handler span link to it. A
-//! link, not a parent: a message can be delivered hours after the request that wrote it.
-//! Without the feature these are no-ops.
+//! current span's OpenTelemetry context in the message's headers through the globally
+//! configured text-map propagator (`opentelemetry::global::set_text_map_propagator`: W3C
+//! trace context and baggage, B3, or a composite, as the application set it up; with none
+//! set, W3C `traceparent`/`tracestate`), and the relay's `send` span and the consumer's
+//! `process` span link to it, read back with the same propagator. A link, not a parent: a
+//! message can be delivered hours after the request that wrote it. Without the feature
+//! these are no-ops.
+//!
+//! Works with `opentelemetry` 0.33 and `tracing-opentelemetry` 0.34 (the versions
+//! `outbox-core` depends on). An application whose subscriber has its
+//! `tracing-opentelemetry` layer from another version gets no trace context: the first
+//! `emit` inside a span that has no context for these versions logs a warning, once.
 
 use std::collections::BTreeMap;
 
 #[cfg(feature = "opentelemetry")]
 use crate::publisher::headers::{TRACEPARENT, TRACESTATE};
 
-/// Adds the current span's trace context to `headers`, unless the caller set a
-/// `traceparent` already or there is no sampled-or-not valid context.
+/// The versions of the OpenTelemetry crates the `opentelemetry` feature is built with:
+/// an application's `tracing-opentelemetry` layer must be of the same version for
+/// `emit` to find the current span's context.
+pub const OPENTELEMETRY_VERSIONS: &str = "opentelemetry 0.33, tracing-opentelemetry 0.34";
+
+/// Message headers as the propagator writes them.
+#[cfg(feature = "opentelemetry")]
+struct Inject<'a>(&'a mut BTreeMap<String, String>);
+
+#[cfg(feature = "opentelemetry")]
+impl opentelemetry::propagation::Injector for Inject<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key.to_owned(), value);
+    }
+}
+
+/// Message headers as the propagator reads them: by the propagator's (lower-case) name,
+/// or in another case where a broker or a foreign producer changed it.
+#[cfg(feature = "opentelemetry")]
+struct Extract<'a>(&'a BTreeMap<String, String>);
+
+#[cfg(feature = "opentelemetry")]
+impl opentelemetry::propagation::Extractor for Extract<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .get(key)
+            .or_else(|| {
+                self.0
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case(key))
+                    .map(|(_, value)| value)
+            })
+            .map(String::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// Adds the current span's trace context to `headers` through the global propagator
+/// (W3C `traceparent`/`tracestate` when none is set), unless the caller set a
+/// `traceparent`, or any header the propagator writes, already: what the caller set
+/// wins, and nothing is mixed into it.
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
     use opentelemetry::trace::TraceContextExt;
@@ -18,12 +68,31 @@ pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
     if headers.contains_key(TRACEPARENT) {
         return;
     }
-    let context = tracing::Span::current().context();
-    let span = context.span();
-    let span_context = span.span_context();
-    if !span_context.is_valid() {
-        return;
+    let span = tracing::Span::current();
+    let context = span.context();
+    let valid = context.span().span_context().is_valid();
+    if !valid && !span.is_disabled() {
+        unreadable_span_once(&span);
     }
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        let mut fields = propagator.fields().peekable();
+        if fields.peek().is_none() {
+            // The no-op propagator: none was configured.
+            if valid {
+                w3c(context.span().span_context(), headers);
+            }
+            return;
+        }
+        if fields.any(|field| headers.contains_key(field)) {
+            return;
+        }
+        propagator.inject_context(&context, &mut Inject(headers));
+    });
+}
+
+/// `traceparent` and `tracestate` of `span_context`, as W3C Trace Context writes them.
+#[cfg(feature = "opentelemetry")]
+fn w3c(span_context: &opentelemetry::trace::SpanContext, headers: &mut BTreeMap<String, String>) {
     headers.insert(
         TRACEPARENT.to_owned(),
         format!(
@@ -37,6 +106,27 @@ pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
     if !state.is_empty() {
         headers.insert(TRACESTATE.to_owned(), state);
     }
+}
+
+/// The warning, once per process, that `emit` ran inside a span that has no
+/// OpenTelemetry context this build can read.
+#[cfg(feature = "opentelemetry")]
+fn unreadable_span_once(span: &tracing::Span) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let name = span.metadata().map_or("?", |m| m.name());
+    tracing::warn!(
+        span = name,
+        versions = OPENTELEMETRY_VERSIONS,
+        "outbox: the `opentelemetry` feature is on and a message was emitted inside the span \
+         {name:?}, but that span has no OpenTelemetry context that outbox can read, so messages \
+         carry no trace context: the subscriber has no `tracing-opentelemetry` layer, one of \
+         another version than outbox's ({OPENTELEMETRY_VERSIONS}; `cargo tree -d -i \
+         tracing-opentelemetry` lists the versions in your build), or one whose filter leaves \
+         this span out (logged once)"
+    );
 }
 
 #[cfg(not(feature = "opentelemetry"))]
@@ -135,12 +225,33 @@ fn remote(headers: &BTreeMap<String, String>) -> Option<opentelemetry::trace::Sp
     ))
 }
 
+/// The OpenTelemetry context a message's headers carry, read with the global text-map
+/// propagator (W3C `traceparent`/`tracestate` when none is configured): its span context
+/// (`TraceContextExt::span`) is the trace that emitted the message, and its baggage is
+/// the baggage propagated with it. An empty context when the headers carry none. For a
+/// handler that wants more than the link its `process` span already has.
+#[cfg(feature = "opentelemetry")]
+pub fn context_of(headers: &BTreeMap<String, String>) -> opentelemetry::Context {
+    use opentelemetry::trace::TraceContextExt;
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        if propagator.fields().next().is_none() {
+            return remote(headers).map_or_else(opentelemetry::Context::new, |span_context| {
+                opentelemetry::Context::new().with_remote_span_context(span_context)
+            });
+        }
+        propagator.extract(&Extract(headers))
+    })
+}
+
 /// Links `span` to the trace context in `headers`, if any.
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn link(span: &tracing::Span, headers: &BTreeMap<String, String>) {
+    use opentelemetry::trace::TraceContextExt;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
-    if let Some(context) = remote(headers) {
-        span.add_link(context);
+    let context = context_of(headers);
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.add_link(span_context);
     }
 }
 

@@ -475,6 +475,10 @@ impl Transport for KafkaTransport {
     const NAME: &'static str = "kafka";
     const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
 
+    fn consumer_group(&self) -> Option<&str> {
+        self.settings.get("group.id")
+    }
+
     /// The lag of the partitions the group assigned to this member, from librdkafka's
     /// statistics (`statistics.interval.ms`, 5 s unless you set it; 0 turns the lag
     /// off): per partition, the last offset it can read minus the group's committed

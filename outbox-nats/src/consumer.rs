@@ -310,6 +310,10 @@ impl Transport for NatsTransport {
     const NAME: &'static str = "nats";
     const CLOUDEVENTS_PREFIX: &'static str = headers::CLOUDEVENTS_PREFIX;
 
+    fn consumer_group(&self) -> Option<&str> {
+        Some(&self.durable)
+    }
+
     async fn receive(&self) -> Result<Delivery<Message>, BoxError> {
         let mut messages = self.messages.lock().await;
         loop {

@@ -465,6 +465,7 @@ impl NatsPublisherBuilder {
             batch_budget: self.batch_budget,
             max_payload,
             cloudevents: self.cloudevents.map(|ce| (ce, self.cloudevents_mode)),
+            server: outbox_core::telemetry::server_of(&self.url),
         })
     }
 }
@@ -479,6 +480,8 @@ pub struct NatsPublisher {
     max_payload: usize,
     /// CloudEvents, and how they are written.
     cloudevents: Option<(CloudEvents, CloudEventsMode)>,
+    /// The first server of the URL (without credentials), for the `send` span.
+    server: Option<(String, Option<u16>)>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -689,6 +692,15 @@ fn headers_len(headers: &HeaderMap) -> usize {
 }
 
 impl Publisher for NatsPublisher {
+    fn messaging_system(&self) -> &'static str {
+        "nats"
+    }
+
+    fn server(&self) -> Option<(&str, Option<u16>)> {
+        let (host, port) = self.server.as_ref()?;
+        Some((host, *port))
+    }
+
     /// `batch_budget + ack_timeout`: no message starts after the budget, and each waits
     /// at most `ack_timeout` for its acknowledgement.
     fn max_publish_time(&self) -> Option<Duration> {

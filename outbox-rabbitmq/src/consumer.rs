@@ -663,7 +663,8 @@ impl Transport for RabbitTransport {
                                     generation: up.generation,
                                     _held: held,
                                 },
-                            ));
+                            )
+                            .with_routing_key(delivery.routing_key.as_str()));
                         }
                         // The broker went away or closed the channel: what was delivered
                         // and not acknowledged is delivered again on the next connection.

@@ -495,6 +495,7 @@ impl RabbitPublisherBuilder {
         let inner = Inner {
             url: self.url,
             ca_file: self.ca_file,
+            server: outbox_core::telemetry::server_of(&shown),
             shown: shown.clone(),
             link: tokio::sync::Mutex::new(None),
             known: std::sync::Mutex::new(HashSet::new()),
@@ -568,6 +569,8 @@ struct Inner {
     ca_file: Option<std::path::PathBuf>,
     /// Without it: for errors, logs and `Debug`.
     shown: String,
+    /// Its host and port, for the `send` span.
+    server: Option<(String, Option<u16>)>,
     /// The connection and its confirm-mode channel; `None` after a transport failure,
     /// until the next batch connects again.
     link: tokio::sync::Mutex<Option<Link>>,
@@ -850,6 +853,15 @@ fn returned(message: &lapin::message::BasicReturnMessage) -> (String, String) {
 }
 
 impl Publisher for RabbitPublisher {
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn server(&self) -> Option<(&str, Option<u16>)> {
+        let (host, port) = self.inner.server.as_ref()?;
+        Some((host, *port))
+    }
+
     /// `connect_timeout` (a reconnect, and once more for the lookups) plus `batch_budget
     /// + confirm_timeout`.
     fn max_publish_time(&self) -> Option<Duration> {

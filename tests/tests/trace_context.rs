@@ -1,25 +1,39 @@
 //! Trace context across the outbox (the `opentelemetry` feature of `outbox-core`), read
-//! back from an in-memory OpenTelemetry exporter: an event emitted inside a request's
-//! span carries its `traceparent`; the relay's publish span and the consumer's handler
-//! span link to that trace (links, not parents: delivery may come hours later), and what
-//! the handler does is a child of the consumer's span. Through real NATS. The time the
-//! message spent in the outbox is recorded in a histogram.
+//! back from an in-memory OpenTelemetry exporter. One trace runs from an HTTP request
+//! (its caller's `traceparent` and `baggage`, read by the service with the global
+//! propagator) through `emit`, the relay's `send {destination}` span and the consumer's
+//! `process {destination}` span, with the messaging semantic conventions' attributes:
+//! the relay's and the consumer's spans link to the request's span (links, not parents:
+//! delivery may come hours later), and what the handler does is a child of `process`.
+//! Through real NATS. The propagator is the application's (W3C with baggage, B3 through
+//! Zipkin's own crate, none: W3C); a span outbox cannot read is reported once. The time
+//! the message spent in the outbox is recorded in a histogram.
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::baggage::BaggageExt;
+use opentelemetry::propagation::TextMapCompositePropagator;
+use opentelemetry::trace::{SpanKind, TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_core::consumer::Consumer;
 use outbox_core::inbox::Inbox;
-use outbox_core::{OutboxMessage, Relay};
+use outbox_core::telemetry::{OPENTELEMETRY_VERSIONS, context_of, server_of};
+use outbox_core::{Outbox, OutboxMessage, Relay};
 use outbox_nats::{NatsPublisher, NatsTransport};
 use outbox_tests::kafka::Job;
 use outbox_tests::nats::{fresh_stream, nats_url};
 use outbox_tests::{TestDb, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::Instrument;
+use tracing::instrument::WithSubscriber;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
+
+/// The global propagator is the process's: one test at a time sets and uses it.
+static PROPAGATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn spans(exporter: &InMemorySpanExporter, name: &str) -> Vec<SpanData> {
     exporter
@@ -62,13 +76,84 @@ fn installed() -> &'static Installed {
     })
 }
 
+/// The value of a span's attribute, as text.
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.as_str().into_owned())
+}
+
+/// What the handler saw of a message: its headers, and the `tenant` baggage entry
+/// `context_of` read from them.
+type Handled = (BTreeMap<String, String>, Option<String>);
+
+/// The service's `POST /orders`: the request's span has the caller's context as its
+/// parent (read with the global propagator, as an application's HTTP middleware does),
+/// and the order's event is emitted inside it.
+async fn place_order(
+    axum::extract::State((outbox, destination)): axum::extract::State<(Outbox, String)>,
+    headers: axum::http::HeaderMap,
+) -> axum::http::StatusCode {
+    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&opentelemetry_http::HeaderExtractor(&headers))
+    });
+    let span = tracing::info_span!(
+        "POST /orders",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/orders"
+    );
+    span.set_parent(caller).expect("the caller's context");
+    async move {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.emit_message(
+            OutboxMessage::new("Job", destination.as_str(), r#"{"n":1}"#).with_key("a"),
+        )
+        .expect("emit");
+        tx.commit().await.expect("commit");
+    }
+    .instrument(span)
+    .await;
+    axum::http::StatusCode::ACCEPTED
+}
+
+/// A request from another service: HTTP/1.1 by hand, with its trace context headers.
+async fn post(address: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect to the service");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {address}\r\ncontent-length: 0\r\nconnection: close\r\n"
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read the response");
+    response
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
+async fn one_trace_runs_from_an_http_request_through_send_and_process_spans() {
     let Installed {
         exporter,
         provider,
         snapshotter,
     } = installed();
+    let _propagator = PROPAGATOR.lock().await;
+    opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
+        Box::new(TraceContextPropagator::new()),
+        Box::new(BaggagePropagator::new()),
+    ]));
 
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
@@ -82,32 +167,48 @@ async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
         .expect("publisher");
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
 
-    // The request: its own trace, inside which the event is emitted.
-    let request = tracing::info_span!("place order");
-    let request_context = request.context().span().span_context().clone();
-    assert!(request_context.is_valid());
-    async {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.emit_message(
-            OutboxMessage::new("Job", destination.as_str(), r#"{"n":1}"#).with_key("a"),
-        )
-        .expect("emit");
-        tx.commit().await.expect("commit");
-    }
-    .instrument(request)
+    // The service, and a caller with its own trace and baggage.
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::post(place_order))
+        .with_state((outbox.clone(), destination.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the service");
+    let address = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (caller_trace, caller_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let response = post(
+        address,
+        "/orders",
+        &[
+            (
+                "traceparent",
+                &format!("00-{caller_trace}-{caller_span}-01"),
+            ),
+            ("baggage", "tenant=acme"),
+        ],
+    )
     .await;
+    assert!(response.starts_with("HTTP/1.1 202"), "{response}");
+    server.abort();
 
-    let headers_seen: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
-    let seen = std::sync::Arc::clone(&headers_seen);
+    // What the handler saw: the headers, and the baggage the propagator reads from them.
+    let seen: Arc<Mutex<Vec<Handled>>> = Default::default();
+    let handled = Arc::clone(&seen);
     let transport = NatsTransport::builder(nats_url(), &stream, "traced")
         .build()
         .await
         .expect("transport");
     let consumer = Consumer::builder(transport, Inbox::new(&outbox, "traced"))
         .on_event_type::<Job, _>("Job", move |_tx, msg| {
-            seen.lock()
+            let tenant = context_of(&msg.headers)
+                .baggage()
+                .get("tenant")
+                .map(|v| v.to_string());
+            handled
+                .lock()
                 .expect("seen")
-                .push(msg.headers.get("traceparent").cloned().unwrap_or_default());
+                .push((msg.headers.clone(), tenant));
             Box::pin(async move {
                 async {}
                     .instrument(tracing::info_span!("reserve stock"))
@@ -128,39 +229,90 @@ async fn one_trace_runs_from_emit_through_the_relay_to_the_consumers_handler() {
     relay.shutdown().await;
     provider.force_flush().expect("flush");
 
-    let trace_id = request_context.trace_id();
-    let traceparent = headers_seen.lock().expect("seen")[0].clone();
+    // The request's span: a child of the caller's.
+    let request = spans(exporter, "POST /orders")
+        .into_iter()
+        .find(|s| s.span_context.trace_id().to_string() == caller_trace)
+        .unwrap_or_else(|| panic!("the request's span: {:#?}", spans(exporter, "POST /orders")));
+    assert_eq!(request.parent_span_id.to_string(), caller_span);
+    let request_context = request.span_context.clone();
+
+    let (headers, tenant) = seen.lock().expect("seen")[0].clone();
     assert_eq!(
-        traceparent,
-        format!("00-{trace_id}-{}-01", request_context.span_id()),
-        "the message carries the request's trace context"
+        headers.get("traceparent").map(String::as_str),
+        Some(format!("00-{caller_trace}-{}-01", request_context.span_id()).as_str()),
+        "the message carries the request's trace context: {headers:?}"
     );
+    assert_eq!(
+        headers.get("baggage").map(String::as_str),
+        Some("tenant=acme"),
+        "and the caller's baggage: {headers:?}"
+    );
+    assert_eq!(tenant.as_deref(), Some("acme"), "read back by `context_of`");
     let links_to_request = |span: &SpanData| {
         span.links.links.iter().any(|l| {
-            l.span_context.trace_id() == trace_id
+            l.span_context.trace_id() == request_context.trace_id()
                 && l.span_context.span_id() == request_context.span_id()
         })
     };
-    let publish = spans(exporter, "outbox.publish");
-    assert!(
-        publish.iter().any(links_to_request),
-        "a publish span links to the request: {publish:#?}"
-    );
-    let consume = spans(exporter, "outbox.consume");
-    let consume = consume
+
+    let send_name = format!("send {destination}");
+    let send = spans(exporter, &send_name);
+    let send = send
         .iter()
         .find(|s| links_to_request(s))
-        .unwrap_or_else(|| panic!("a consume span links to the request: {consume:#?}"));
+        .unwrap_or_else(|| panic!("a `{send_name}` span links to the request: {send:#?}"));
+    assert_eq!(send.span_kind, SpanKind::Producer);
+    let (host, port) = server_of(&nats_url()).expect("the NATS server's address");
+    for (key, value) in [
+        ("messaging.system", "nats".to_owned()),
+        ("messaging.operation.type", "send".to_owned()),
+        ("messaging.destination.name", destination.clone()),
+        ("messaging.batch.message_count", "1".to_owned()),
+        ("server.address", host),
+        ("server.port", port.expect("a port").to_string()),
+    ] {
+        assert_eq!(
+            attribute(send, key).as_deref(),
+            Some(value.as_str()),
+            "{key} of {send:#?}"
+        );
+    }
+    assert_eq!(attribute(send, "error.type"), None, "nothing failed");
+
+    let process_name = format!("process {destination}");
+    let process = spans(exporter, &process_name);
+    let process = process
+        .iter()
+        .find(|s| links_to_request(s))
+        .unwrap_or_else(|| panic!("a `{process_name}` span links to the request: {process:#?}"));
+    assert_eq!(process.span_kind, SpanKind::Consumer);
     assert_ne!(
-        consume.span_context.trace_id(),
-        trace_id,
+        process.span_context.trace_id(),
+        request_context.trace_id(),
         "a link, not a parent"
     );
+    for (key, value) in [
+        ("messaging.system", "nats"),
+        ("messaging.operation.type", "process"),
+        ("messaging.destination.name", destination.as_str()),
+        ("messaging.consumer.group.name", "traced"),
+        (
+            "messaging.message.id",
+            headers.get("message-id").expect("a message id").as_str(),
+        ),
+    ] {
+        assert_eq!(
+            attribute(process, key).as_deref(),
+            Some(value),
+            "{key} of {process:#?}"
+        );
+    }
     let work = spans(exporter, "reserve stock");
     assert_eq!(work.len(), 1, "{work:#?}");
     assert_eq!(
         work[0].parent_span_id,
-        consume.span_context.span_id(),
+        process.span_context.span_id(),
         "the handler's work is inside the consumer's span"
     );
 
@@ -197,10 +349,15 @@ struct Enqueued {
 
 /// `Outbox::enqueue` and `enqueue_messages`, into a transaction the caller owns, carry
 /// the trace context as `tx.emit` does (#37: they carried none, so the relay's and the
-/// consumer's spans had nothing to link to); a `traceparent` the caller set wins.
+/// consumer's spans had nothing to link to); a `traceparent` the caller set wins. With
+/// no propagator configured (the no-op one), W3C trace context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_enqueued_into_the_callers_transaction_carry_the_trace_context() {
     installed();
+    let _propagator = PROPAGATOR.lock().await;
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry::trace::noop::NoopTextMapPropagator::new(),
+    );
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
     let explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -260,6 +417,152 @@ async fn events_enqueued_into_the_callers_transaction_carry_the_trace_context() 
         traceparent(kept_id).as_deref(),
         Some(explicit),
         "a traceparent the caller set is kept"
+    );
+    db.cleanup().await;
+}
+
+/// The headers of every row, by id.
+async fn stored_headers(db: &TestDb) -> BTreeMap<uuid::Uuid, BTreeMap<String, String>> {
+    let rows: Vec<(uuid::Uuid, String)> =
+        outbox_core::sqlx::query_as("SELECT id, headers::text FROM outbox")
+            .fetch_all(&db.pool)
+            .await
+            .expect("the rows");
+    rows.into_iter()
+        .map(|(id, headers)| {
+            let headers = serde_json::from_str(&headers).expect("headers are a JSON object");
+            (id, headers)
+        })
+        .collect()
+}
+
+/// An application that propagates B3 (Zipkin's own propagator, single header) gets B3
+/// headers on its messages, not `traceparent`, and `context_of` reads them back as the
+/// same span; a `b3` header the caller set is kept as it was. (Before #37 the headers
+/// were W3C whatever the application configured.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_propagator_writes_and_reads_the_headers_b3_here() {
+    installed();
+    let _propagator = PROPAGATOR.lock().await;
+    // The OpenTelemetry project's B3 propagator, deprecated with its Zipkin exporter in
+    // 0.33 and still the one a Rust application propagating B3 has.
+    #[allow(deprecated)]
+    let b3 = opentelemetry_zipkin::Propagator::with_encoding(
+        opentelemetry_zipkin::B3Encoding::SingleHeader,
+    );
+    opentelemetry::global::set_text_map_propagator(b3);
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let theirs = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1";
+    let traced = OutboxMessage::new("Job", "traced", r#"{"n":1}"#);
+    let kept = OutboxMessage::new("Job", "traced", r#"{"n":2}"#).with_header("b3", theirs);
+    let (traced_id, kept_id) = (traced.id, kept.id);
+    let request = tracing::info_span!("place order");
+    let context = request.context().span().span_context().clone();
+    async {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.emit_message(traced).expect("emit");
+        tx.emit_message(kept).expect("emit");
+        tx.commit().await.expect("commit");
+    }
+    .instrument(request)
+    .await;
+
+    let rows = stored_headers(&db).await;
+    let traced = &rows[&traced_id];
+    assert_eq!(
+        traced.get("b3").map(String::as_str),
+        Some(format!("{}-{}-1", context.trace_id(), context.span_id()).as_str()),
+        "B3, single header: {traced:?}"
+    );
+    assert!(
+        !traced.contains_key("traceparent"),
+        "no W3C header: {traced:?}"
+    );
+    let read = context_of(traced);
+    assert_eq!(read.span().span_context().trace_id(), context.trace_id());
+    assert_eq!(read.span().span_context().span_id(), context.span_id());
+    let kept = &rows[&kept_id];
+    assert_eq!(kept.get("b3").map(String::as_str), Some(theirs), "{kept:?}");
+    assert!(!kept.contains_key("traceparent"), "{kept:?}");
+    assert_eq!(
+        context_of(kept)
+            .span()
+            .span_context()
+            .trace_id()
+            .to_string(),
+        "80f198ee56343ba864fe8b2a57d3eff7"
+    );
+    db.cleanup().await;
+}
+
+/// The warnings a subscriber without an OpenTelemetry layer of outbox's version logs.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().expect("warnings").push(message.0);
+        }
+    }
+}
+
+/// An application whose `tracing-opentelemetry` layer is not of outbox's version (here:
+/// none at all) emits inside spans that have no context outbox can read: the first such
+/// `emit` says so, once, naming the versions outbox works with, and the messages carry
+/// no trace context. (Before #37 nothing was said.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_span_outbox_cannot_read_is_reported_once() {
+    installed();
+    let _propagator = PROPAGATOR.lock().await;
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    async {
+        for n in 0..2 {
+            async {
+                let mut tx = outbox.begin().await.expect("begin");
+                tx.emit_message(OutboxMessage::new(
+                    "Job",
+                    "traced",
+                    format!(r#"{{"n":{n}}}"#),
+                ))
+                .expect("emit");
+                tx.commit().await.expect("commit");
+            }
+            .instrument(tracing::info_span!("handle request"))
+            .await;
+        }
+    }
+    .with_subscriber(subscriber)
+    .await;
+    let warnings = warnings.0.lock().expect("warnings").clone();
+    let about_it: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("tracing-opentelemetry"))
+        .collect();
+    assert_eq!(about_it.len(), 1, "one warning, once: {warnings:#?}");
+    assert!(
+        about_it[0].contains(OPENTELEMETRY_VERSIONS) && about_it[0].contains("handle request"),
+        "it names the versions and the span: {about_it:?}"
+    );
+    let rows = stored_headers(&db).await;
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.values().all(|h| h.is_empty()),
+        "no trace context: {rows:?}"
     );
     db.cleanup().await;
 }

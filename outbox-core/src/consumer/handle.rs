@@ -229,13 +229,12 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                     Err(e) => break Err(undecodable(e.to_string())),
                 },
             };
-            // The handler's span links to the trace that emitted the message.
-            let span = tracing::info_span!("outbox.consume", otel.kind = "consumer", messaging.message.id = %id, %event_type, %origin, transport = T::NAME);
+            let span = process_span(&self.transport, delivery, id, &event_type);
             crate::trace::link(&span, all);
             // A panicking handler is a failing one: its transaction rolls back, and it
             // counts towards `handler_attempts` like an error.
             let outcome =
-                std::panic::AssertUnwindSafe(self.inbox.process(id, run).instrument(span))
+                std::panic::AssertUnwindSafe(self.inbox.process(id, run).instrument(span.clone()))
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|panic| {
@@ -265,6 +264,14 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
                         .await);
                 }
                 Err(e) => {
+                    span.record(
+                        "error.type",
+                        match e {
+                            InboxError::Handler(_) => "handler",
+                            InboxError::Database(_) => "database",
+                        },
+                    );
+                    span.record("otel.status_code", "ERROR");
                     self.stats.handler_errors.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("outbox_consumer_handler_errors_total", "transport" => T::NAME, "consumer" => self.inbox.consumer().to_owned()).increment(1);
                     // Only the handler's own failures count towards giving up: a database
@@ -442,4 +449,63 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             }
         }
     }
+}
+
+/// The span a handler runs in, named and attributed as the OpenTelemetry messaging
+/// semantic conventions name a consumer's processing (`process {destination}`), with the
+/// broker's own attributes: Kafka's key, partition and offset, RabbitMQ's routing key,
+/// the NATS subject as the destination. Linked (by the caller) to the message's trace.
+fn process_span<T: Transport>(
+    transport: &T,
+    delivery: &Delivery<T::Token>,
+    id: Uuid,
+    event_type: &str,
+) -> tracing::Span {
+    let origin = &delivery.origin;
+    let span = tracing::info_span!(
+        "outbox.consume",
+        otel.name = %format!("process {}", origin.source),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = T::NAME,
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = %origin.source,
+        messaging.destination.partition.id = tracing::field::Empty,
+        messaging.message.id = %id,
+        messaging.consumer.group.name = transport.consumer_group(),
+        messaging.kafka.message.key = tracing::field::Empty,
+        messaging.kafka.offset = tracing::field::Empty,
+        messaging.rabbitmq.destination.routing_key = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        %event_type,
+        %origin,
+        transport = T::NAME,
+    );
+    if let Some(partition) = origin.partition {
+        span.record(
+            "messaging.destination.partition.id",
+            tracing::field::display(partition),
+        );
+    }
+    match T::NAME {
+        "kafka" => {
+            if let Some(key) = &delivery.key {
+                span.record("messaging.kafka.message.key", key.as_str());
+            }
+            if let Some(offset) = origin.position {
+                span.record("messaging.kafka.offset", offset);
+            }
+        }
+        "rabbitmq" => {
+            if let Some(routing_key) = &delivery.routing_key {
+                span.record(
+                    "messaging.rabbitmq.destination.routing_key",
+                    routing_key.as_str(),
+                );
+            }
+        }
+        _ => {}
+    }
+    span
 }

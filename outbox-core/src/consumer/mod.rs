@@ -233,6 +233,9 @@ pub struct Delivery<A> {
     pub origin: Origin,
     /// What the transport needs to acknowledge it.
     pub token: A,
+    /// The routing key it was published with (RabbitMQ), for the `process` span's
+    /// `messaging.rabbitmq.destination.routing_key`.
+    pub routing_key: Option<String>,
 }
 
 impl<A> Delivery<A> {
@@ -250,7 +253,14 @@ impl<A> Delivery<A> {
             headers,
             origin,
             token,
+            routing_key: None,
         }
+    }
+
+    /// With the routing key it was published with (RabbitMQ).
+    pub fn with_routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.routing_key = Some(routing_key.into());
+        self
     }
 }
 
@@ -315,6 +325,12 @@ pub trait Transport: Send + Sync + 'static {
     fn working(&self, delivery: &Delivery<Self::Token>) -> impl Future<Output = ()> + Send {
         let _ = delivery;
         async {}
+    }
+
+    /// The consumer group (Kafka's `group.id`, a JetStream durable consumer's name), for
+    /// the `process` span's `messaging.consumer.group.name`. Default `None`.
+    fn consumer_group(&self) -> Option<&str> {
+        None
     }
 
     /// Removes secrets (passwords in URLs or settings) from a text that goes into logs or

@@ -301,6 +301,34 @@ pub trait Publisher: Send + Sync + 'static {
     fn max_batches_in_flight(&self) -> usize {
         1
     }
+
+    /// The broker, as the relay's `send` span names it in `messaging.system` (the
+    /// OpenTelemetry messaging semantic conventions' values: `kafka`, `rabbitmq`,
+    /// `nats`, ...). Default `"unknown"`.
+    fn messaging_system(&self) -> &'static str {
+        "unknown"
+    }
+
+    /// The broker's host and port, for the `send` span's `server.address` and
+    /// `server.port`: never credentials
+    /// ([`telemetry::server_of`](crate::telemetry::server_of) reads them from a URL or a
+    /// `host:port` list). Default `None` (not recorded).
+    fn server(&self) -> Option<(&str, Option<u16>)> {
+        None
+    }
+}
+
+impl PublishErrorKind {
+    /// Its name, as the relay's `send` span records it in `error.type`: `retryable`,
+    /// `unavailable`, `permanent`, `not_attempted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublishErrorKind::Retryable => "retryable",
+            PublishErrorKind::Unavailable => "unavailable",
+            PublishErrorKind::Permanent => "permanent",
+            PublishErrorKind::NotAttempted => "not_attempted",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -628,18 +628,10 @@ async fn publish<P: Publisher, DB: Backend>(
     let config = &relay.config;
     RelayStats::add(&relay.stats.batches, 1);
     let started = std::time::Instant::now();
-    // One span per batch, linked to each message's trace (the `opentelemetry` feature).
-    let span = tracing::info_span!(
-        "outbox.publish",
-        otel.kind = "producer",
-        messaging.batch.message_count = batch.len()
-    );
-    for record in batch {
-        crate::trace::link(&span, &record.headers);
-    }
+    let span = send_span(&relay.publisher, batch);
     let results = match tokio::time::timeout(
         config.publish_timeout,
-        guarded(&relay.publisher, batch).instrument(span),
+        guarded(&relay.publisher, batch).instrument(span.clone()),
     )
     .await
     {
@@ -662,6 +654,10 @@ async fn publish<P: Publisher, DB: Backend>(
         }
         Err(_) => vec![Err(timed_out(config.publish_timeout)); batch.len()],
     };
+    if let Some(error) = results.iter().find_map(|r| r.as_ref().err()) {
+        span.record("error.type", error.kind().as_str());
+        span.record("otel.status_code", "ERROR");
+    }
     relay
         .histogram("outbox_publish_latency_seconds")
         .record(started.elapsed().as_secs_f64());
@@ -676,6 +672,36 @@ async fn publish<P: Publisher, DB: Backend>(
         }
     }
     results
+}
+
+/// The span of one publish call, named and attributed as the OpenTelemetry messaging
+/// semantic conventions name a producer's send (`send {destination}`, or `send` when the
+/// batch has several destinations), and linked to each message's trace (the
+/// `opentelemetry` feature). `error.type` is recorded when a message fails.
+fn send_span<P: Publisher>(publisher: &P, batch: &[OutboxRecord]) -> tracing::Span {
+    let destination = batch
+        .first()
+        .map(|r| r.destination.as_str())
+        .filter(|first| batch.iter().all(|r| r.destination == *first));
+    let server = publisher.server();
+    let span = tracing::info_span!(
+        "outbox.publish",
+        otel.name = %destination.map_or_else(|| "send".to_owned(), |d| format!("send {d}")),
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = publisher.messaging_system(),
+        messaging.operation.type = "send",
+        messaging.operation.name = "send",
+        messaging.destination.name = destination,
+        messaging.batch.message_count = batch.len(),
+        server.address = server.map(|(host, _)| host),
+        server.port = server.and_then(|(_, port)| port),
+        error.type = tracing::field::Empty,
+    );
+    for record in batch {
+        crate::trace::link(&span, &record.headers);
+    }
+    span
 }
 
 /// `publisher.publish(batch)`, with a panic caught and returned as its message: a bug in

@@ -178,6 +178,10 @@ impl KafkaPublisherBuilder {
         tracing::info!(settings = ?self.settings, "outbox-kafka publisher ready");
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {
+                server: self
+                    .settings
+                    .get("bootstrap.servers")
+                    .and_then(outbox_core::telemetry::server_of),
                 settings: self.settings,
                 cloudevents: self.cloudevents,
                 producer: Mutex::new(Current {

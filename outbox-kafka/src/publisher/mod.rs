@@ -80,6 +80,8 @@ pub struct KafkaPublisher {
 
 struct Inner {
     settings: Settings,
+    /// The first bootstrap server, for the `send` span's `server.address`.
+    server: Option<(String, Option<u16>)>,
     /// CloudEvents binary mode: the `ce_*` headers.
     cloudevents: Option<CloudEvents>,
     producer: Mutex<Current>,
@@ -139,6 +141,15 @@ impl Publisher for KafkaPublisher {
     /// holds and its replacement are shared under locks, and keep each partition's order.
     fn max_batches_in_flight(&self) -> usize {
         4
+    }
+
+    fn messaging_system(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn server(&self) -> Option<(&str, Option<u16>)> {
+        let (host, port) = self.inner.server.as_ref()?;
+        Some((host, *port))
     }
 
     async fn publish(&self, batch: &[OutboxRecord]) -> Vec<Result<(), PublishError>> {
