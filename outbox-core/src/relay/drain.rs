@@ -593,7 +593,11 @@ fn recorded<P: Publisher, DB: Backend>(
     if !outcome.sent.is_empty() {
         let n = outcome.sent.len() as u64;
         RelayStats::add(&stats.published, n);
-        relay.counter("outbox_published_total").increment(n);
+        for (destination, n) in &outcome.sent_to {
+            relay
+                .counter_to("outbox_published_total", destination)
+                .increment(*n);
+        }
     }
     if outcome.failed.is_empty() {
         return None;
@@ -601,8 +605,41 @@ fn recorded<P: Publisher, DB: Backend>(
     let failed = outcome.failed.len() as u64;
     RelayStats::add(&stats.failed, failed);
     RelayStats::add(&stats.dead, dead);
-    relay.counter("outbox_failed_total").increment(failed);
-    relay.counter("outbox_dead_lettered_total").increment(dead);
+    // Per destination: the failures, and the dead letters as the database's rule decides
+    // them (permanent, or the last attempt); the database's count is the truth, so when
+    // it differs (a row gone meanwhile) its count goes to `other`.
+    let mut by_destination: Vec<(&str, u64, u64)> = Vec::new();
+    let max_attempts = relay.config.max_attempts;
+    for failure in &outcome.failed {
+        let last = !failure.unavailable
+            && (failure.permanent || failure.attempts.saturating_add(1) >= max_attempts);
+        match by_destination
+            .iter_mut()
+            .find(|(d, ..)| *d == failure.destination)
+        {
+            Some((_, failed, dead)) => {
+                *failed += 1;
+                *dead += u64::from(last);
+            }
+            None => by_destination.push((&failure.destination, 1, u64::from(last))),
+        }
+    }
+    let foreseen: u64 = by_destination.iter().map(|(.., dead)| dead).sum();
+    for (destination, failed, foreseen_dead) in &by_destination {
+        relay
+            .counter_to("outbox_failed_total", destination)
+            .increment(*failed);
+        if foreseen == dead {
+            relay
+                .counter_to("outbox_dead_lettered_total", destination)
+                .increment(*foreseen_dead);
+        }
+    }
+    if foreseen != dead {
+        relay
+            .counter_to("outbox_dead_lettered_total", super::OTHER)
+            .increment(dead);
+    }
     if dead > 0 {
         tracing::error!(
             count = dead,
@@ -662,13 +699,23 @@ async fn publish<P: Publisher, DB: Backend>(
         .histogram("outbox_publish_latency_seconds")
         .record(started.elapsed().as_secs_f64());
     let now = chrono::Utc::now();
-    let in_outbox = relay.histogram("outbox_time_in_outbox_seconds");
+    // One histogram handle per destination of the batch (usually one).
+    let mut in_outbox: Vec<(&str, metrics::Histogram)> = Vec::new();
     for (record, result) in batch.iter().zip(&results) {
         if result.is_ok() {
             let waited = (now - record.created_at)
                 .num_microseconds()
                 .unwrap_or(i64::MAX);
-            in_outbox.record(waited.max(0) as f64 / 1e6);
+            let histogram = match in_outbox.iter().position(|(d, _)| *d == record.destination) {
+                Some(i) => &in_outbox[i].1,
+                None => {
+                    let histogram =
+                        relay.histogram_to("outbox_time_in_outbox_seconds", &record.destination);
+                    in_outbox.push((&record.destination, histogram));
+                    &in_outbox[in_outbox.len() - 1].1
+                }
+            };
+            histogram.record(waited.max(0) as f64 / 1e6);
         }
     }
     results
@@ -877,6 +924,14 @@ fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Ou
                     );
                 }
                 outcome.sent.push(record.seq);
+                match outcome
+                    .sent_to
+                    .iter_mut()
+                    .find(|(d, _)| *d == record.destination)
+                {
+                    Some((_, n)) => *n += 1,
+                    None => outcome.sent_to.push((record.destination.clone(), 1)),
+                }
             }
             Err(e) if e.kind() == PublishErrorKind::NotAttempted => {
                 settled = false;
@@ -894,6 +949,7 @@ fn outcome(batch: &[OutboxRecord], results: Vec<Result<(), PublishError>>) -> Ou
                     seq: record.seq,
                     attempts: record.attempts,
                     error: crate::ErrorChain(&e).to_string(),
+                    destination: record.destination.clone(),
                     permanent: e.kind() == PublishErrorKind::Permanent,
                     unavailable: e.kind() == PublishErrorKind::Unavailable,
                 });

@@ -84,6 +84,56 @@ use crate::store::Backend;
 use crate::store::session::Source;
 use crate::task::TaskHandle;
 
+/// The label of what is past a bound on label values: the tenants past
+/// [`TenantsBuilder::labelled_tenants`], the destinations past
+/// [`RelayBuilder::labelled_destinations`].
+const OTHER: &str = "other";
+
+/// The destinations a relay (or the tenants of one [`Tenants`] relay) labels its metrics
+/// with: the first `limit` it publishes to, then [`OTHER`].
+#[derive(Debug)]
+struct Destinations {
+    limit: usize,
+    labelled: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Destinations {
+    fn new(limit: usize) -> Arc<Destinations> {
+        Arc::new(Destinations {
+            limit,
+            labelled: std::sync::Mutex::default(),
+        })
+    }
+
+    /// `destination`'s label value, and whether it is new (its first use).
+    fn label(&self, destination: &str) -> (String, bool) {
+        let mut labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+        if labelled.contains(destination) {
+            return (destination.to_owned(), false);
+        }
+        if labelled.len() < self.limit {
+            labelled.insert(destination.to_owned());
+            return (destination.to_owned(), true);
+        }
+        let other = !labelled.contains(OTHER);
+        if other {
+            // Past the bound: `other` is remembered beside the labelled ones.
+            labelled.insert(OTHER.to_owned());
+        }
+        (OTHER.to_owned(), other)
+    }
+}
+
+/// How many destinations get a label of their own by default.
+const LABELLED_DESTINATIONS: usize = 32;
+
+/// The relay's counters labelled by destination.
+const DESTINATION_COUNTERS: &[&str] = &[
+    "outbox_published_total",
+    "outbox_failed_total",
+    "outbox_dead_lettered_total",
+];
+
 /// Counters of what a relay did, readable while it runs ([`RelayHandle::stats`]).
 #[derive(Debug, Default)]
 pub struct RelayStats {
@@ -153,8 +203,12 @@ pub struct RelayBuilder<
 /// How a relay labels its metrics, and whether it reports its gauges.
 #[derive(Debug, Clone)]
 struct Metrics {
+    /// Set with `metric_label`, then (at `build`) `outbox` and `database` unless set.
     labels: Vec<metrics::Label>,
     gauges: bool,
+    /// Whether `build` adds the `outbox` and `database` labels (a tenant has `tenant`).
+    outbox_labels: bool,
+    destinations: Arc<Destinations>,
 }
 
 impl Default for Metrics {
@@ -162,6 +216,8 @@ impl Default for Metrics {
         Metrics {
             labels: Vec::new(),
             gauges: true,
+            outbox_labels: true,
+            destinations: Destinations::new(LABELLED_DESTINATIONS),
         }
     }
 }
@@ -231,13 +287,32 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
         self.config = config;
         self
     }
-    /// Adds the label `key = value` to every metric this relay reports, to tell apart
-    /// several relays in one process (a relay of many outboxes, [`Tenants`], labels each
-    /// tenant's with `tenant`).
+    /// Adds the label `key = value` to every metric this relay reports. Every relay
+    /// labels its metrics with `outbox` (the outbox table, as configured) and `database`
+    /// (the database's name), so that two relays in one process (two tables, or two
+    /// databases) keep apart; set either here to replace it (a relay of many outboxes,
+    /// [`Tenants`], labels each tenant's with `tenant` instead).
     pub fn metric_label(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.metrics.labels.retain(|l| l.key() != key);
         self.metrics
             .labels
             .push(metrics::Label::new(key, value.into()));
+        self
+    }
+    /// How many destinations get a `destination` label of their own on the metrics that
+    /// have it (`outbox_published_total`, `outbox_failed_total`,
+    /// `outbox_dead_lettered_total`, `outbox_time_in_outbox_seconds`): the first `n` the
+    /// relay publishes to (default 32); the rest share `destination="other"`, so that a
+    /// destination per customer cannot grow the series without bound.
+    pub fn labelled_destinations(mut self, n: usize) -> Self {
+        self.metrics.destinations = Destinations::new(n);
+        self
+    }
+    /// A tenant's metrics: `tenant` instead of `outbox` and `database`, and the
+    /// destination labels shared with the other tenants.
+    fn tenant_metrics(mut self, destinations: &Arc<Destinations>) -> Self {
+        self.metrics.outbox_labels = false;
+        self.metrics.destinations = Arc::clone(destinations);
         self
     }
     /// Whether the relay reports its gauges (`outbox_pending`,
@@ -266,13 +341,27 @@ impl<P: Publisher, DB: Backend> RelayBuilder<P, DB> {
             );
         }
         let outage = drain::outage_backoff_for(&self.config);
+        let mut metrics = self.metrics;
+        if metrics.outbox_labels {
+            for (key, value) in [
+                ("outbox", self.outbox.tables().outbox.to_string()),
+                (
+                    "database",
+                    <DB as crate::store::Database>::database_name(self.outbox.pool()),
+                ),
+            ] {
+                if !metrics.labels.iter().any(|l| l.key() == key) {
+                    metrics.labels.push(metrics::Label::new(key, value));
+                }
+            }
+        }
         Relay {
             outbox: self.outbox,
             publisher: self.publisher,
             config: self.config,
             stats: Arc::new(RelayStats::default()),
             outage: std::sync::Mutex::new(outage),
-            metrics: self.metrics,
+            metrics,
         }
     }
 
@@ -310,6 +399,26 @@ impl<P, DB: Backend> Relay<P, DB> {
     }
     fn histogram(&self, name: &'static str) -> metrics::Histogram {
         metrics::histogram!(name, self.metrics.labels.iter())
+    }
+    /// The labels, and `destination` (bounded: [`RelayBuilder::labelled_destinations`]).
+    /// A destination's first use starts its counters at 0, so that its first dead letter
+    /// shows in `increase()` (a series that first appears at 1 shows no increase).
+    fn labels_to(&self, destination: &str) -> Vec<metrics::Label> {
+        let mut labels = self.metrics.labels.clone();
+        let (label, new) = self.metrics.destinations.label(destination);
+        labels.push(metrics::Label::new("destination", label));
+        if new {
+            for counter in DESTINATION_COUNTERS {
+                metrics::counter!(*counter, labels.iter()).increment(0);
+            }
+        }
+        labels
+    }
+    fn counter_to(&self, name: &'static str, destination: &str) -> metrics::Counter {
+        metrics::counter!(name, self.labels_to(destination))
+    }
+    fn histogram_to(&self, name: &'static str, destination: &str) -> metrics::Histogram {
+        metrics::histogram!(name, self.labels_to(destination))
     }
     fn gauge(&self, name: &'static str, value: f64) {
         if self.metrics.gauges {

@@ -187,14 +187,20 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         // The counters exist from the start, at 0: a rate or `increase()` over a series
         // that first appears at 1 misses that first event (the first dead letter of a
         // process would not fire an alert on `increase(outbox_dead_lettered_total[..])`).
+        // Those labelled by destination start at 0 for the destinations of this
+        // binary's event types (the catalog), and for any other at its first use.
         for counter in [
-            "outbox_published_total",
-            "outbox_failed_total",
-            "outbox_dead_lettered_total",
             "outbox_publish_unavailable_total",
             "outbox_relay_reconnects_total",
         ] {
             self.counter(counter).increment(0);
+        }
+        let destinations: std::collections::BTreeSet<&str> = crate::catalog::entries()
+            .into_iter()
+            .map(|e| e.destination.as_str())
+            .collect();
+        for destination in destinations {
+            self.labels_to(destination);
         }
         let mut backoff = Backoff::new(RECONNECT_FIRST, self.config.reconnect_delay);
         // Once shutdown is asked, the batch in flight gets `publish_timeout` to be

@@ -32,8 +32,7 @@ use crate::store::session::{Outcome, Session, SessionError, SessionResult, Share
 use crate::task::{TaskHandle, stopped};
 use crate::{Error, Outbox};
 
-/// The label of the tenants past [`TenantsBuilder::labelled_tenants`].
-const OTHER: &str = "other";
+use super::{Destinations, OTHER};
 
 /// A relay for many outboxes in one process. Start with [`Tenants::builder`].
 ///
@@ -74,6 +73,7 @@ impl Tenants {
             connections: 4,
             turn: Duration::from_millis(100),
             labelled: 20,
+            labelled_destinations: super::LABELLED_DESTINATIONS,
             rediscover: Duration::from_secs(60),
         }
     }
@@ -96,6 +96,7 @@ pub struct TenantsBuilder<P, DB: Backend> {
     connections: u32,
     turn: Duration,
     labelled: usize,
+    labelled_destinations: usize,
     rediscover: Duration,
 }
 
@@ -159,6 +160,14 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
         self
     }
 
+    /// How many destinations get a `destination` label of their own, across all tenants
+    /// (default 32; the rest share `destination="other"`); see
+    /// [`RelayBuilder::labelled_destinations`](super::RelayBuilder::labelled_destinations).
+    pub fn labelled_destinations(mut self, n: usize) -> Self {
+        self.labelled_destinations = n;
+        self
+    }
+
     /// How often [`discover`](Self::discover) queries run again, and outboxes named in
     /// [`outboxes`](Self::outboxes) that could not start (a table not migrated yet) are
     /// tried again (default 60 s).
@@ -204,6 +213,7 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
             turn: self.turn,
             labelled: self.labelled,
             named: AtomicUsize::new(0),
+            destinations: Destinations::new(self.labelled_destinations),
             rediscover: self.rediscover,
             stats: Mutex::new(BTreeMap::new()),
         });
@@ -211,7 +221,7 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
         let databases = self.databases;
         let task = TaskHandle::spawn(move |shutdown| async move {
             let runs = databases.into_iter().map(|(pool, list)| {
-                let prefix = several.then(|| <DB as Shared>::database_name(&pool));
+                let prefix = several.then(|| <DB as crate::store::Database>::database_name(&pool));
                 run_database(Arc::clone(&shared), pool, list, prefix, shutdown.clone())
             });
             futures_util::future::join_all(runs).await;
@@ -238,6 +248,8 @@ struct Common<P> {
     labelled: usize,
     /// Tenants labelled so far.
     named: AtomicUsize,
+    /// The destinations labelled so far, by all tenants.
+    destinations: Arc<Destinations>,
     rediscover: Duration,
     stats: Mutex<BTreeMap<String, Arc<RelayStats>>>,
 }
@@ -423,6 +435,7 @@ async fn start_tenant<P: Publisher + Clone, DB: Backend + Shared>(
     let relay = Relay::builder(outbox, common.publisher.clone())
         .config(common.config.clone())
         .metric_label("tenant", label)
+        .tenant_metrics(&common.destinations)
         .gauges(labelled)
         .build();
     if let Ok(mut stats) = common.stats.lock() {

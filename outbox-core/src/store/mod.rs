@@ -89,6 +89,10 @@ pub trait Database: sqlx::Database {
     fn resolve(_options: &mut Self::Options, _tables: &Tables) -> Result<()> {
         Ok(())
     }
+
+    /// The name of the database `pool` points at, as a metrics label (the relay's
+    /// `database`, a tenant's `<database>/<table>` with several databases).
+    fn database_name(pool: &sqlx::Pool<Self>) -> String;
 }
 
 /// The write path: how a transaction begins and how its events are written.

@@ -211,9 +211,6 @@ pub trait Shared: Source {
         wake: std::sync::Arc<tokio::sync::Notify>,
     ) -> impl Future<Output = SessionResult<Self::Session<'a>>> + Send + 'a;
 
-    /// The name of the database `pool` points at (a tenant's label with several).
-    fn database_name(pool: &sqlx::Pool<Self>) -> String;
-
     /// Runs a discovery query: the outbox tables' names, one per row, in its first
     /// column.
     fn discover<'a>(
@@ -360,6 +357,9 @@ pub struct Outcome {
     /// acknowledged or failed (none was left unattempted behind a failure of its key).
     /// `None` if the batch's first message was left unattempted.
     pub settled_through: Option<i64>,
+    /// How many of [`sent`](Self::sent) went to each destination (for the relay's
+    /// metrics, labelled by destination).
+    pub sent_to: Vec<(String, u64)>,
 }
 
 /// One message of a batch that failed to publish.
@@ -372,6 +372,8 @@ pub struct Failure {
     pub attempts: i32,
     /// The publisher's message.
     pub error: String,
+    /// Its destination (for the relay's metrics, labelled by destination).
+    pub destination: String,
     /// The failure is permanent: dead-letter it at once.
     pub permanent: bool,
     /// The failure says nothing about the message (the broker was unavailable): it keeps

@@ -57,6 +57,14 @@ impl Sealed for MySql {}
 
 impl crate::store::Database for MySql {
     type Options = ();
+
+    /// The URL's database (`""` when the URL names none).
+    fn database_name(pool: &sqlx::MySqlPool) -> String {
+        pool.connect_options()
+            .get_database()
+            .unwrap_or_default()
+            .to_owned()
+    }
 }
 
 impl Write for MySql {

@@ -733,13 +733,6 @@ impl Shared for Postgres {
         Ok(())
     }
 
-    fn database_name(pool: &PgPool) -> String {
-        pool.connect_options()
-            .get_database()
-            .unwrap_or("postgres")
-            .to_owned()
-    }
-
     async fn discover(pool: &PgPool, query: &str) -> SessionResult<Vec<String>> {
         Ok(sqlx::query_scalar(trusted_sql(query))
             .fetch_all(pool)

@@ -47,6 +47,15 @@ impl Database for Postgres {
     fn resolve(options: &mut Options, tables: &Tables) -> Result<()> {
         options::resolve(options, tables)
     }
+
+    /// The URL's database, or the user's name (PostgreSQL's default when none is given).
+    fn database_name(pool: &sqlx::PgPool) -> String {
+        let options = pool.connect_options();
+        options
+            .get_database()
+            .unwrap_or(options.get_username())
+            .to_owned()
+    }
 }
 
 impl Outbox<Postgres> {

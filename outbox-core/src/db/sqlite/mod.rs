@@ -39,6 +39,15 @@ impl Sealed for Sqlite {}
 
 impl crate::store::Database for Sqlite {
     type Options = ();
+
+    /// The database file's name (without its folder), or `:memory:`.
+    fn database_name(pool: &sqlx::SqlitePool) -> String {
+        let options = pool.connect_options();
+        let file = options.get_filename();
+        file.file_name()
+            .map_or_else(|| file.to_string_lossy(), |name| name.to_string_lossy())
+            .into_owned()
+    }
 }
 
 impl Write for Sqlite {
