@@ -54,6 +54,9 @@ done
 
 # The README's demo command (`cargo run -p outbox-examples --example quickstart`) resolves
 # the examples' own features; CI runs the quick-start the test build made.
+# The command without any broker (it parses `outbox relay` and refuses to run it).
+lint -p outbox-cli --no-default-features
+
 lint -p outbox-examples --example quickstart
 
 started=$SECONDS

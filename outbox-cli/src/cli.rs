@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
-use crate::time::{parse_age, parse_time};
+use crate::time::{parse_age, parse_duration, parse_time};
 
 /// The forms a time takes, under the help of each command that takes one.
 macro_rules! times {
@@ -255,6 +255,12 @@ pub enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// Run a relay: publish the outbox's messages to a broker until SIGTERM or Ctrl-C,
+    /// serving /metrics (Prometheus), /healthz and /readyz. Options win over the
+    /// environment, which wins over the TOML file of --config (docs/relay.md, "The relay
+    /// as a process"). Several such processes share one outbox (partitions; WAL mode
+    /// stands by).
+    Relay(Box<RelayArgs>),
     /// Run retention once: delete old sent messages and processed ids in small batches.
     Retention {
         /// Delete messages sent longer ago than this age.
@@ -273,6 +279,79 @@ pub enum Command {
         #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
     },
+}
+
+/// `outbox relay`: each setting also in the TOML file (`--config`), under the same name
+/// with `_` for `-`; the broker's client settings only there and in --broker-setting.
+#[derive(Debug, Args)]
+#[command(after_help = "Durations: 500ms, 90s, 15m, 12h, 7d.")]
+pub struct RelayArgs {
+    /// A TOML file with the relay's settings (docs/relay.md shows one).
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// The broker.
+    #[arg(long, env = "OUTBOX_BROKER", value_name = "BROKER")]
+    pub broker: Option<crate::settings::BrokerKind>,
+    /// The broker's address: Kafka's bootstrap servers (host:port,...), nats://host:4222,
+    /// amqp://user:password@host:5672/vhost (amqps:// for TLS). Prefer the environment
+    /// variable when it holds a password.
+    #[arg(
+        long,
+        env = "OUTBOX_BROKER_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub broker_url: Option<String>,
+    /// A client setting of the broker, `name=value` (Kafka: librdkafka's properties, such
+    /// as security.protocol=SASL_SSL; RabbitMQ: tls_ca_file=PATH). Repeat it for more.
+    #[arg(long = "broker-setting", value_name = "NAME=VALUE")]
+    pub broker_settings: Vec<String>,
+    /// A destination to check at start (the topic, subject or exchange must exist).
+    /// Repeat it for more; without any, the first message to a missing one fails then.
+    #[arg(long = "destination", value_name = "DESTINATION")]
+    pub destinations: Vec<String>,
+    /// Where /metrics, /healthz and /readyz are served (port 0: any free port; the first
+    /// line printed says which). Default 127.0.0.1:9464; in a container, 0.0.0.0:9464.
+    #[arg(long, env = "OUTBOX_RELAY_LISTEN", value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Messages claimed and published per batch.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Attempts of a failing message before it is dead-lettered.
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", value_name = "N")]
+    pub max_attempts: Option<i32>,
+    /// How often an idle relay looks for work it was not woken for.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    pub poll_interval: Option<Duration>,
+    /// Partitions of the outbox, shared by the relays running on it (table mode; every
+    /// relay of one outbox must use the same number).
+    #[arg(long, env = "OUTBOX_PARTITIONS", value_name = "N")]
+    pub partitions: Option<u16>,
+    /// Publish CloudEvents with this `source` (a URI reference, such as /orders-service).
+    #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE", value_name = "URI")]
+    pub cloudevents_source: Option<String>,
+    /// Relay these outbox tables (tenants; PostgreSQL) instead of --table. Repeat it.
+    #[arg(
+        long = "tenant",
+        value_name = "TABLE",
+        conflicts_with = "tenants_query"
+    )]
+    pub tenants: Vec<String>,
+    /// Relay the outbox tables this query returns, one per row (tenants; PostgreSQL; run
+    /// again every minute).
+    #[arg(long, env = "OUTBOX_TENANTS_QUERY", value_name = "SQL")]
+    pub tenants_query: Option<String>,
+    /// How logs are written on standard error: text, or json (one object per line).
+    #[arg(long, env = "OUTBOX_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<crate::settings::LogFormat>,
+    /// How long the relay has, after SIGTERM or Ctrl-C, to publish and record what it
+    /// holds before it exits anyway (status 1; what it had not recorded is published again
+    /// by the next relay). Default 30s.
+    #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_timeout: Option<Duration>,
+    /// All of the above merged with the file's (`relay::prepare`).
+    #[arg(skip)]
+    pub settings: crate::settings::Settings,
 }
 
 /// `outbox partition --interval`.

@@ -68,6 +68,9 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result {
         if let Command::Partition { interval, yes } = &cli.command {
             return partition_command(outbox, *interval, *yes, cli.json, out).await;
         }
+        if let Command::Relay(args) = &cli.command {
+            return crate::relay::run_postgres(args, outbox, out).await;
+        }
         execute(cli, outbox, out).await
     } else if is(MySql::URL_SCHEMES) {
         let url = mysql_scheme(&url);
@@ -176,6 +179,7 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
     match cli.command {
         // Answered in `main`, before a database is asked for.
         Command::Completions { .. } => {}
+        Command::Relay(args) => return crate::relay::run(&args, outbox, out).await,
         Command::Migrate => {
             let applied = outbox.migrate().await?;
             let value = serde_json::json!({ "table": table, "applied": applied });

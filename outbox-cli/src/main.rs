@@ -7,7 +7,9 @@
 mod cli;
 mod commands;
 mod failure;
+mod relay;
 mod serve;
+mod settings;
 mod time;
 
 use std::io::Write;
@@ -16,7 +18,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let mut cli = cli::Cli::parse();
     if let cli::Command::Completions { shell } = cli.command {
         let mut command = <cli::Cli as clap::CommandFactory>::command();
         // Into memory first: clap_complete panics on a write error, and a reader that
@@ -29,23 +31,44 @@ fn main() -> ExitCode {
             Err(e) => fail(&format!("cannot write the output: {e}")),
         };
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-                // sqlx's "slow statement" warnings would interleave with the command's own
-                // output (a status on a busy server); `OUTBOX_LOG=sqlx=warn` shows them.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sqlx::query=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let json = cli.json;
+    if let Err(e) = relay::prepare(&mut cli) {
+        return fail_as(json, &e.to_string());
+    }
+    // A relay is a service: it says what it does (info), in JSON when asked.
+    let (relay, log_json) = match &cli.command {
+        cli::Command::Relay(args) => (true, args.settings.log_format == settings::LogFormat::Json),
+        _ => (false, false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
+        // sqlx's "slow statement" warnings would interleave with the command's own
+        // output (a status on a busy server); `OUTBOX_LOG=sqlx=warn` shows them.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(if relay {
+                "info,sqlx::query=error"
+            } else {
+                "warn,sqlx::query=error"
+            })
+        });
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if log_json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    let runtime = if relay {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    }
+    .enable_all()
+    .build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    let json = cli.json;
     let fail = |message: &str| fail_as(json, message);
     let mut out = std::io::stdout().lock();
     match runtime.block_on(commands::run(cli, &mut out)) {

@@ -133,7 +133,7 @@ pub async fn serve<DB: Backend>(
 }
 
 /// Ctrl-C or SIGTERM (systemd, containers).
-async fn stop_signal() {
+pub async fn stop_signal() {
     #[cfg(unix)]
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

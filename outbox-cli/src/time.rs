@@ -18,6 +18,17 @@ const HINT: &str = "use RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01, mid
                     or an age before now such as 90s, 15m, 12h, 7d, 2w";
 
 /// Parses an age such as `7d`.
+/// A duration: an age (`parse_age`), or milliseconds (`500ms`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    match text.trim().strip_suffix("ms") {
+        Some(ms) if !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) => ms
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("{text:?} is too large")),
+        _ => parse_age(text),
+    }
+}
+
 pub fn parse_age(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text

@@ -67,6 +67,11 @@ impl Process {
         assert!(status.success(), "kill {signal}");
     }
 
+    /// Its exit status, if it has exited (reaped then).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the child's status")
+    }
+
     /// Everything the child wrote so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -89,6 +94,7 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();

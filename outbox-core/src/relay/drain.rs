@@ -861,6 +861,10 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
                 drop(outage);
                 tracing::info!("outbox relay: the broker is publishing again");
                 relay.gauge("outbox_relay_broker_unavailable", 0.0);
+                relay
+                    .stats
+                    .broker_unavailable
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
             }
         }
         return std::time::Duration::ZERO;
@@ -880,6 +884,10 @@ fn outage_backoff<P, DB: Backend>(relay: &Relay<P, DB>, outcome: &Outcome) -> st
              lasts (these failures do not count towards max_attempts)"
         );
         relay.gauge("outbox_relay_broker_unavailable", 1.0);
+        relay
+            .stats
+            .broker_unavailable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
     delay
 }

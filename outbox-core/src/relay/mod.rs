@@ -144,6 +144,11 @@ pub struct RelayStats {
     failed: AtomicU64,
     dead: AtomicU64,
     reconnects: AtomicU64,
+    /// A database session is open (the relay works, or stands by for its slot or its
+    /// partitions).
+    connected: std::sync::atomic::AtomicBool,
+    /// The last batch found the broker unavailable, and none published since.
+    broker_unavailable: std::sync::atomic::AtomicBool,
 }
 
 /// A copy of [`RelayStats`] at one moment.
@@ -166,6 +171,12 @@ pub struct RelayStatsSnapshot {
     /// unavailable or did not answer in time): retried, never counted towards
     /// `max_attempts`. Included in `failed`.
     pub unavailable: u64,
+    /// A database session is open: the relay publishes, or stands by (WAL mode: another
+    /// relay streams the slot; partitions: others own them all). False while it
+    /// connects or reconnects. (For a readiness probe, with `broker_unavailable`.)
+    pub connected: bool,
+    /// The broker did not answer the last batch, and nothing was published since.
+    pub broker_unavailable: bool,
 }
 
 impl RelayStats {
@@ -179,6 +190,8 @@ impl RelayStats {
             dead: self.dead.load(Ordering::Relaxed),
             reconnects: self.reconnects.load(Ordering::Relaxed),
             unavailable: self.unavailable.load(Ordering::Relaxed),
+            connected: self.connected.load(Ordering::Relaxed),
+            broker_unavailable: self.broker_unavailable.load(Ordering::Relaxed),
         }
     }
 
@@ -492,5 +505,12 @@ impl RelayHandle {
     /// The relay's counters.
     pub fn stats(&self) -> RelayStatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// A reader of the relay's counters that outlives the handle: for a health endpoint
+    /// that answers while [`shutdown`](Self::shutdown) has the handle.
+    pub fn stats_source(&self) -> impl Fn() -> RelayStatsSnapshot + Send + Sync + 'static {
+        let stats = Arc::clone(&self.stats);
+        move || stats.snapshot()
     }
 }

@@ -274,7 +274,10 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
             },
             () = stopped(shutdown) => return Ok(()),
         };
+        let connected = &self.stats.connected;
+        connected.store(true, std::sync::atomic::Ordering::Relaxed);
         let result = self.work(&mut session, shutdown, &mut Alone).await;
+        connected.store(false, std::sync::atomic::Ordering::Relaxed);
         if result.is_ok() {
             // Hand the work over at once instead of when the connection times out.
             let _ = tokio::time::timeout(timeout, session.close()).await;

@@ -228,7 +228,7 @@ impl<P: Publisher + Clone, DB: Backend + Shared> TenantsBuilder<P, DB> {
         });
         Ok(TenantsHandle {
             task,
-            stats: Box::new(move || {
+            stats: Arc::new(move || {
                 stats
                     .stats
                     .lock()
@@ -258,7 +258,7 @@ struct Common<P> {
 #[must_use = "dropping the handle detaches the relay: it runs until the runtime ends, and cannot be stopped gracefully; keep it and call `shutdown`"]
 pub struct TenantsHandle {
     task: TaskHandle,
-    stats: Box<dyn Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync>,
+    stats: Arc<dyn Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync>,
 }
 
 impl fmt::Debug for TenantsHandle {
@@ -284,6 +284,15 @@ impl TenantsHandle {
     /// with several databases).
     pub fn stats(&self) -> BTreeMap<String, RelayStatsSnapshot> {
         (self.stats)()
+    }
+
+    /// A reader of [`stats`](Self::stats) that outlives the handle: for a health
+    /// endpoint that answers while [`shutdown`](Self::shutdown) has the handle.
+    pub fn stats_source(
+        &self,
+    ) -> impl Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync + 'static {
+        let stats = Arc::clone(&self.stats);
+        move || stats()
     }
 }
 
@@ -503,6 +512,11 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
             Ok((exit, None)) => Ok(exit),
             Err(e) => Err(e),
         };
+        // A tenant is connected while its turns work (it has no session between them).
+        relay
+            .stats
+            .connected
+            .store(result.is_ok(), std::sync::atomic::Ordering::Relaxed);
         match result {
             Ok(Exit::Shutdown) if kept.unrecorded.is_empty() => return,
             Ok(Exit::Shutdown) => {}
