@@ -290,7 +290,12 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
                         }
                         confirm(out, json, "re-queue them", "re-queued")?;
                     }
-                    admin.replay_sent_between(since, until, destination).await?
+                    crate::progress::ticking(
+                        &format!("{table}: re-queuing"),
+                        None,
+                        admin.replay_sent_between(since, until, destination),
+                    )
+                    .await?
                 }
                 _ => admin.replay(&ids).await?,
             };
@@ -440,11 +445,51 @@ async fn execute<DB: Backend>(cli: Cli, outbox: Outbox<DB>, out: &mut impl Write
             if keep_processed {
                 builder = builder.keep_processed();
             }
-            let done = builder.build().run_once().await?;
+            // The total to delete, for the time left: a count of the sent rows past the
+            // cutoff (one scan), only when the progress line is shown.
+            let total = match (keep_sent, crate::progress::Progress::shown()) {
+                (false, true) => {
+                    let cutoff = chrono::Utc::now()
+                        - chrono::Duration::from_std(sent_older_than)
+                            .unwrap_or(chrono::Duration::MAX);
+                    Some(admin.purge(Some(cutoff), None, true).await?.sent)
+                }
+                _ => None,
+            };
+            let mut sent_progress =
+                crate::progress::Progress::new(format!("{table}: deleting sent messages"), total);
+            let mut processed_progress = None;
+            let done = builder
+                .build()
+                .run_once_with_progress(|so_far| {
+                    if so_far.processed_deleted == 0 {
+                        sent_progress.update(so_far.sent_deleted);
+                    } else {
+                        processed_progress
+                            .get_or_insert_with(|| {
+                                crate::progress::Progress::new(
+                                    format!("{table}: deleting processed ids"),
+                                    None,
+                                )
+                            })
+                            .update(so_far.processed_deleted);
+                    }
+                })
+                .await?;
+            sent_progress.finish();
+            if let Some(p) = processed_progress {
+                p.finish();
+            }
+            let rows = done.sent_deleted + done.processed_deleted;
             report(
                 out,
                 json,
-                || format!("{table}: {done}"),
+                || {
+                    format!(
+                        "{table}: {done}; {} rows/s",
+                        crate::progress::thousands(crate::progress::rate(rows, done.elapsed) as u64)
+                    )
+                },
                 serde_json::json!({
                     "table": table,
                     "sent_deleted": done.sent_deleted,
@@ -508,13 +553,21 @@ async fn partition_command(
             "changed",
         )?;
     }
-    let done = outbox.partition_by_time(interval).await?;
+    let started = std::time::Instant::now();
+    let done = crate::progress::ticking(
+        &format!("{table}: copying into partitions"),
+        None,
+        outbox.partition_by_time(interval),
+    )
+    .await?;
+    let elapsed = started.elapsed();
     let value = serde_json::json!({
         "table": table.to_string(),
         "interval": interval.to_string(),
         "rows_copied": done.rows_copied,
         "partitions": done.partitions,
         "relays_disconnected": done.relays_disconnected,
+        "elapsed_seconds": elapsed.as_secs_f64(),
     });
     report(
         out,
@@ -524,10 +577,14 @@ async fn partition_command(
                 format!("{table} is already partitioned {interval}; nothing to do")
             } else {
                 format!(
-                    "{table} is partitioned {interval}: {} rows copied into {} partitions ({} to {}) \
-                     and the default partition; {} relay session(s) reconnect to it. `outbox retention` \
-                     now drops old partitions whole",
+                    "{table} is partitioned {interval}: {} rows copied in {} ({} rows/s) into {} \
+                     partitions ({} to {}) and the default partition; {} relay session(s) reconnect \
+                     to it. `outbox retention` now drops old partitions whole",
                     done.rows_copied,
+                    human(elapsed.as_secs_f64()),
+                    crate::progress::thousands(
+                        crate::progress::rate(done.rows_copied, elapsed) as u64
+                    ),
                     done.partitions.len(),
                     done.partitions.first().map_or("", String::as_str),
                     done.partitions.last().map_or("", String::as_str),

@@ -7,6 +7,7 @@
 mod cli;
 mod commands;
 mod failure;
+mod progress;
 mod relay;
 mod serve;
 mod settings;

@@ -902,12 +902,60 @@ async fn retention_command_deletes_old_rows_in_batches() {
     let out = in_db(&db, &["retention", "--batch-size", "10"]).await;
     let text = out.ok();
     assert!(
-        text.contains("deleted 55 sent messages and 12 processed ids in 8 batches"),
-        "6 batches of sent rows (the last one short), 2 of processed ids: {text}"
+        text.contains("deleted 55 sent messages and 12 processed ids in 8 batches")
+            && text.contains(" rows/s"),
+        "6 batches of sent rows (the last one short), 2 of processed ids, and the rate: {text}"
+    );
+    assert!(
+        !out.stderr.contains('\r') && !out.stderr.contains("rows/s"),
+        "no progress line when standard error is not a terminal: {:?}",
+        out.stderr
     );
     assert_eq!(db.count("outbox").await, 2);
     assert!(state(&db, recent).await.is_some() && state(&db, dead).await.is_some());
     assert_eq!(db.count("outbox_processed").await, 8);
+    db.cleanup().await;
+}
+
+/// On a terminal, retention over many rows shows its progress on standard error: rows
+/// done of the total, the rate, the time left; the line is cleared at the end and the
+/// summary follows (#37 §4).
+#[tokio::test]
+async fn retention_shows_its_progress_on_a_terminal() {
+    let db = TestDb::new().await;
+    db.outbox().await;
+    sqlx::query(
+        "INSERT INTO outbox (id, event_type, destination, payload, created_at, sent_at) \
+         SELECT gen_random_uuid(), 'Old', 'orders', '{}', now() - interval '9 days', now() - interval '8 days' \
+         FROM generate_series(1, 3000)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("old sent rows");
+    let table = format!("{}.outbox", db.schema);
+    let out = on_terminal(
+        &[
+            "--table",
+            &table,
+            "retention",
+            "--batch-size",
+            "100",
+            "--keep-processed",
+        ],
+        "",
+    )
+    .await;
+    let text = out.ok();
+    let progress = format!("{table}: deleting sent messages: 100/3,000 rows (3%), ");
+    assert!(
+        text.contains(&progress) && text.contains(" rows/s, ") && text.contains(" left"),
+        "the first batch's line, with the rate and the time left: {text:?}"
+    );
+    assert!(
+        text.contains("\r\x1b[2K") && text.contains("deleted 3000 sent messages"),
+        "the line cleared, then the summary: {text:?}"
+    );
+    assert_eq!(db.count("outbox").await, 0);
     db.cleanup().await;
 }
 

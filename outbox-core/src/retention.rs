@@ -276,9 +276,19 @@ impl<DB: Backend> Retention<DB> {
     /// what it removed. An error stops the run; the batches before it stay deleted
     /// (each is complete in itself) and the next run carries on.
     pub async fn run_once(&self) -> Result<RetentionReport> {
+        self.run_once_with_progress(|_| {}).await
+    }
+
+    /// [`run_once`](Self::run_once), calling `progress` after each batch with what the
+    /// run has done so far (its `elapsed` up to date): for a progress display over
+    /// millions of rows.
+    pub async fn run_once_with_progress(
+        &self,
+        mut progress: impl FnMut(&RetentionReport) + Send,
+    ) -> Result<RetentionReport> {
         crate::telemetry::describe_metrics();
         let (_tx, mut rx) = watch::channel(false);
-        self.run_until(&mut rx).await
+        self.run_until(&mut rx, &mut progress).await
     }
 
     /// Runs at once and then every `interval` until `shutdown` turns `true` (forever if
@@ -287,7 +297,7 @@ impl<DB: Backend> Retention<DB> {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         crate::telemetry::describe_metrics();
         loop {
-            match self.run_until(&mut shutdown).await {
+            match self.run_until(&mut shutdown, &mut |_| {}).await {
                 Ok(report) => {
                     tracing::info!(
                         sent_deleted = report.sent_deleted,
@@ -315,7 +325,11 @@ impl<DB: Backend> Retention<DB> {
         }
     }
 
-    async fn run_until(&self, shutdown: &mut watch::Receiver<bool>) -> Result<RetentionReport> {
+    async fn run_until(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        progress: &mut (dyn FnMut(&RetentionReport) + Send),
+    ) -> Result<RetentionReport> {
         let started = Instant::now();
         let mut report = RetentionReport::default();
         let span = tracing::info_span!("outbox.retention", outbox = %self.outbox.tables().outbox);
@@ -360,6 +374,8 @@ impl<DB: Backend> Retention<DB> {
                     let (n, found, last) =
                         self.batch(Kind::Sent, cutoff, after, &mut report).await?;
                     report.sent_deleted += n;
+                    report.elapsed = started.elapsed();
+                    progress(&report);
                     after = last.unwrap_or(after);
                     if found < self.batch_len() || self.pause(shutdown, &mut report).await {
                         break;
@@ -370,6 +386,8 @@ impl<DB: Backend> Retention<DB> {
                 loop {
                     let (n, _, _) = self.batch(Kind::Processed, cutoff, 0, &mut report).await?;
                     report.processed_deleted += n;
+                    report.elapsed = started.elapsed();
+                    progress(&report);
                     if n < self.batch_len() || self.pause(shutdown, &mut report).await {
                         break;
                     }
