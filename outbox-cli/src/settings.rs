@@ -64,6 +64,8 @@ pub struct Settings {
     pub tenancy: Tenancy,
     pub log_format: LogFormat,
     pub shutdown_timeout: Duration,
+    /// `--json`: the first line (where it serves) as a JSON object.
+    pub json: bool,
 }
 
 impl std::fmt::Debug for Settings {

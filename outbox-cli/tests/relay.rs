@@ -23,7 +23,10 @@ const KEYS: usize = 12;
 fn relay(name: &str, table: &str, json_logs: bool) -> Process {
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
     command
-        .args(["--table", table, "relay", "--broker", "nats"])
+        .args(["--table", table])
+        // JSON logs and a JSON first line go together here.
+        .args(json_logs.then_some("--json"))
+        .args(["relay", "--broker", "nats"])
         .args(["--listen", "127.0.0.1:0", "--partitions", "8"])
         .args(["--poll-interval", "200ms", "--shutdown-timeout", "20s"])
         .env("DATABASE_URL", database_url())
@@ -37,19 +40,26 @@ fn relay(name: &str, table: &str, json_logs: bool) -> Process {
     Process::named(name, &mut command)
 }
 
-/// Where `process` serves, from the first line it prints.
+/// Where `process` serves, from the first line it prints (as text, or with `--json` as
+/// `{"listening": ...}`).
 async fn address(process: &Process) -> String {
     let mut address = None;
     wait_until_or(
         "the relay says where it serves",
         Duration::from_secs(60),
         || {
-            address = process
-                .output()
+            let output = process.output();
+            address = output
                 .split("serving http://")
                 .nth(1)
                 .and_then(|rest| rest.split('/').next())
-                .map(str::to_owned);
+                .map(str::to_owned)
+                .or_else(|| {
+                    output
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                        .find_map(|v| v["listening"].as_str().map(str::to_owned))
+                });
             let found = address.is_some();
             async move { found }
         },
@@ -249,16 +259,18 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
         "{metrics}"
     );
     let output = c.output();
-    let lines: Vec<&str> = output
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("outbox relay: serving"))
-        .collect();
+    let lines: Vec<&str> = output.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("\"listening\"")),
+        "--json: the first line as JSON: {output}"
+    );
     assert!(lines.len() > 3, "{output}");
     for line in lines {
         let object: serde_json::Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
         assert!(
-            object["level"].is_string() && object["fields"].is_object(),
+            object["listening"].is_string()
+                || (object["level"].is_string() && object["fields"].is_object()),
             "{line}"
         );
     }

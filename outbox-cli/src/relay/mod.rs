@@ -79,6 +79,7 @@ fn given(option: &str, variable: &str) -> bool {
 /// Every missing or bad setting is an error naming the option, the variable and the
 /// file's key.
 pub fn prepare(cli: &mut Cli) -> Result {
+    let json = cli.json;
     let Command::Relay(args) = &mut cli.command else {
         return Ok(());
     };
@@ -198,6 +199,7 @@ pub fn prepare(cli: &mut Cli) -> Result {
             .shutdown_timeout
             .or(duration("shutdown_timeout", file.shutdown_timeout)?)
             .unwrap_or(SHUTDOWN_TIMEOUT),
+        json,
     };
     Ok(())
 }
@@ -342,10 +344,18 @@ async fn serve(
         .await
         .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
     let address = listener.local_addr()?;
-    writeln!(
-        out,
-        "outbox relay: serving http://{address}/metrics, /healthz and /readyz"
-    )?;
+    if settings.json {
+        let line = serde_json::json!({
+            "listening": address.to_string(),
+            "endpoints": ["/metrics", "/healthz", "/readyz"],
+        });
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(
+            out,
+            "outbox relay: serving http://{address}/metrics, /healthz and /readyz"
+        )?;
+    }
     out.flush()?;
     tracing::info!(%address, broker = ?settings.broker.map(|b| format!("{b:?}").to_lowercase()), "outbox relay started");
     let router = Router::new()
