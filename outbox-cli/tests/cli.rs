@@ -860,18 +860,24 @@ async fn purge_deletes_old_history_and_dry_run_only_counts() {
     db.cleanup().await;
 }
 
+/// `n` messages sent 8 days ago.
+async fn old_sent_rows(db: &TestDb, n: i32) {
+    sqlx::query(
+        "INSERT INTO outbox (id, event_type, destination, payload, created_at, sent_at) \
+         SELECT gen_random_uuid(), 'Old', 'orders', '{}', now() - interval '9 days', now() - interval '8 days' \
+         FROM generate_series(1, $1)",
+    )
+    .bind(n)
+    .execute(&db.pool)
+    .await
+    .expect("old sent rows");
+}
+
 #[tokio::test]
 async fn retention_command_deletes_old_rows_in_batches() {
     let db = TestDb::new().await;
     db.outbox().await;
-    sqlx::query(
-        "INSERT INTO outbox (id, event_type, destination, payload, created_at, sent_at) \
-         SELECT gen_random_uuid(), 'Old', 'orders', '{}', now() - interval '9 days', now() - interval '8 days' \
-         FROM generate_series(1, 55)",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("old sent rows");
+    old_sent_rows(&db, 55).await;
     let recent = insert(
         &db,
         Row {
@@ -924,14 +930,7 @@ async fn retention_command_deletes_old_rows_in_batches() {
 async fn retention_shows_its_progress_on_a_terminal() {
     let db = TestDb::new().await;
     db.outbox().await;
-    sqlx::query(
-        "INSERT INTO outbox (id, event_type, destination, payload, created_at, sent_at) \
-         SELECT gen_random_uuid(), 'Old', 'orders', '{}', now() - interval '9 days', now() - interval '8 days' \
-         FROM generate_series(1, 3000)",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("old sent rows");
+    old_sent_rows(&db, 3000).await;
     let table = format!("{}.outbox", db.schema);
     let out = on_terminal(
         &[
