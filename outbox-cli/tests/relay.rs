@@ -1,7 +1,8 @@
 //! `outbox relay` as processes of their own: three on one outbox (its partitions shared),
 //! one killed with SIGKILL and another stopped with SIGTERM while writers commit. Every
 //! event reaches NATS once, each key in order; `/readyz`, `/healthz` and `/metrics`
-//! answer as each process's state says; logs are JSON when asked.
+//! answer as each process's state says (a fourth, whose table is not migrated, is alive
+//! and not ready); logs are JSON when asked.
 
 mod common;
 
@@ -106,6 +107,28 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
         .await;
     }
     assert_eq!(get(&c_at, "/healthz").await, Some((200, "ok\n".to_owned())));
+    // A relay without its database session (its table not migrated) is alive, not ready.
+    let missing = relay("relay-unmigrated", &format!("{}.missing", db.schema), false);
+    let missing_at = address(&missing).await;
+    wait_until_or(
+        "relay-unmigrated says its table is missing",
+        Duration::from_secs(30),
+        || {
+            let said = missing.output().contains("the outbox table does not exist");
+            async move { said }
+        },
+        || missing.output_tail(),
+    )
+    .await;
+    let (code, body) = get(&missing_at, "/readyz").await.expect("it answers");
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).expect("JSON")["ready"],
+        false,
+        "{body}"
+    );
+    assert_eq!(get(&missing_at, "/healthz").await.map(|r| r.0), Some(200));
+    drop(missing);
 
     // The writers: 600 events, 12 keys, 5 per transaction, while relays die.
     let writer = {
