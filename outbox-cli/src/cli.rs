@@ -283,7 +283,8 @@ pub enum Command {
 
 /// `outbox relay`: each setting also in the TOML file (`--config`), under the same name
 /// with `_` for `-`; the broker's client settings only there and in --broker-setting.
-#[derive(Debug, Args)]
+/// (Its `Debug` shows no address or setting value: they may hold passwords.)
+#[derive(Args)]
 #[command(after_help = "Durations: 500ms, 90s, 15m, 12h, 7d.")]
 pub struct RelayArgs {
     /// A TOML file with the relay's settings (docs/relay.md shows one).
@@ -331,14 +332,10 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE", value_name = "URI")]
     pub cloudevents_source: Option<String>,
     /// Relay these outbox tables (tenants; PostgreSQL) instead of --table. Repeat it.
-    #[arg(
-        long = "tenant",
-        value_name = "TABLE",
-        conflicts_with = "tenants_query"
-    )]
+    #[arg(long = "tenant", value_name = "TABLE")]
     pub tenants: Vec<String>,
     /// Relay the outbox tables this query returns, one per row (tenants; PostgreSQL; run
-    /// again every minute).
+    /// again every minute). --tenant wins over it.
     #[arg(long, env = "OUTBOX_TENANTS_QUERY", value_name = "SQL")]
     pub tenants_query: Option<String>,
     /// How logs are written on standard error: text, or json (one object per line).
@@ -346,12 +343,28 @@ pub struct RelayArgs {
     pub log_format: Option<crate::settings::LogFormat>,
     /// How long the relay has, after SIGTERM or Ctrl-C, to publish and record what it
     /// holds before it exits anyway (status 1; what it had not recorded is published again
-    /// by the next relay). Default 30s.
+    /// by the next relay). Default 45s (above the relay's own bound).
     #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_timeout: Option<Duration>,
     /// All of the above merged with the file's (`relay::prepare`).
     #[arg(skip)]
     pub settings: crate::settings::Settings,
+}
+
+impl std::fmt::Debug for RelayArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayArgs")
+            .field("config", &self.config)
+            .field("broker", &self.broker)
+            .field(
+                "broker_url",
+                &self.broker_url.as_ref().map(|_| "<redacted>"),
+            )
+            .field("broker_settings", &self.broker_settings.len())
+            .field("listen", &self.listen)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `outbox partition --interval`.

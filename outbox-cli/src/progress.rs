@@ -134,7 +134,7 @@ pub fn thousands(n: u64) -> String {
 }
 
 /// A duration as `outbox status` prints one.
-fn human(d: Duration) -> String {
+pub fn human(d: Duration) -> String {
     outbox_core::admin::human_duration(d.as_secs_f64())
 }
 

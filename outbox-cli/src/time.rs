@@ -17,7 +17,6 @@ use chrono::{DateTime, NaiveDate, Utc};
 const HINT: &str = "use RFC 3339 (2024-05-01T12:00:00Z), a date (2024-05-01, midnight UTC), `now`, \
                     or an age before now such as 90s, 15m, 12h, 7d, 2w";
 
-/// Parses an age such as `7d`.
 /// A duration: an age (`parse_age`), or milliseconds (`500ms`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     match text.trim().strip_suffix("ms") {
@@ -29,6 +28,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// Parses an age such as `7d`.
 pub fn parse_age(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text

@@ -1554,7 +1554,8 @@ async fn partition_converts_the_table_once_and_is_postgresql_only() {
     let out = in_db(&db, &["partition", "--interval", "day", "--yes"]).await;
     let text = out.ok();
     assert!(
-        text.contains("is partitioned by the day: 1 rows copied into")
+        text.contains("is partitioned by the day: 1 rows copied in ")
+            && text.contains(" rows/s) into ")
             && text.contains("partitions"),
         "{text}"
     );

@@ -347,6 +347,10 @@ fn bad_relay_settings_are_refused_with_what_to_fix() {
         "secret.toml",
         "broker = \"nats\"\ndatabase_url = \"postgres://u:s3cr3t-pw@db/app\" junk\n",
     );
+    let typed = file(
+        "typed.toml",
+        "broker = \"kafka\"\nbroker_url = \"k:9092\"\n[broker_settings]\n\"sasl.password\" = 4242424242\n",
+    );
     let duration = file(
         "duration.toml",
         "broker = \"nats\"\nbroker_url = \"nats://x\"\npoll_interval = \"soon\"\n",
@@ -369,9 +373,17 @@ fn bad_relay_settings_are_refused_with_what_to_fix() {
             &["no broker address", "--broker-url", "OUTBOX_BROKER_URL"],
         ),
         (
-            vec!["relay", "--broker", "kafka", "--broker-setting", "acks"],
+            vec![
+                "relay",
+                "--broker",
+                "kafka",
+                "--broker-setting",
+                "acks=all",
+                "--broker-setting",
+                "sasl.password:hunter2",
+            ],
             vec![("OUTBOX_BROKER_URL", "localhost:9092")],
-            &["--broker-setting \"acks\" is not name=value"],
+            &["--broker-setting number 2 is not name=value"],
         ),
         (
             vec!["relay", "--config", &unknown],
@@ -382,6 +394,11 @@ fn bad_relay_settings_are_refused_with_what_to_fix() {
             vec!["relay", "--config", &secret],
             vec![],
             &["secret.toml is not valid (line 2)"],
+        ),
+        (
+            vec!["relay", "--config", &typed],
+            vec![],
+            &["typed.toml is not valid (line 4)", "(value not shown)"],
         ),
         (
             vec!["relay", "--config", &duration],
@@ -410,7 +427,7 @@ fn bad_relay_settings_are_refused_with_what_to_fix() {
         for text in expected {
             assert!(stderr.contains(text), "{args:?}: {text:?} in {stderr}");
         }
-        for secret in ["hunter2", "s3cr3t-pw"] {
+        for secret in ["hunter2", "s3cr3t-pw", "4242424242"] {
             assert!(
                 !stderr.contains(secret),
                 "{args:?} shows a password: {stderr}"

@@ -63,31 +63,67 @@ impl opentelemetry::propagation::Extractor for Extract<'_> {
 /// wins, and nothing is mixed into it.
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
-    use opentelemetry::trace::TraceContextExt;
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    if headers.contains_key(TRACEPARENT) {
-        return;
+    if let Some(current) = Current::capture(|fields| caller_set(headers, fields)) {
+        headers.extend(current.headers);
     }
-    let span = tracing::Span::current();
-    let context = span.context();
-    let valid = context.span().span_context().is_valid();
-    if !valid && !span.is_disabled() {
-        unreadable_span_once(&span);
-    }
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        let mut fields = propagator.fields().peekable();
-        if fields.peek().is_none() {
-            // The no-op propagator: none was configured.
-            if valid {
-                w3c(context.span().span_context(), headers);
+}
+
+/// Whether `headers` carry trace context the caller set: a `traceparent`, or any of the
+/// propagator's `fields`.
+#[cfg(feature = "opentelemetry")]
+fn caller_set(headers: &BTreeMap<String, String>, fields: &[String]) -> bool {
+    headers.contains_key(TRACEPARENT) || fields.iter().any(|f| headers.contains_key(f))
+}
+
+/// The current span's context as headers, as the global propagator writes them (W3C
+/// with the no-op propagator).
+#[cfg(feature = "opentelemetry")]
+struct Current {
+    headers: BTreeMap<String, String>,
+}
+
+#[cfg(feature = "opentelemetry")]
+impl Current {
+    /// The current span's context as headers, unless `skip(fields)` says the caller set
+    /// them already (nothing is read or said then), or there is none. The first span
+    /// that has no context outbox's `tracing-opentelemetry` can read is reported, once.
+    fn capture(skip: impl Fn(&[String]) -> bool) -> Option<Current> {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let fields: Vec<String> = opentelemetry::global::get_text_map_propagator(|p| {
+            p.fields().map(str::to_owned).collect()
+        });
+        if skip(&fields) {
+            return None;
+        }
+        let span = tracing::Span::current();
+        if span.is_disabled() {
+            return None;
+        }
+        // `None`: no layer of our version knows this span (another version, none, or
+        // a filter that leaves it out). A layer with a no-op tracer answers `Some`.
+        let known = span
+            .with_subscriber(|(id, dispatch)| tracing_opentelemetry::get_otel_context(id, dispatch))
+            .flatten()
+            .is_some();
+        if !known {
+            unreadable_span_once(&span);
+            return None;
+        }
+        let context = span.context();
+        let mut headers = BTreeMap::new();
+        if fields.is_empty() {
+            let span_context = context.span().span_context().clone();
+            if span_context.is_valid() {
+                w3c(&span_context, &mut headers);
             }
-            return;
+        } else {
+            opentelemetry::global::get_text_map_propagator(|propagator| {
+                propagator.inject_context(&context, &mut Inject(&mut headers));
+            });
         }
-        if fields.any(|field| headers.contains_key(field)) {
-            return;
-        }
-        propagator.inject_context(&context, &mut Inject(headers));
-    });
+        (!headers.is_empty()).then_some(Current { headers })
+    }
 }
 
 /// `traceparent` and `tracestate` of `span_context`, as W3C Trace Context writes them.
@@ -132,24 +168,25 @@ fn unreadable_span_once(span: &tracing::Span) {
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn capture(_headers: &mut BTreeMap<String, String>) {}
 
-/// `messages` with the current span's trace context (as [`capture`] adds it), copied
-/// only when there is a context to add: for the write path that takes borrowed
-/// messages (`Outbox::enqueue_messages`).
+/// `messages` with the current span's trace context (as [`capture`] adds it to each
+/// message whose caller set none), copied only when there is a context to add: for the
+/// write path that takes borrowed messages (`Outbox::enqueue_messages`).
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn captured(
     messages: &[crate::OutboxMessage],
 ) -> std::borrow::Cow<'_, [crate::OutboxMessage]> {
-    let mut context = BTreeMap::new();
-    capture(&mut context);
-    if context.is_empty() || messages.iter().all(|m| m.headers.contains_key(TRACEPARENT)) {
+    let fields: Vec<String> =
+        opentelemetry::global::get_text_map_propagator(|p| p.fields().map(str::to_owned).collect());
+    let wanted = |m: &crate::OutboxMessage| !caller_set(&m.headers, &fields);
+    if !messages.iter().any(wanted) {
         return std::borrow::Cow::Borrowed(messages);
     }
+    let Some(current) = Current::capture(|_| false) else {
+        return std::borrow::Cow::Borrowed(messages);
+    };
     let mut owned = messages.to_vec();
-    for m in owned
-        .iter_mut()
-        .filter(|m| !m.headers.contains_key(TRACEPARENT))
-    {
-        m.headers.extend(context.clone());
+    for m in owned.iter_mut().filter(|m| wanted(m)) {
+        m.headers.extend(current.headers.clone());
     }
     std::borrow::Cow::Owned(owned)
 }

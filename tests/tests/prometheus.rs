@@ -19,6 +19,11 @@ async fn every_outbox_metric_a_scrape_shows_has_its_help_and_type() {
         .expect("the only recorder");
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
+    let database: String = outbox_core::sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the database's name");
+    let labels = format!("outbox=\"outbox\",database=\"{database}\",destination=\"scraped\"");
     let publisher = InMemoryPublisher::new();
     let relay = Relay::builder(outbox.clone(), publisher.clone())
         .poll_interval(Duration::from_millis(100))
@@ -30,9 +35,9 @@ async fn every_outbox_metric_a_scrape_shows_has_its_help_and_type() {
         Duration::from_secs(30),
         || {
             let text = prometheus.render();
+            let published = format!("\noutbox_published_total{{{labels}}} 3");
             async move {
-                text.contains("\noutbox_published_total 3")
-                    && text.contains("\noutbox_oldest_pending_age_seconds ")
+                text.contains(&published) && text.contains("\noutbox_oldest_pending_age_seconds{")
             }
         },
         || prometheus.render(),
@@ -43,8 +48,10 @@ async fn every_outbox_metric_a_scrape_shows_has_its_help_and_type() {
     let text = prometheus.render();
     // The counters exist from the relay's start, at 0 (an `increase()` over a series that
     // first appears at 1 misses that first event).
-    for zero in ["outbox_dead_lettered_total 0", "outbox_failed_total 0"] {
-        assert!(text.contains(&format!("\n{zero}\n")), "{zero}:\n{text}");
+    // Labelled by outbox, database and destination (#37).
+    for zero in ["outbox_dead_lettered_total", "outbox_failed_total"] {
+        let series = format!("\n{zero}{{{labels}}} 0\n");
+        assert!(text.contains(&series), "{series}:\n{text}");
     }
     let shown: Vec<&str> = text
         .lines()

@@ -268,7 +268,6 @@ async fn one_trace_runs_from_an_http_request_through_send_and_process_spans() {
         ("messaging.system", "nats".to_owned()),
         ("messaging.operation.type", "send".to_owned()),
         ("messaging.destination.name", destination.clone()),
-        ("messaging.batch.message_count", "1".to_owned()),
         ("server.address", host),
         ("server.port", port.expect("a port").to_string()),
     ] {
@@ -279,6 +278,11 @@ async fn one_trace_runs_from_an_http_request_through_send_and_process_spans() {
         );
     }
     assert_eq!(attribute(send, "error.type"), None, "nothing failed");
+    assert_eq!(
+        attribute(send, "messaging.batch.message_count"),
+        None,
+        "one message is not a batch"
+    );
 
     let process_name = format!("process {destination}");
     let process = spans(exporter, &process_name);
@@ -456,7 +460,11 @@ async fn the_applications_propagator_writes_and_reads_the_headers_b3_here() {
     let theirs = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1";
     let traced = OutboxMessage::new("Job", "traced", r#"{"n":1}"#);
     let kept = OutboxMessage::new("Job", "traced", r#"{"n":2}"#).with_header("b3", theirs);
+    // The same through `enqueue_messages` (a transaction the caller owns).
+    let enqueued = OutboxMessage::new("Job", "traced", r#"{"n":3}"#);
+    let enqueued_kept = OutboxMessage::new("Job", "traced", r#"{"n":4}"#).with_header("b3", theirs);
     let (traced_id, kept_id) = (traced.id, kept.id);
+    let (enqueued_id, enqueued_kept_id) = (enqueued.id, enqueued_kept.id);
     let request = tracing::info_span!("place order");
     let context = request.context().span().span_context().clone();
     async {
@@ -464,11 +472,31 @@ async fn the_applications_propagator_writes_and_reads_the_headers_b3_here() {
         tx.emit_message(traced).expect("emit");
         tx.emit_message(kept).expect("emit");
         tx.commit().await.expect("commit");
+        let mut tx = outbox.pool().begin().await.expect("begin");
+        outbox
+            .enqueue_messages(&mut tx, &[enqueued, enqueued_kept])
+            .await
+            .expect("enqueue_messages");
+        tx.commit().await.expect("commit");
     }
     .instrument(request)
     .await;
 
     let rows = stored_headers(&db).await;
+    assert_eq!(
+        rows[&enqueued_id], rows[&traced_id],
+        "enqueue_messages writes what emit writes"
+    );
+    assert_eq!(
+        rows[&enqueued_kept_id].get("b3").map(String::as_str),
+        Some(theirs),
+        "enqueue_messages keeps the caller's b3: {rows:?}"
+    );
+    assert_eq!(
+        rows[&enqueued_kept_id].len(),
+        1,
+        "and adds nothing: {rows:?}"
+    );
     let traced = &rows[&traced_id];
     assert_eq!(
         traced.get("b3").map(String::as_str),

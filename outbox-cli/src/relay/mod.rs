@@ -35,8 +35,9 @@ use crate::time::parse_duration;
 
 /// Where the endpoints are served unless told otherwise.
 const LISTEN: &str = "127.0.0.1:9464";
-/// How long a relay has to stop after SIGTERM unless told otherwise.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a relay has to stop after SIGTERM unless told otherwise: above the relay's
+/// own bound with the default settings (`publish_timeout` + `connect_timeout`, 40 s).
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// The TOML file of `--config`: every setting of `outbox relay`, under its option's name
 /// with `_` for `-`, and the database's (`database_url`, `table`, `wal`, `wal_slot`)
@@ -69,9 +70,29 @@ struct File {
 }
 
 /// Whether `option` was given on the command line or `variable` in the environment.
-fn given(option: &str, variable: &str) -> bool {
-    std::env::var_os(variable).is_some()
-        || std::env::args().any(|a| a == option || a.starts_with(&format!("{option}=")))
+fn given(option: &str, variable: Option<&str>) -> bool {
+    variable.is_some_and(|v| std::env::var_os(v).is_some())
+        || std::env::args_os().any(|a| {
+            let a = a.to_string_lossy();
+            a == option || a.starts_with(&format!("{option}="))
+        })
+}
+
+/// A TOML error's message without the value it quotes (a type error quotes the value,
+/// which may be a password): `invalid type: integer `123456`, expected ...` loses the
+/// value; the other messages (unknown keys, syntax) keep their names.
+fn without_value(message: &str) -> String {
+    let message = message.replace('\n', " ");
+    if !(message.starts_with("invalid type") || message.starts_with("invalid value")) {
+        return message;
+    }
+    match message.split_once('`') {
+        Some((before, rest)) => match rest.split_once('`') {
+            Some((_, after)) => format!("{before}(value not shown){after}"),
+            None => before.to_owned(),
+        },
+        None => message,
+    }
 }
 
 /// Reads the file of `--config`, if any, and merges it under the command line and the
@@ -102,7 +123,7 @@ pub fn prepare(cli: &mut Cli) -> Result {
                 Failure::Message(format!(
                     "the relay's config file {} is not valid{line}: {}",
                     path.display(),
-                    e.message().replace('\n', " ")
+                    without_value(e.message())
                 ))
             })?
         }
@@ -111,11 +132,11 @@ pub fn prepare(cli: &mut Cli) -> Result {
         cli.database_url = file.database_url;
     }
     if let Some(table) = file.table
-        && !given("--table", "OUTBOX_TABLE")
+        && !given("--table", Some("OUTBOX_TABLE"))
     {
         cli.table = table;
     }
-    if !cli.wal && !given("--wal", "OUTBOX_WAL") {
+    if !cli.wal && !given("--wal", None) {
         cli.wal = file.wal.unwrap_or(false);
     }
     if cli.wal_slot.is_none() {
@@ -148,11 +169,13 @@ pub fn prepare(cli: &mut Cli) -> Result {
             )
         })?;
     let mut broker_settings: BTreeMap<String, String> = file.broker_settings;
-    for setting in &args.broker_settings {
+    for (i, setting) in args.broker_settings.iter().enumerate() {
+        // Not shown: without its `=`, where its name ends is unknown, and its value may
+        // be a password.
         let (name, value) = setting.split_once('=').ok_or_else(|| {
             Failure::Message(format!(
-                "--broker-setting {:?} is not name=value",
-                setting.split('=').next().unwrap_or_default()
+                "--broker-setting number {} is not name=value (not shown: it may hold a secret)",
+                i + 1
             ))
         })?;
         broker_settings.insert(name.trim().to_owned(), value.to_owned());
@@ -205,10 +228,12 @@ pub fn prepare(cli: &mut Cli) -> Result {
 }
 
 /// What the endpoints read: each relay's counters (one, or one per tenant), and whether
-/// the process is stopping.
+/// the process is stopping or its relay has ended.
 struct Health {
     stats: Box<dyn Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync>,
     stopping: AtomicBool,
+    /// The relay task ended by itself (a panic): the process is not alive any more.
+    ended: AtomicBool,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
@@ -225,6 +250,38 @@ impl Running {
             Running::Tenants(handle) => handle.shutdown().await,
         }
     }
+
+    fn is_finished(&self) -> bool {
+        match self {
+            Running::One(handle) => handle.is_finished(),
+            Running::Tenants(handle) => handle.is_finished(),
+        }
+    }
+}
+
+/// What is ready before the relay starts: the endpoints' listener (a port in use is an
+/// error before anything runs), the metrics recorder, the broker.
+struct Started {
+    listener: tokio::net::TcpListener,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    publisher: publisher::AnyPublisher,
+}
+
+async fn start(settings: &Settings) -> Result<Started> {
+    let listen = match settings.listen {
+        Some(listen) => listen,
+        None => LISTEN.parse().expect("a socket address"),
+    };
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
+    let metrics = install_metrics()?;
+    let publisher = publisher::connect(settings).await?;
+    Ok(Started {
+        listener,
+        metrics,
+        publisher,
+    })
 }
 
 /// `outbox relay` for the outbox of `--table` (any database).
@@ -241,10 +298,9 @@ pub async fn run<DB: Backend>(
                 .to_owned(),
         ));
     }
-    let metrics = install_metrics()?;
-    let publisher = publisher::connect(settings).await?;
+    let started = start(settings).await?;
     let name = outbox.tables().outbox.to_string();
-    let mut builder = Relay::builder(outbox, publisher);
+    let mut builder = Relay::builder(outbox, started.publisher.clone());
     if let Some(n) = settings.batch_size {
         builder = builder.batch_size(n);
     }
@@ -259,12 +315,8 @@ pub async fn run<DB: Backend>(
     }
     let handle = builder.spawn();
     let stats = handle.stats_source();
-    let health = Arc::new(Health {
-        stats: Box::new(move || BTreeMap::from([(name.clone(), stats())])),
-        stopping: AtomicBool::new(false),
-        metrics,
-    });
-    serve(settings, health, Running::One(handle), out).await
+    let stats = Box::new(move || BTreeMap::from([(name.clone(), stats())]));
+    serve(settings, started, stats, Running::One(handle), out).await
 }
 
 /// `outbox relay` on PostgreSQL: one outbox, or many (`--tenant`, `--tenants-query`).
@@ -286,8 +338,7 @@ pub async fn run_postgres(
                 .to_owned(),
         ));
     }
-    let metrics = install_metrics()?;
-    let publisher = publisher::connect(settings).await?;
+    let started = start(settings).await?;
     let mut config = RelayConfig::default();
     config.poll_interval = settings.poll_interval.unwrap_or(
         <outbox_core::sqlx::Postgres as outbox_core::store::session::Source>::POLL_INTERVAL,
@@ -302,20 +353,15 @@ pub async fn run_postgres(
         config.partitions = n.max(1);
     }
     let pool = outbox.pool().clone();
-    let builder = Tenants::builder(publisher).config(config);
+    let builder = Tenants::builder(started.publisher.clone()).config(config);
     let builder = match (names, &settings.tenancy) {
         (Some(names), _) => builder.outboxes(pool, names),
         (None, Tenancy::Query(query)) => builder.discover(pool, query.clone()),
         (None, _) => unreachable!("tenancy checked above"),
     };
     let handle = builder.spawn()?;
-    let stats = handle.stats_source();
-    let health = Arc::new(Health {
-        stats: Box::new(stats),
-        stopping: AtomicBool::new(false),
-        metrics,
-    });
-    serve(settings, health, Running::Tenants(handle), out).await
+    let stats = Box::new(handle.stats_source());
+    serve(settings, started, stats, Running::Tenants(handle), out).await
 }
 
 /// The Prometheus recorder, installed as the process's.
@@ -328,21 +374,27 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves the endpoints until SIGTERM or Ctrl-C, then stops the relay within
-/// `shutdown_timeout`.
+/// How long the endpoints' server has to end its connections after the relay stopped.
+const SERVER_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves the endpoints until SIGTERM or Ctrl-C (or the relay's end), then stops the
+/// relay within `shutdown_timeout`; a second signal exits at once.
 async fn serve(
     settings: &Settings,
-    health: Arc<Health>,
+    started: Started,
+    stats: Box<dyn Fn() -> BTreeMap<String, RelayStatsSnapshot> + Send + Sync>,
     running: Running,
     out: &mut impl Write,
 ) -> Result {
-    let listen = match settings.listen {
-        Some(listen) => listen,
-        None => LISTEN.parse().expect("a socket address"),
-    };
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
+    let Started {
+        listener, metrics, ..
+    } = started;
+    let health = Arc::new(Health {
+        stats,
+        stopping: AtomicBool::new(false),
+        ended: AtomicBool::new(false),
+        metrics,
+    });
     let address = listener.local_addr()?;
     if settings.json {
         let line = serde_json::json!({
@@ -357,10 +409,14 @@ async fn serve(
         )?;
     }
     out.flush()?;
-    tracing::info!(%address, broker = ?settings.broker.map(|b| format!("{b:?}").to_lowercase()), "outbox relay started");
+    let broker = settings
+        .broker
+        .map(|b| format!("{b:?}").to_lowercase())
+        .unwrap_or_default();
+    tracing::info!(%address, %broker, "outbox relay started");
     let router = Router::new()
         .route("/metrics", get(metrics_page))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(alive))
         .route("/readyz", get(ready))
         .with_state(Arc::clone(&health));
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -371,25 +427,57 @@ async fn serve(
             })
             .await
     });
-    crate::serve::stop_signal().await;
-    health.stopping.store(true, Ordering::Relaxed);
-    tracing::info!(
-        timeout = ?settings.shutdown_timeout,
-        "outbox relay: stopping; publishing and recording what it holds"
-    );
-    let stopped = tokio::time::timeout(settings.shutdown_timeout, running.shutdown()).await;
-    let _ = stop_server.send(());
-    let _ = server.await;
-    match stopped {
-        Ok(()) => {
-            tracing::info!("outbox relay stopped");
-            Ok(())
+    // Until a signal, or the relay's task ending by itself (it only does on a panic).
+    let mut check = tokio::time::interval(Duration::from_millis(500));
+    let signalled = loop {
+        tokio::select! {
+            () = crate::serve::stop_signal() => break true,
+            _ = check.tick() => if running.is_finished() { break false },
         }
-        Err(_) => Err(Failure::Message(format!(
-            "the relay did not stop within {:?}; what it had not recorded is published again \
-             by the next relay (raise --shutdown-timeout to give it longer)",
-            settings.shutdown_timeout
-        ))),
+    };
+    health.stopping.store(true, Ordering::Relaxed);
+    let result = if signalled {
+        tracing::info!(
+            timeout = ?settings.shutdown_timeout,
+            "outbox relay: stopping; publishing and recording what it holds (a second signal exits at once)"
+        );
+        tokio::select! {
+            stopped = tokio::time::timeout(settings.shutdown_timeout, running.shutdown()) => match stopped {
+                Ok(()) => {
+                    tracing::info!("outbox relay stopped");
+                    Ok(())
+                }
+                Err(_) => Err(Failure::Message(format!(
+                    "the relay did not stop within {}; what it had not recorded is published \
+                     again by the next relay (raise --shutdown-timeout to give it longer)",
+                    crate::progress::human(settings.shutdown_timeout)
+                ))),
+            },
+            () = crate::serve::stop_signal() => Err(Failure::Message(
+                "a second signal: exiting without waiting for the relay; what it had not \
+                 recorded is published again by the next relay"
+                    .to_owned(),
+            )),
+        }
+    } else {
+        health.ended.store(true, Ordering::Relaxed);
+        Err(Failure::Message(
+            "the relay's task ended by itself (a panic: its message is in the log above); \
+             exiting so that the supervisor starts it again"
+                .to_owned(),
+        ))
+    };
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(SERVER_GRACE, server).await;
+    result
+}
+
+/// `/healthz`: 200 while the process runs its relay; 503 once the relay's task ended.
+async fn alive(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    if health.ended.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "the relay ended\n")
+    } else {
+        (StatusCode::OK, "ok\n")
     }
 }
 

@@ -66,15 +66,15 @@ impl Publisher for AnyPublisher {
 pub async fn connect(settings: &Settings) -> Result<AnyPublisher, Failure> {
     let url = settings.broker_url.as_str();
     let cloudevents = settings.cloudevents.clone();
-    let unknown = |allowed: &str| -> Result<(), Failure> {
-        match settings.broker_settings.first() {
-            Some((name, _)) => Err(Failure::Message(format!(
-                "the broker setting {name:?} is not one of {allowed} for {:?}; check \
-                 --broker-setting and `broker_settings` in the config file",
-                settings.broker
-            ))),
-            None => Ok(()),
-        }
+    let broker = settings
+        .broker
+        .map(|b| format!("{b:?}").to_lowercase())
+        .unwrap_or_default();
+    let unknown = |name: &str, allowed: &str| {
+        Failure::Message(format!(
+            "the broker setting {name:?} is not one of {allowed} for {broker}; check \
+             --broker-setting and `broker_settings` in the config file"
+        ))
     };
     let kind = settings
         .broker
@@ -98,7 +98,9 @@ pub async fn connect(settings: &Settings) -> Result<AnyPublisher, Failure> {
         }
         #[cfg(feature = "nats")]
         BrokerKind::Nats => {
-            unknown("none (NATS credentials go in the URL)")?;
+            if let Some((name, _)) = settings.broker_settings.first() {
+                return Err(unknown(name, "none (NATS credentials go in the URL)"));
+            }
             let mut builder = outbox_nats::NatsPublisher::builder(url).skip_catalog_check();
             for destination in &settings.destinations {
                 builder = builder.destination(destination);
@@ -119,7 +121,7 @@ pub async fn connect(settings: &Settings) -> Result<AnyPublisher, Failure> {
             for (name, value) in &settings.broker_settings {
                 match name.as_str() {
                     "tls_ca_file" => builder = builder.tls_root_certificates(value),
-                    _ => unknown("tls_ca_file")?,
+                    _ => return Err(unknown(name, "tls_ca_file")),
                 }
             }
             for destination in &settings.destinations {

@@ -740,7 +740,8 @@ fn send_span<P: Publisher>(publisher: &P, batch: &[OutboxRecord]) -> tracing::Sp
         messaging.operation.type = "send",
         messaging.operation.name = "send",
         messaging.destination.name = destination,
-        messaging.batch.message_count = batch.len(),
+        // For batches only (the conventions leave it out for one message).
+        messaging.batch.message_count = (batch.len() > 1).then_some(batch.len()),
         server.address = server.map(|(host, _)| host),
         server.port = server.and_then(|(_, port)| port),
         error.type = tracing::field::Empty,

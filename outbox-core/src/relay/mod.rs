@@ -105,22 +105,17 @@ impl Destinations {
         })
     }
 
-    /// `destination`'s label value, and whether it is new (its first use).
-    fn label(&self, destination: &str) -> (String, bool) {
+    /// `destination`'s label value.
+    fn label(&self, destination: &str) -> String {
         let mut labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
         if labelled.contains(destination) {
-            return (destination.to_owned(), false);
+            return destination.to_owned();
         }
         if labelled.len() < self.limit {
             labelled.insert(destination.to_owned());
-            return (destination.to_owned(), true);
+            return destination.to_owned();
         }
-        let other = !labelled.contains(OTHER);
-        if other {
-            // Past the bound: `other` is remembered beside the labelled ones.
-            labelled.insert(OTHER.to_owned());
-        }
-        (OTHER.to_owned(), other)
+        OTHER.to_owned()
     }
 }
 
@@ -222,6 +217,9 @@ struct Metrics {
     /// Whether `build` adds the `outbox` and `database` labels (a tenant has `tenant`).
     outbox_labels: bool,
     destinations: Arc<Destinations>,
+    /// The destination labels whose counters this relay started at 0 (its own: a
+    /// tenant's series differ from another tenant's by their `tenant` label).
+    started: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -231,6 +229,7 @@ impl Default for Metrics {
             gauges: true,
             outbox_labels: true,
             destinations: Destinations::new(LABELLED_DESTINATIONS),
+            started: Arc::default(),
         }
     }
 }
@@ -418,7 +417,13 @@ impl<P, DB: Backend> Relay<P, DB> {
     /// shows in `increase()` (a series that first appears at 1 shows no increase).
     fn labels_to(&self, destination: &str) -> Vec<metrics::Label> {
         let mut labels = self.metrics.labels.clone();
-        let (label, new) = self.metrics.destinations.label(destination);
+        let label = self.metrics.destinations.label(destination);
+        let new = self
+            .metrics
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(label.clone());
         labels.push(metrics::Label::new("destination", label));
         if new {
             for counter in DESTINATION_COUNTERS {
@@ -426,6 +431,17 @@ impl<P, DB: Backend> Relay<P, DB> {
             }
         }
         labels
+    }
+    /// Starts the counters of the destinations of this binary's event types (the
+    /// catalog) at 0, so that `increase()` sees their first dead letter.
+    fn start_counters(&self) {
+        let destinations: std::collections::BTreeSet<&str> = crate::catalog::entries()
+            .into_iter()
+            .map(|e| e.destination.as_str())
+            .collect();
+        for destination in destinations {
+            self.labels_to(destination);
+        }
     }
     fn counter_to(&self, name: &'static str, destination: &str) -> metrics::Counter {
         metrics::counter!(name, self.labels_to(destination))

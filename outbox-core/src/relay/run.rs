@@ -195,13 +195,7 @@ impl<P: Publisher, DB: Backend> Relay<P, DB> {
         ] {
             self.counter(counter).increment(0);
         }
-        let destinations: std::collections::BTreeSet<&str> = crate::catalog::entries()
-            .into_iter()
-            .map(|e| e.destination.as_str())
-            .collect();
-        for destination in destinations {
-            self.labels_to(destination);
-        }
+        self.start_counters();
         let mut backoff = Backoff::new(RECONNECT_FIRST, self.config.reconnect_delay);
         // Once shutdown is asked, the batch in flight gets `publish_timeout` to be
         // published and `connect_timeout` more to be recorded; past that (a database that

@@ -479,6 +479,7 @@ async fn run_tenant<P: Publisher, DB: Backend + Shared>(
     tenant: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    relay.start_counters();
     let mut backoff = Backoff::new(RECONNECT_FIRST, relay.config.reconnect_delay);
     let mut ready_at = Instant::now();
     let mut kept = Kept {
