@@ -1,5 +1,5 @@
 //! `outbox relay` as processes of their own: three on one outbox (its partitions shared),
-//! one killed with SIGKILL and another stopped with SIGTERM while writers commit. Every
+//! one killed with SIGKILL and another stopped with SIGTERM while a writer commits. Every
 //! event reaches NATS once, each key in order; `/readyz`, `/healthz` and `/metrics`
 //! answer as each process's state says (a fourth, whose table is not migrated, is alive
 //! and not ready); logs are JSON when asked.
@@ -8,17 +8,16 @@ mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
-use outbox_core::OutboxMessage;
 use outbox_tests::nats::{fresh_stream, nats_url};
+use outbox_tests::order;
 use outbox_tests::process::Process;
 use outbox_tests::{TestDb, database_url, wait_until, wait_until_or};
-
-const EVENTS: usize = 600;
-const KEYS: usize = 12;
 
 /// Starts `outbox relay` named `name` on `table`, to NATS, serving on a free port.
 fn relay(name: &str, table: &str, json_logs: bool) -> Process {
@@ -130,32 +129,10 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
     assert_eq!(get(&missing_at, "/healthz").await.map(|r| r.0), Some(200));
     drop(missing);
 
-    // The writers: 600 events, 12 keys, 5 per transaction, while relays die.
-    let writer = {
-        let outbox = outbox.clone();
-        let destination = destination.clone();
-        tokio::spawn(async move {
-            for batch in 0..EVENTS / 5 {
-                let mut tx = outbox.begin().await.expect("begin");
-                for i in batch * 5..batch * 5 + 5 {
-                    let key = format!("k{}", i % KEYS);
-                    let n = i / KEYS;
-                    tx.emit_message(
-                        OutboxMessage::new(
-                            "Job",
-                            destination.as_str(),
-                            format!(r#"{{"key":"{key}","n":{n}}}"#),
-                        )
-                        .with_key(key),
-                    )
-                    .expect("emit");
-                }
-                tx.commit().await.expect("commit");
-                // Paced, so that the relays' deaths fall between commits.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    // The writer: one event per key (12 keys) per transaction, round after round, while
+    // relays die; stopped after the second death.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = order::spawn_rounds(outbox.clone(), destination.clone(), Arc::clone(&stop));
 
     wait_until(
         "100 events reached NATS",
@@ -205,11 +182,18 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
         b.output_tail()
     );
 
-    writer.await.expect("the writers");
+    wait_until(
+        "100 more events reached NATS",
+        Duration::from_secs(60),
+        || async { stored(&js, &stream).await >= 400 },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let events = writer.await.expect("the writer") * order::KEYS;
     wait_until_or(
         "every event reached NATS through relay-c",
         Duration::from_secs(60),
-        || async { stored(&js, &stream).await >= EVENTS as u64 },
+        || async { stored(&js, &stream).await >= events as u64 },
         || c.output_tail(),
     )
     .await;
@@ -238,13 +222,13 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
         .expect("consumer");
     let mut messages = reader
         .fetch()
-        .max_messages(EVENTS + 100)
+        .max_messages(events + 100)
         .expires(Duration::from_secs(2))
         .messages()
         .await
         .expect("fetch");
     let mut ids = HashSet::new();
-    let mut next: BTreeMap<String, i64> = BTreeMap::new();
+    let mut applied: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     while let Some(m) = messages.next().await {
         let m = m.expect("message");
         let headers = m.headers.clone().expect("headers");
@@ -254,14 +238,16 @@ async fn three_relay_processes_share_an_outbox_through_sigkill_and_sigterm() {
             .as_str()
             .to_owned();
         assert!(ids.insert(id.clone()), "{id} published twice");
-        let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("JSON");
-        let key = payload["key"].as_str().expect("key").to_owned();
-        let n = payload["n"].as_i64().expect("n");
-        let expected = next.entry(key.clone()).or_default();
-        assert_eq!(n, *expected, "key {key} in order");
-        *expected += 1;
+        let key = headers
+            .get("partition-key")
+            .expect("a key")
+            .as_str()
+            .to_owned();
+        let round: usize = serde_json::from_slice(&m.payload).expect("a round number");
+        applied.entry(key).or_default().push(round);
     }
-    assert_eq!(ids.len(), EVENTS, "every event once");
+    assert_eq!(ids.len(), events, "every event once");
+    order::assert_in_order(&applied);
 
     // relay-c: ready, its metrics labelled, its logs JSON.
     let (code, body) = get(&c_at, "/readyz").await.expect("relay-c answers");
