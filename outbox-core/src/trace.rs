@@ -63,9 +63,19 @@ impl opentelemetry::propagation::Extractor for Extract<'_> {
 /// wins, and nothing is mixed into it.
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
-    if let Some(current) = Current::capture(|fields| caller_set(headers, fields)) {
+    let fields = propagator_fields();
+    if caller_set(headers, &fields) {
+        return;
+    }
+    if let Some(current) = Current::capture(&fields) {
         headers.extend(current.headers);
     }
+}
+
+/// The header names the global propagator writes (none for the no-op propagator).
+#[cfg(feature = "opentelemetry")]
+fn propagator_fields() -> Vec<String> {
+    opentelemetry::global::get_text_map_propagator(|p| p.fields().map(str::to_owned).collect())
 }
 
 /// Whether `headers` carry trace context the caller set: a `traceparent`, or any of the
@@ -84,18 +94,13 @@ struct Current {
 
 #[cfg(feature = "opentelemetry")]
 impl Current {
-    /// The current span's context as headers, unless `skip(fields)` says the caller set
-    /// them already (nothing is read or said then), or there is none. The first span
-    /// that has no context outbox's `tracing-opentelemetry` can read is reported, once.
-    fn capture(skip: impl Fn(&[String]) -> bool) -> Option<Current> {
+    /// The current span's context as headers written by the propagator whose header
+    /// names are `fields`, if there is one. The first span that has no context outbox's
+    /// `tracing-opentelemetry` can read is reported, once. (Callers check first that the
+    /// message carries no context of the caller's: nothing is read or said then.)
+    fn capture(fields: &[String]) -> Option<Current> {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
-        let fields: Vec<String> = opentelemetry::global::get_text_map_propagator(|p| {
-            p.fields().map(str::to_owned).collect()
-        });
-        if skip(&fields) {
-            return None;
-        }
         let span = tracing::Span::current();
         if span.is_disabled() {
             return None;
@@ -175,13 +180,12 @@ pub(crate) fn capture(_headers: &mut BTreeMap<String, String>) {}
 pub(crate) fn captured(
     messages: &[crate::OutboxMessage],
 ) -> std::borrow::Cow<'_, [crate::OutboxMessage]> {
-    let fields: Vec<String> =
-        opentelemetry::global::get_text_map_propagator(|p| p.fields().map(str::to_owned).collect());
+    let fields = propagator_fields();
     let wanted = |m: &crate::OutboxMessage| !caller_set(&m.headers, &fields);
     if !messages.iter().any(wanted) {
         return std::borrow::Cow::Borrowed(messages);
     }
-    let Some(current) = Current::capture(|_| false) else {
+    let Some(current) = Current::capture(&fields) else {
         return std::borrow::Cow::Borrowed(messages);
     };
     let mut owned = messages.to_vec();

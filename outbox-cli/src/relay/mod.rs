@@ -260,14 +260,13 @@ impl Running {
 }
 
 /// What is ready before the relay starts: the endpoints' listener (a port in use is an
-/// error before anything runs), the metrics recorder, the broker.
+/// error before anything runs) and the metrics recorder; [`start`] connects the broker too.
 struct Started {
     listener: tokio::net::TcpListener,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
-    publisher: publisher::AnyPublisher,
 }
 
-async fn start(settings: &Settings) -> Result<Started> {
+async fn start(settings: &Settings) -> Result<(Started, publisher::AnyPublisher)> {
     let listen = match settings.listen {
         Some(listen) => listen,
         None => LISTEN.parse().expect("a socket address"),
@@ -277,11 +276,7 @@ async fn start(settings: &Settings) -> Result<Started> {
         .map_err(|e| Failure::Message(format!("cannot listen on {listen}: {e}")))?;
     let metrics = install_metrics()?;
     let publisher = publisher::connect(settings).await?;
-    Ok(Started {
-        listener,
-        metrics,
-        publisher,
-    })
+    Ok((Started { listener, metrics }, publisher))
 }
 
 /// `outbox relay` for the outbox of `--table` (any database).
@@ -298,9 +293,9 @@ pub async fn run<DB: Backend>(
                 .to_owned(),
         ));
     }
-    let started = start(settings).await?;
+    let (started, publisher) = start(settings).await?;
     let name = outbox.tables().outbox.to_string();
-    let mut builder = Relay::builder(outbox, started.publisher.clone());
+    let mut builder = Relay::builder(outbox, publisher);
     if let Some(n) = settings.batch_size {
         builder = builder.batch_size(n);
     }
@@ -338,7 +333,7 @@ pub async fn run_postgres(
                 .to_owned(),
         ));
     }
-    let started = start(settings).await?;
+    let (started, publisher) = start(settings).await?;
     let mut config = RelayConfig::default();
     config.poll_interval = settings.poll_interval.unwrap_or(
         <outbox_core::sqlx::Postgres as outbox_core::store::session::Source>::POLL_INTERVAL,
@@ -353,7 +348,7 @@ pub async fn run_postgres(
         config.partitions = n.max(1);
     }
     let pool = outbox.pool().clone();
-    let builder = Tenants::builder(started.publisher.clone()).config(config);
+    let builder = Tenants::builder(publisher).config(config);
     let builder = match (names, &settings.tenancy) {
         (Some(names), _) => builder.outboxes(pool, names),
         (None, Tenancy::Query(query)) => builder.discover(pool, query.clone()),
@@ -386,9 +381,7 @@ async fn serve(
     running: Running,
     out: &mut impl Write,
 ) -> Result {
-    let Started {
-        listener, metrics, ..
-    } = started;
+    let Started { listener, metrics } = started;
     let health = Arc::new(Health {
         stats,
         stopping: AtomicBool::new(false),
