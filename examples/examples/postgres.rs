@@ -82,8 +82,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("expected NotFound, got {other:?}").into()),
     }
 
-    let rows: Vec<(i64, String, String, Option<String>, serde_json::Value)> = sqlx::query_as(
-        "SELECT seq, event_type, destination, partition_key, payload FROM quickstart.outbox \
+    let rows: Vec<(i64, String, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT seq, event_type, destination, partition_key, convert_from(body, 'UTF8') \
+         FROM quickstart.outbox \
          WHERE sent_at IS NULL ORDER BY seq DESC LIMIT 1",
     )
     .fetch_all(&pool)

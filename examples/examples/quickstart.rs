@@ -80,7 +80,7 @@ async fn consume(
     inbox: &Inbox<Sqlite>,
     message: &OutboxRecord,
 ) -> Result<bool, Box<dyn std::error::Error>> {
-    let event: OrderConfirmed = serde_json::from_str(&message.payload)?;
+    let event: OrderConfirmed = serde_json::from_slice(&message.payload)?;
     let outcome = inbox
         .process(message.id, |tx| {
             Box::pin(async move {

@@ -39,7 +39,7 @@ fuzz_target!(|input: (Row, Vec<(String, Option<Vec<u8>>)>)| {
     let id = record.id.to_string();
     assert_eq!(get(headers::MESSAGE_ID), Some(id.as_str()));
     assert_eq!(get(headers::EVENT_TYPE), Some(record.event_type.as_str()));
-    assert_eq!(get(headers::CONTENT_TYPE), Some(headers::JSON));
+    assert_eq!(get(headers::CONTENT_TYPE), Some(record.content_type.as_ref()));
     assert_eq!(
         get(headers::EVENT_VERSION).map(str::to_owned),
         record.event_version.map(|v| v.to_string())

@@ -183,8 +183,8 @@ async fn commit(
             let message = OutboxMessage::new("OrderConfirmed", "orders", payload.to_owned())
                 .with_key(format!("k{}", i % 1000));
             let insert = "INSERT INTO plain_row \
-                 (id, event_type, event_version, destination, partition_key, payload, headers) \
-                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)";
+                 (id, event_type, event_version, destination, partition_key, body, content_type, headers) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)";
             let sql = if variant == Variant::PlainNotify {
                 format!("WITH ins AS ({insert}) SELECT pg_notify('outbox_bench_plain', '')")
             } else {
@@ -201,7 +201,8 @@ async fn commit(
                 .bind(message.event_version)
                 .bind(&message.destination)
                 .bind(&message.partition_key)
-                .bind(&message.payload)
+                .bind(message.payload.as_bytes())
+                .bind(&*message.content_type)
                 .bind("{}")
                 .execute(&mut *tx)
                 .await?;

@@ -187,7 +187,7 @@ impl<P: Publisher> Publisher for Recorded<P> {
                 .zip(&results)
                 .filter(|(_, r)| r.is_ok())
                 .filter_map(|(record, _)| {
-                    let tick: Tick = serde_json::from_str(&record.payload).ok()?;
+                    let tick: Tick = serde_json::from_slice(&record.payload).ok()?;
                     Some((tick.key, tick.n))
                 })
                 .unzip();

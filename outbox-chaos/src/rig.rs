@@ -1060,7 +1060,8 @@ async fn single(
                 outbox_tests::kafka::create_topic(&env.broker_url(), &run.destination, 4).await;
                 // Marked sent in table mode; recorded by the relays in WAL mode.
                 let acked: Vec<Event> = sqlx::query_as(
-                    "SELECT payload::json->>'key', (payload::json->>'n')::int FROM outbox \
+                    "SELECT convert_from(body, 'UTF8')::json->>'key', \
+                            (convert_from(body, 'UTF8')::json->>'n')::int FROM outbox \
                      WHERE sent_at IS NOT NULL AND sent_at <= $1 \
                      UNION ALL SELECT key, n FROM chaos_acked WHERE at <= $1",
                 )

@@ -208,14 +208,17 @@ async fn migrate_creates_the_tables_once() {
     let out = in_db(&db, &["migrate"]).await;
     assert_eq!(
         out.ok().trim(),
-        format!("applied migrations 1, 2, 3, 4, 5 to {}.outbox", db.schema)
+        format!(
+            "applied migrations 1, 2, 3, 4, 5, 6 to {}.outbox",
+            db.schema
+        )
     );
     assert_eq!(db.count("outbox").await, 0, "the outbox table exists");
     assert_eq!(db.count("outbox_processed").await, 0);
     assert_eq!(db.count("outbox_processed_failing").await, 0);
     let out = in_db(&db, &["migrate"]).await;
     assert!(out.ok().contains("up to date"), "{}", out.stdout);
-    assert_eq!(db.count("outbox_migrations").await, 5);
+    assert_eq!(db.count("outbox_migrations").await, 6);
     db.cleanup().await;
 }
 

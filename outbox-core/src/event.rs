@@ -1,12 +1,16 @@
 //! Events and the messages they become in the outbox table.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::payload::{content_type_is_valid, default_content_type, is_json};
 use crate::{Error, Result};
+
+pub use crate::payload::Payload;
 
 /// A named place events are published to: a Kafka topic, an exchange, a subject.
 ///
@@ -138,27 +142,6 @@ pub const fn destination_is_valid(name: &str) -> bool {
     true
 }
 
-/// Whether the JSON text `json` holds the escape `\u0000` (NUL, which PostgreSQL's
-/// jsonb refuses). Escapes are read in order, so `"\\u0000"` (an escaped backslash,
-/// then the letters `u0000`) is no NUL.
-fn json_has_nul_escape(json: &str) -> bool {
-    let bytes = json.as_bytes();
-    let mut i = 0;
-    while let Some(at) = bytes[i..].iter().position(|&b| b == b'\\') {
-        let escape = i + at;
-        if bytes.get(escape + 1) == Some(&b'u')
-            && bytes.get(escape + 2..escape + 6) == Some(&b"0000"[..])
-        {
-            return true;
-        }
-        i = escape + 2; // past the escaped character (`\\` included)
-        if i >= bytes.len() {
-            return false;
-        }
-    }
-    false
-}
-
 /// An event that can be written to the outbox.
 ///
 /// Usually derived with `#[derive(OutboxEvent)]`; it can be implemented by hand:
@@ -229,8 +212,11 @@ pub struct OutboxMessage {
     pub destination: String,
     /// Messages with the same key are published in order.
     pub partition_key: Option<String>,
-    /// The payload, as JSON text.
-    pub payload: String,
+    /// The payload: the exact bytes the codec wrote (serde_json's, for an event).
+    pub payload: Payload,
+    /// What the payload is (`application/json` unless set otherwise): the
+    /// `content-type` header every broker receives, and what consumers decode by.
+    pub content_type: Cow<'static, str>,
     /// Extra headers (W3C `traceparent`, correlation ids, ...).
     pub headers: BTreeMap<String, String>,
 }
@@ -239,7 +225,7 @@ impl OutboxMessage {
     /// Serializes `event` into a new message with a fresh UUIDv7 id.
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
         let event_type = event.event_type();
-        let payload = serde_json::to_string(event).map_err(|source| Error::Serialize {
+        let payload = serde_json::to_vec(event).map_err(|source| Error::Serialize {
             event_type: event_type.to_owned(),
             source,
         })?;
@@ -249,7 +235,8 @@ impl OutboxMessage {
             event_version: event.version(),
             destination: event.destination().as_str().to_owned(),
             partition_key: event.partition_key(),
-            payload,
+            payload: Payload::from(payload),
+            content_type: default_content_type(),
             headers: BTreeMap::new(),
         };
         // serde_json wrote the payload, so it is JSON: only the routing needs a look.
@@ -257,14 +244,26 @@ impl OutboxMessage {
         Ok(msg)
     }
 
-    /// A message with a fresh UUIDv7 id, no key and no headers.
+    /// A message with a fresh UUIDv7 id, no key and no headers, whose payload is JSON.
     ///
-    /// `payload` must be JSON text; that and the routing fields are checked when the
-    /// message is emitted, and a bad message is refused with [`Error::InvalidMessage`].
+    /// `payload` is stored and published byte for byte. A JSON payload must be JSON text;
+    /// for another format, say which with [`with_content_type`](Self::with_content_type).
+    /// The payload, its content type and the routing fields are checked when the message
+    /// is emitted, and a bad message is refused with [`Error::InvalidMessage`].
+    ///
+    /// ```
+    /// use outbox_core::OutboxMessage;
+    ///
+    /// let json = OutboxMessage::new("OrderPlaced", "orders", r#"{"id": 7}"#);
+    /// assert_eq!(json.content_type, "application/json");
+    /// let protobuf = OutboxMessage::new("OrderPlaced", "orders", vec![0x08, 0x07])
+    ///     .with_content_type("application/protobuf");
+    /// assert_eq!(protobuf.payload, vec![0x08, 0x07]);
+    /// ```
     pub fn new(
         event_type: impl Into<String>,
         destination: impl Into<String>,
-        payload: impl Into<String>,
+        payload: impl Into<Payload>,
     ) -> Self {
         OutboxMessage {
             id: Uuid::now_v7(),
@@ -273,8 +272,18 @@ impl OutboxMessage {
             destination: destination.into(),
             partition_key: None,
             payload: payload.into(),
+            content_type: default_content_type(),
             headers: BTreeMap::new(),
         }
+    }
+
+    /// Sets what the payload is, as a media type (`application/protobuf`,
+    /// `application/vnd.apache.avro+binary`, `application/octet-stream`, ...). A JSON
+    /// type (`application/json`, `...+json`) requires a JSON payload; any other is carried
+    /// as it is.
+    pub fn with_content_type(mut self, content_type: impl Into<Cow<'static, str>>) -> Self {
+        self.content_type = content_type.into();
+        self
     }
 
     /// Sets the partition key.
@@ -300,14 +309,30 @@ impl OutboxMessage {
         })
     }
 
-    /// Checks what the database cannot: non-empty routing fields and a JSON payload.
+    /// Checks what the database cannot: non-empty routing fields, a content type that can
+    /// travel as a header, and a JSON payload where the content type says JSON.
     pub(crate) fn validate(&self) -> Result<()> {
         self.validate_routing()?;
-        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
+        if !content_type_is_valid(&self.content_type) {
             return Err(Error::InvalidMessage(
                 format!(
-                    "message {} (`{}`) has a payload that is not JSON ({e}); the outbox stores JSON payloads",
-                    self.id, self.event_type
+                    "message {} (`{}`) has the content type {:?}, which is not a media type that \
+                     can travel as a header (printable ASCII `type/subtype`, parameters allowed, \
+                     at most 255 bytes); use one like \"application/protobuf\"",
+                    self.id, self.event_type, self.content_type
+                )
+                .into(),
+            ));
+        }
+        if is_json(&self.content_type)
+            && let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload)
+        {
+            return Err(Error::InvalidMessage(
+                format!(
+                    "message {} (`{}`) has the content type {} but a payload that is not JSON \
+                         ({e}); send JSON, or say what the payload is with `with_content_type` \
+                         (e.g. \"application/octet-stream\")",
+                    self.id, self.event_type, self.content_type
                 )
                 .into(),
             ));
@@ -326,12 +351,12 @@ impl OutboxMessage {
                 .headers
                 .iter()
                 .any(|(k, v)| k.contains('\0') || v.contains('\0'));
-        if has_nul || json_has_nul_escape(&self.payload) {
+        if has_nul {
             return Err(Error::InvalidMessage(
                 format!(
-                    "message {} (`{}`) contains a NUL character (in its type, destination, key, headers \
-                     or as \\u0000 in its payload), which database text and PostgreSQL jsonb cannot \
-                     store; remove it",
+                    "message {} (`{}`) contains a NUL character (in its type, destination, key or \
+                     headers), which database text cannot store; remove it (a payload may hold \
+                     any byte)",
                     self.id, self.event_type
                 )
                 .into(),
@@ -382,24 +407,6 @@ impl OutboxMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_real_nul_escape_counts_as_nul() {
-        assert!(json_has_nul_escape(r#"{"s":"a\u0000b"}"#));
-        assert!(
-            json_has_nul_escape(r#"{"s":"\\\u0000"}"#),
-            "escaped backslash, then NUL"
-        );
-        assert!(
-            !json_has_nul_escape(r#"{"s":"\\u0000"}"#),
-            "escaped backslash, then text"
-        );
-        assert!(!json_has_nul_escape(r#"{"s":"\u0001"}"#));
-        assert!(!json_has_nul_escape(r#"{"s":"\\"}"#));
-        assert!(!json_has_nul_escape(r#"{"s":"\"}"#));
-        assert!(!json_has_nul_escape("\\"));
-        assert!(!json_has_nul_escape("{}"));
-    }
 
     #[test]
     fn destinations_with_whitespace_or_control_characters_are_invalid() {

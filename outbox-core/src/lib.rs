@@ -136,6 +136,7 @@ mod key;
 pub mod migrate;
 mod model;
 mod outbox;
+mod payload;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod publisher;
@@ -167,7 +168,7 @@ pub mod fuzzing {
 pub use catalog::EventInfo;
 pub use config::{TableName, Tables};
 pub use error::{Error, ErrorChain, Result};
-pub use event::{Destination, OutboxEvent, OutboxMessage};
+pub use event::{Destination, OutboxEvent, OutboxMessage, Payload};
 pub use key::PartitionKey;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use publisher::{OutboxRecord, PublishError, Publisher};

@@ -3,8 +3,11 @@
 //! Migration files are templates: `{outbox}` and `{processed}` become the configured,
 //! quoted table names; `{outbox:_suffix}` becomes the quoted, unqualified name of an
 //! object derived from the table (an index or a constraint); `{outbox+_suffix}` becomes
-//! the quoted, qualified name of a sibling table (MySQL's writer-lock table). Checksums are taken over the
-//! template, so renaming the tables does not invalidate applied migrations.
+//! the quoted, qualified name of a sibling table (MySQL's writer-lock table);
+//! `{outbox.name}` the table's unqualified name as a string literal, and
+//! `{outbox.sqlite_sequence}` SQLite's AUTOINCREMENT counters of the table's schema (for a
+//! rebuilt table). Checksums are taken over the template, so renaming the tables does not
+//! invalidate applied migrations.
 
 use crate::config::{TableName, Tables};
 
@@ -35,6 +38,24 @@ impl Migration {
         self.render_with(tables, quote, |name| format!("\"{name}\""))
     }
 
+    /// `{outbox.name}` and `{outbox.sqlite_sequence}`.
+    fn table_fact(tables: &Tables, inner: &str) -> Option<String> {
+        let (table, fact) = inner.split_once('.')?;
+        let table = match table {
+            "outbox" => &tables.outbox,
+            "processed" => &tables.processed,
+            _ => return None,
+        };
+        match fact {
+            "name" => Some(format!("'{}'", table.name().replace('\'', "''"))),
+            "sqlite_sequence" => Some(match table.schema() {
+                Some(schema) => format!("\"{}\".sqlite_sequence", schema.replace('"', "\"\"")),
+                None => "sqlite_sequence".to_owned(),
+            }),
+            _ => None,
+        }
+    }
+
     /// The SQL with the configured names filled in: `quote` quotes table names,
     /// `quote_ident` the unqualified names of derived objects.
     pub fn render_with(
@@ -51,6 +72,9 @@ impl Migration {
             let end = after.find('}');
             let replaced = end.and_then(|end| {
                 let inner = &after[..end];
+                if let Some(text) = Self::table_fact(tables, inner) {
+                    return Some(text);
+                }
                 let (table, suffix, sibling) = if let Some((t, s)) = inner.split_once(':') {
                     (t, Some(s), false)
                 } else if let Some((t, s)) = inner.split_once('+') {
@@ -105,6 +129,7 @@ pub const POSTGRES: &[Migration] = migrations!("postgres":
     3 "0003_stop_writing_xact_id" => "stop writing xact_id (never read)",
     4 "0004_dead_letter_key_index" => "index dead-lettered messages by key",
     5 "0005_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
+    6 "0006_payload_bytes" => "store payloads as bytes with a content type",
 );
 
 /// The SQLite migrations, in order.
@@ -113,6 +138,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
     1 "0001_create_outbox" => "create the outbox and processed-messages tables",
     2 "0002_dead_letter_key_index" => "index dead-lettered messages by key",
     3 "0003_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
+    4 "0004_payload_bytes" => "store payloads as bytes with a content type (the table is rebuilt)",
 );
 
 /// The MySQL/MariaDB migrations, in order.
@@ -120,6 +146,7 @@ pub const SQLITE: &[Migration] = migrations!("sqlite":
 pub const MYSQL: &[Migration] = migrations!("mysql":
     1 "0001_create_outbox" => "create the outbox, writer-lock and processed-messages tables",
     2 "0002_consumer_state" => "create the consumers' state tables (running instances, failing messages)",
+    3 "0003_payload_bytes" => "store payloads as bytes with a content type",
 );
 
 /// Checks what a database says it applied against `shipped`; returns what is left to do.

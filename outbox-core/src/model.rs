@@ -81,8 +81,11 @@ pub struct MessageInfo {
     pub last_error: Option<String>,
     /// When it was dead-lettered.
     pub dead_at: Option<DateTime<Utc>>,
-    /// The payload.
+    /// The payload: its JSON when the content type is JSON, else a string of its bytes in
+    /// base64 (standard alphabet, padded).
     pub payload: serde_json::Value,
+    /// What the payload is (`application/json` unless the message said otherwise).
+    pub content_type: String,
     /// The stored headers.
     pub headers: serde_json::Value,
     /// For a dead letter: the pending messages of its key after it, which wait for it

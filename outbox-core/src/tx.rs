@@ -143,7 +143,10 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
     }
 
     /// Collects a message built by hand. Checked now: an empty event type or destination,
-    /// or a payload that is not JSON, is refused with [`Error::InvalidMessage`](crate::Error::InvalidMessage).
+    /// a content type that cannot travel as a header, or a payload that is not JSON while
+    /// its content type says JSON, is refused with
+    /// [`Error::InvalidMessage`](crate::Error::InvalidMessage). The payload is stored and
+    /// published byte for byte.
     pub fn emit_message(&mut self, message: OutboxMessage) -> Result<Uuid> {
         message.validate()?;
         self.collect(message)

@@ -43,7 +43,7 @@ pub(crate) fn encode(
     let mut h = vec![
         (MESSAGE_ID.to_owned(), record.id.to_string()),
         (EVENT_TYPE.to_owned(), record.event_type.clone()),
-        (CONTENT_TYPE.to_owned(), JSON.to_owned()),
+        (CONTENT_TYPE.to_owned(), record.content_type.to_string()),
     ];
     if let Some(version) = record.event_version {
         h.push((EVENT_VERSION.to_owned(), version.to_string()));

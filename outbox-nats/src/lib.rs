@@ -517,11 +517,12 @@ impl NatsPublisher {
     async fn publish_one(&self, record: &OutboxRecord) -> Result<(), PublishError> {
         check_subject(&record.destination)?;
         let headers = nats_headers(record, self.cloudevents.as_ref())?;
-        let body = match &self.cloudevents {
+        let body: bytes::Bytes = match &self.cloudevents {
             Some((ce, CloudEventsMode::Structured)) => ce
                 .structured(record)
-                .map_err(|e| PublishError::permanent(format!("nats: {e}")))?,
-            _ => record.payload.clone(),
+                .map_err(|e| PublishError::permanent(format!("nats: {e}")))?
+                .into(),
+            _ => record.payload.clone().into_bytes(),
         };
         // The server closes the connection on a message over its limit (dropping every
         // acknowledgement in flight), so such a message is refused before it is sent.
@@ -532,11 +533,9 @@ impl NatsPublisher {
                 self.max_payload
             )));
         }
-        let send = self.js.publish_with_headers(
-            record.destination.clone(),
-            headers,
-            bytes::Bytes::from(body),
-        );
+        let send = self
+            .js
+            .publish_with_headers(record.destination.clone(), headers, body);
         let acked = async {
             let ack = send.await?;
             ack.await
@@ -621,7 +620,7 @@ fn nats_headers(
         if structured {
             cloudevents::STRUCTURED_CONTENT_TYPE
         } else {
-            headers::JSON
+            &record.content_type
         },
     );
     if let Some(version) = record.event_version {
@@ -645,7 +644,7 @@ fn nats_headers(
         }
         h.insert(
             format!("{}datacontenttype", headers::CLOUDEVENTS_PREFIX).as_str(),
-            headers::JSON,
+            &*record.content_type,
         );
     }
     for (key, value) in &record.headers {

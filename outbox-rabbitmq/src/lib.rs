@@ -649,7 +649,7 @@ fn properties(
     let mut table = FieldTable::default();
     table.insert(headers::MESSAGE_ID.into(), text(&id));
     table.insert(headers::EVENT_TYPE.into(), text(&record.event_type));
-    table.insert(headers::CONTENT_TYPE.into(), text(headers::JSON));
+    table.insert(headers::CONTENT_TYPE.into(), text(&record.content_type));
     if let Some(version) = record.event_version {
         table.insert(headers::EVENT_VERSION.into(), text(&version.to_string()));
     }
@@ -684,7 +684,7 @@ fn properties(
     }
     let properties = BasicProperties::default()
         .with_message_id(ShortString::from(id.as_str()))
-        .with_content_type(headers::JSON.into())
+        .with_content_type(ShortString::from(record.content_type.as_ref()))
         .with_delivery_mode(2)
         .with_timestamp(u64::try_from(record.created_at.timestamp()).unwrap_or(0))
         .with_headers(table);

@@ -236,8 +236,10 @@ pub struct Read {
     pub key: Option<String>,
     /// Its `outbox-message-id` header.
     pub id: String,
-    /// Its value.
+    /// Its value, as text (bytes that are not UTF-8 replaced).
     pub payload: String,
+    /// Its value, the bytes as they came.
+    pub bytes: Vec<u8>,
     /// Its headers, as text.
     pub headers: std::collections::BTreeMap<String, String>,
 }
@@ -270,6 +272,7 @@ impl Read {
                 .cloned()
                 .unwrap_or_default(),
             payload: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+            bytes: message.payload().unwrap_or_default().to_vec(),
             headers,
         }
     }

@@ -60,6 +60,43 @@ pub async fn fresh_stream_on(client: async_nats::Client) -> (jetstream::Context,
     (js, name, prefix)
 }
 
+/// Every message of stream `name` (at most `max`), in stream order, through an ephemeral
+/// pull consumer: its headers as text (a header sent twice: its last value) and its
+/// payload's bytes as they came.
+pub async fn read_all(
+    js: &jetstream::Context,
+    name: &str,
+    max: usize,
+) -> Vec<(std::collections::BTreeMap<String, String>, Vec<u8>)> {
+    use futures_util::StreamExt as _;
+    let reader = js
+        .get_stream(name)
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"))
+        .create_consumer(jetstream::consumer::pull::Config::default())
+        .await
+        .unwrap_or_else(|e| panic!("a reader of {name}: {e}"));
+    let mut messages = reader
+        .fetch()
+        .max_messages(max)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap_or_else(|e| panic!("fetch from {name}: {e}"));
+    let mut read = Vec::new();
+    while let Some(m) = messages.next().await {
+        let m = m.unwrap_or_else(|e| panic!("a message of {name}: {e}"));
+        let headers = m
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .filter_map(|(k, v)| Some((k.to_string(), v.last()?.as_str().to_owned())))
+            .collect();
+        read.push((headers, m.payload.to_vec()));
+    }
+    read
+}
+
 /// [`fresh_stream_at`] on the shared server.
 pub async fn fresh_stream() -> (jetstream::Context, String, String) {
     fresh_stream_at(&nats_url()).await

@@ -152,8 +152,12 @@ pub struct Read {
     pub routing_key: String,
     /// The headers, as text.
     pub headers: std::collections::BTreeMap<String, String>,
-    /// The body.
+    /// The body, as text (bytes that are not UTF-8 replaced).
     pub body: String,
+    /// The body, the bytes as they came.
+    pub bytes: Vec<u8>,
+    /// The `content_type` property.
+    pub content_type: Option<String>,
 }
 
 impl From<&lapin::message::Delivery> for Read {
@@ -182,6 +186,8 @@ impl From<&lapin::message::Delivery> for Read {
             routing_key: d.routing_key.to_string(),
             headers,
             body: String::from_utf8_lossy(&d.data).into_owned(),
+            bytes: d.data.clone(),
+            content_type: p.content_type().as_ref().map(|s| s.to_string()),
         }
     }
 }

@@ -127,7 +127,7 @@ fn check_decoded(sent: &[OutboxRecord], decoded: &[Value]) {
             .expect("RFC 3339");
         assert_eq!(time, record.created_at, "{line:#}");
         assert_eq!(a["datacontenttype"], "application/json", "{line:#}");
-        let payload: Value = serde_json::from_str(&record.payload).expect("JSON");
+        let payload: Value = serde_json::from_slice(&record.payload).expect("JSON");
         assert_eq!(line["data"], payload, "the payload is the data: {line:#}");
     }
 }

@@ -8,6 +8,8 @@
 //!   goes on).
 //! - Per-key order holds while handlers are retried.
 //! - A handler retried forever holds back only its own key.
+//! - The handler's decoder gets the payload's exact bytes; a payload it cannot read
+//!   (another content type) follows the undecodable policy.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -424,6 +426,72 @@ async fn a_message_in_hand_at_shutdown_comes_again_after_a_restart<B: Broker>() 
     db.cleanup().await;
 }
 
+/// What the consumer layer hands to the decoder is the payload as emitted, byte for
+/// byte (a `Box<RawValue>` handler sees the JSON text as written: spaces, key order,
+/// `1e2`, an escape); a payload in a content type the JSON handler cannot read is
+/// undecodable, and dead-lettered by that policy, not handed over as garbage.
+async fn the_decoder_gets_the_exact_bytes_and_another_format_is_undecodable<B: Broker>() {
+    let (db, outbox) = setup().await;
+    sqlx::query("CREATE TABLE raw (id uuid PRIMARY KEY, text text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create raw");
+    let place = B::place().await;
+    let json = r#"{"z": 1,  "a": [1.10, 1e2, "\u00e9"]}"#;
+    let mut as_written = job(&place.destination, "a", 0);
+    as_written.payload = json.into();
+    as_written.event_type = "Raw".to_owned();
+    let mut binary = job(&place.destination, "b", 1);
+    binary.payload = vec![0x08, 0x96, 0x01, 0xff].into();
+    binary.content_type = "application/x-protobuf".into();
+    binary.event_type = "Raw".to_owned();
+    B::publish(&place, &[as_written.clone(), binary.clone()]).await;
+    let consumer = Consumer::builder(
+        B::transport(&place, &group()).await,
+        Inbox::new(&outbox, "raw"),
+    )
+    .on_event_type::<Box<serde_json::value::RawValue>, _>("Raw", |tx, msg| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO raw (id, text) VALUES ($1, $2)")
+                .bind(msg.id)
+                .bind(msg.event.get())
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    })
+    .on_undecodable(Policy::DeadLetter)
+    .build()
+    .expect("consumer")
+    .spawn();
+    wait_until("both consumed", WAIT, || async {
+        let s = consumer.stats();
+        s.handled + s.dead_lettered >= 2
+    })
+    .await;
+    let stats = consumer.stats();
+    consumer.shutdown().await.expect("consumer");
+    assert_eq!((stats.handled, stats.dead_lettered), (1, 1), "{stats:?}");
+    let stored: Vec<(uuid::Uuid, String)> = sqlx::query_as("SELECT id, text FROM raw")
+        .fetch_all(&db.pool)
+        .await
+        .expect("raw");
+    assert_eq!(stored, [(as_written.id, json.to_owned())]);
+    let dead = B::dead_letters(&place, 1, WAIT).await;
+    assert_eq!(
+        dead[0].get("message-id"),
+        Some(&binary.id.to_string()),
+        "{dead:?}"
+    );
+    let reason = &dead[0]["dlq-reason"];
+    assert!(
+        reason.contains("application/x-protobuf") && reason.contains("reads JSON"),
+        "{reason}"
+    );
+    B::remove(place).await;
+    db.cleanup().await;
+}
+
 macro_rules! suite {
     ($broker:ident, $ty:ty) => {
         mod $broker {
@@ -455,6 +523,12 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn messages_held_longer_than_the_ack_wait_are_not_delivered_twice() {
                 super::messages_held_longer_than_the_ack_wait_are_not_delivered_twice::<$ty>()
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_decoder_gets_the_exact_bytes_and_another_format_is_undecodable() {
+                super::the_decoder_gets_the_exact_bytes_and_another_format_is_undecodable::<$ty>()
                     .await;
             }
 

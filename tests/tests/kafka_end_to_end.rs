@@ -205,7 +205,7 @@ async fn five_thousand_events_arrive_once_in_effect_in_key_order_with_their_head
     .await
     .expect("consumed rows");
     let ids: HashMap<Uuid, (String, i32)> = sqlx::query_as::<_, (Uuid, String, i32)>(
-        "SELECT id, partition_key, (payload->>'n')::int FROM outbox",
+        "SELECT id, partition_key, (convert_from(body, 'UTF8')::jsonb->>'n')::int FROM outbox",
     )
     .fetch_all(&db.pool)
     .await

@@ -261,7 +261,8 @@ async fn derived_events_are_written_with_their_metadata() {
     tx.commit().await.expect("commit");
 
     let rows = sqlx::query(
-        "SELECT event_type, destination, partition_key, event_version, payload FROM outbox ORDER BY seq",
+        "SELECT event_type, destination, partition_key, event_version, \
+         convert_from(body, 'UTF8')::jsonb AS payload FROM outbox ORDER BY seq",
     )
     .fetch_all(&db.pool)
     .await

@@ -225,7 +225,7 @@ async fn bad_messages_are_refused_before_they_are_sent() {
         .expect("publisher");
     let subject = format!("{prefix}.x");
     let mut too_large = record(&subject, "big", 1);
-    too_large.payload = format!(r#"{{"filler":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
+    too_large.payload = format!(r#"{{"filler":"{}"}}"#, "x".repeat(2 * 1024 * 1024)).into();
     let mut forged = record(&subject, "forged", 1);
     forged
         .headers

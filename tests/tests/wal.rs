@@ -166,7 +166,7 @@ async fn a_new_relay_resumes_where_the_broker_acknowledged() {
             .chain(after.iter())
             .filter(|r| r.partition_key.as_deref() == Some(key.as_str()))
             .map(|r| {
-                serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                serde_json::from_slice::<serde_json::Value>(&r.payload).expect("json")["n"]
                     .as_u64()
                     .expect("n")
             })
@@ -324,7 +324,7 @@ async fn a_poison_message_is_dead_lettered_into_the_table_and_parks_its_key() {
             .iter()
             .filter(|r| r.partition_key.as_deref() == Some("p"))
             .map(|r| {
-                serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+                serde_json::from_slice::<serde_json::Value>(&r.payload).expect("json")["n"]
                     .as_u64()
                     .expect("n")
             })
@@ -800,7 +800,7 @@ fn sent_of(published: &[outbox_core::OutboxRecord], key: &str) -> Vec<u64> {
         .iter()
         .filter(|r| r.partition_key.as_deref() == Some(key))
         .map(|r| {
-            serde_json::from_str::<serde_json::Value>(&r.payload).expect("json")["n"]
+            serde_json::from_slice::<serde_json::Value>(&r.payload).expect("json")["n"]
                 .as_u64()
                 .expect("n")
         })

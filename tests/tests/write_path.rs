@@ -116,7 +116,8 @@ async fn commit_writes_exactly_the_emitted_rows() {
 
     assert_eq!(status(&db, 7).await, "confirmed");
     let rows = sqlx::query(
-        "SELECT seq, id, event_type, event_version, destination, partition_key, payload, headers, \
+        "SELECT seq, id, event_type, event_version, destination, partition_key, \
+                convert_from(body, 'UTF8')::jsonb AS payload, content_type, headers, \
                 created_at, sent_at, attempts, next_attempt_at, last_error, dead_at, \
                 xact_id IS NULL AS no_xact_id, now() - created_at < interval '1 minute' AS recent \
          FROM outbox ORDER BY seq",
@@ -158,6 +159,7 @@ async fn commit_writes_exactly_the_emitted_rows() {
         r.get::<serde_json::Value, _>("payload"),
         serde_json::json!({"order_id": 7, "customer": "ada"})
     );
+    assert_eq!(r.get::<String, _>("content_type"), "application/json");
     assert_eq!(
         r.get::<serde_json::Value, _>("headers"),
         serde_json::json!({})
@@ -510,7 +512,7 @@ async fn custom_schema_qualified_tables() {
         .expect("valid names");
     assert_eq!(
         outbox.migrate().await.expect("migrate"),
-        vec![1, 2, 3, 4, 5]
+        vec![1, 2, 3, 4, 5, 6]
     );
     assert!(
         outbox.migrate().await.expect("migrate again").is_empty(),
@@ -569,7 +571,7 @@ async fn migrate_is_idempotent_and_safe_to_race() {
             .fetch_all(&db.pool)
             .await
             .expect("versions");
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     db.cleanup().await;
 }
 
@@ -700,7 +702,7 @@ async fn headers_are_stored_as_a_json_object() {
     tx.emit_message(msg).expect("emit");
     tx.commit().await.expect("commit");
     let (headers, payload): (serde_json::Value, serde_json::Value) =
-        sqlx::query_as("SELECT headers, payload FROM outbox")
+        sqlx::query_as("SELECT headers, convert_from(body, 'UTF8')::jsonb FROM outbox")
             .fetch_one(&db.pool)
             .await
             .expect("row");
@@ -761,7 +763,7 @@ async fn hostile_strings_round_trip_verbatim() {
         "the orders table is intact"
     );
     let rows: Vec<(Uuid, String, String, Option<String>, serde_json::Value, serde_json::Value)> =
-        sqlx::query_as("SELECT id, event_type, destination, partition_key, payload, headers FROM outbox ORDER BY seq")
+        sqlx::query_as("SELECT id, event_type, destination, partition_key, convert_from(body, 'UTF8')::jsonb, headers FROM outbox ORDER BY seq")
             .fetch_all(&db.pool)
             .await
             .expect("rows");
@@ -786,16 +788,24 @@ async fn a_nul_character_is_refused_at_emit_and_the_transaction_goes_on() {
     confirm(&mut tx, 8).await;
     for bad in [
         OutboxMessage::new("T", "d", "{}").with_key("a\0b"),
-        OutboxMessage::new("T", "d", r#"{"s":"a\u0000b"}"#),
         OutboxMessage::new("T", "d", "{}").with_header("h", "\0"),
     ] {
         let err = tx.emit_message(bad).expect_err("NUL cannot be stored");
         assert!(matches!(err, Error::InvalidMessage(_)), "{err:?}");
         assert!(err.to_string().contains("NUL"), "{err}");
     }
+    // A payload is bytes (#38): `\u0000` in JSON, refused while payloads were `jsonb`,
+    // is stored as written.
+    tx.emit_message(OutboxMessage::new("T", "d", r#"{"s":"a\u0000b"}"#))
+        .expect("any payload bytes");
     tx.emit(Heartbeat {}).expect("a good event");
     tx.commit().await.expect("commit without the bad messages");
-    assert_eq!(db.count("outbox").await, 1);
+    assert_eq!(db.count("outbox").await, 2);
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT body FROM outbox ORDER BY seq LIMIT 1")
+        .fetch_one(&db.pool)
+        .await
+        .expect("body");
+    assert_eq!(stored, br#"{"s":"a\u0000b"}"#);
     assert_eq!(status(&db, 8).await, "confirmed");
     db.cleanup().await;
 }
@@ -811,10 +821,11 @@ async fn an_escaped_backslash_before_u0000_is_not_taken_for_nul() {
     tx.emit_message(OutboxMessage::new("T", "d", payload))
         .expect("no NUL in this payload");
     tx.commit().await.expect("commit");
-    let stored: serde_json::Value = sqlx::query_scalar("SELECT payload FROM outbox")
-        .fetch_one(&db.pool)
-        .await
-        .expect("row");
+    let stored: serde_json::Value =
+        sqlx::query_scalar("SELECT convert_from(body, 'UTF8')::jsonb FROM outbox")
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
     assert_eq!(stored["s"], "\\u0000");
     db.cleanup().await;
 }

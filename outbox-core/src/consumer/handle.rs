@@ -204,6 +204,21 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         let payload = structured
             .as_ref()
             .map_or(delivery.payload.as_slice(), |e| e.data.as_slice());
+        // What the payload is: a structured event's `datacontenttype`, else the header;
+        // JSON when neither says (messages of producers that write no content type).
+        let content_type = match &structured {
+            Some(event) => event.content_type.as_deref(),
+            None => all.get(headers::CONTENT_TYPE).map(String::as_str),
+        };
+        if let Some(content_type) = content_type.filter(|ct| !crate::payload::is_json(ct)) {
+            let error = undecodable(format!(
+                "message {id}: the payload is `{content_type}`, and the handler of \
+                 `{event_type}` reads JSON"
+            ));
+            return self
+                .policy(delivery, self.undecodable, error, shutdown)
+                .await;
+        }
         let mut decoded = match Arc::clone(dispatch).decode(payload, meta.clone()) {
             Ok(run) => Some(run),
             Err(e) => {

@@ -22,6 +22,8 @@ pub(crate) trait Lite: sqlx::Database {
     fn quote(table: &TableName) -> String;
     /// A column read as text (MySQL: the binary collation would make sqlx see bytes).
     fn text(column: &str) -> String;
+    /// The payload's bytes of the row `prefix` names (`"o."`, or `""`).
+    fn payload(prefix: &str) -> String;
     /// The current time as stored.
     const NOW: &'static str;
     /// `SELECT` the clock minus a bound age ([`age`](Self::age)).
@@ -99,7 +101,7 @@ impl Statements {
                             WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
                               AND {pending_r} AND {blocker}){parked} \
                      ORDER BY o.seq LIMIT {limit}",
-                    columns = claim_columns(D::text),
+                    columns = claim_columns(D::text, D::payload),
                     pending_o = state::pending("o"),
                     pending_r = state::pending("r"),
                     now = D::NOW,
@@ -538,7 +540,7 @@ macro_rules! lite_backend {
                     let t = <$db as Lite>::quote(&tables.outbox);
                     let mut sql = format!(
                         "SELECT {}, {} FROM {t} x WHERE {}",
-                        message_columns(<$db as Lite>::text),
+                        message_columns(<$db as Lite>::text, <$db as Lite>::payload),
                         which.held_back(&t),
                         which.condition()
                     );
@@ -792,7 +794,8 @@ macro_rules! lite_backend {
                         .bind(m.event_version)
                         .bind(m.destination.as_str())
                         .bind(m.partition_key.as_deref())
-                        .bind(m.payload.as_str())
+                        .bind(m.payload.as_bytes())
+                        .bind(&*m.content_type)
                         .bind(m.headers_json()?);
                 }
                 query
@@ -984,13 +987,13 @@ pub(crate) use lite_backend;
 /// `INSERT INTO t (...) VALUES (?, ...), (?, ...)`: rows draw `seq` in emit order.
 pub(crate) fn insert_sql(outbox: &str, rows: usize) -> String {
     let mut sql = format!(
-        "INSERT INTO {outbox} (id, event_type, event_version, destination, partition_key, payload, headers) VALUES "
+        "INSERT INTO {outbox} (id, event_type, event_version, destination, partition_key, body, content_type, headers) VALUES "
     );
     for i in 0..rows {
         if i > 0 {
             sql.push_str(", ");
         }
-        sql.push_str("(?, ?, ?, ?, ?, ?, ?)");
+        sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?)");
     }
     sql
 }

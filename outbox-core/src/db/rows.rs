@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Row, Type};
 use uuid::Uuid;
 
+use crate::Payload;
 use crate::model::{
     ConsumerInstance, ConsumerStatus, DeadGroup, DestinationStatus, FailingMessage, MessageInfo,
     MessageState, Status, total,
@@ -17,34 +18,48 @@ use crate::publisher::OutboxRecord;
 type SqlResult<T> = Result<T, sqlx::Error>;
 
 /// The columns a claim selects, as the row decoders read them. `text(column)` renders a
-/// column as text in the database's dialect.
-pub(crate) fn claim_columns(text: impl Fn(&str) -> String) -> String {
+/// column as text in the database's dialect; `payload(prefix)` the payload's bytes of
+/// the row `prefix` names (`"o."`): the `body` column, or, in a row written before
+/// payloads were bytes, the bytes it was published with then.
+pub(crate) fn claim_columns(
+    text: impl Fn(&str) -> String,
+    payload: impl Fn(&str) -> String,
+) -> String {
     format!(
         "o.seq, {} AS id, {} AS event_type, o.event_version, {} AS destination, \
-         {} AS partition_key, {} AS payload, {} AS headers, o.created_at, o.attempts",
+         {} AS partition_key, {} AS payload, {} AS content_type, {} AS headers, o.created_at, \
+         o.attempts",
         text("o.id"),
         text("o.event_type"),
         text("o.destination"),
         text("o.partition_key"),
-        text("o.payload"),
+        payload("o."),
+        text("o.content_type"),
         text("o.headers"),
     )
 }
 
 /// The columns a listing selects, as [`message`] reads them.
-pub(crate) fn message_columns(text: impl Fn(&str) -> String) -> String {
+pub(crate) fn message_columns(
+    text: impl Fn(&str) -> String,
+    payload: impl Fn(&str) -> String,
+) -> String {
     let text = [
         "id",
         "event_type",
         "destination",
         "partition_key",
-        "payload",
+        "content_type",
         "headers",
         "last_error",
     ]
     .map(|column| format!("{} AS {column}", text(column)))
     .join(", ");
-    format!("seq, {text}, event_version, created_at, sent_at, attempts, next_attempt_at, dead_at")
+    format!(
+        "seq, {text}, {} AS payload, event_version, created_at, sent_at, attempts, \
+         next_attempt_at, dead_at",
+        payload("")
+    )
 }
 
 /// One claimed row (selected with [`claim_columns`]) as a record.
@@ -177,6 +192,7 @@ where
     i64: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
     i32: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
     String: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
     DateTime<Utc>: for<'r> sqlx::Decode<'r, R::Database> + Type<R::Database>,
 {
     fn to_record(&self) -> SqlResult<OutboxRecord> {
@@ -188,7 +204,8 @@ where
             event_version: self.try_get("event_version")?,
             destination: self.try_get("destination")?,
             partition_key: self.try_get("partition_key")?,
-            payload: self.try_get("payload")?,
+            payload: Payload::from(self.try_get::<Vec<u8>, _>("payload")?),
+            content_type: self.try_get::<String, _>("content_type")?.into(),
             headers: headers(seq, &self.try_get::<String, _>("headers")?),
             created_at: self.try_get("created_at")?,
             attempts: self.try_get("attempts")?,
@@ -202,6 +219,7 @@ where
         let last_error: Option<String> = self.try_get("last_error")?;
         // Failed before: `model::state::FAILED`.
         let failed = attempts > 0 || last_error.is_some();
+        let content_type: String = self.try_get("content_type")?;
         Ok(MessageInfo {
             seq: self.try_get("seq")?,
             id: uuid(&self.try_get::<String, _>("id")?)?,
@@ -216,7 +234,8 @@ where
             next_attempt_at: self.try_get("next_attempt_at")?,
             last_error,
             dead_at,
-            payload: json(&self.try_get::<String, _>("payload")?)?,
+            payload: shown(&self.try_get::<Vec<u8>, _>("payload")?, &content_type),
+            content_type,
             headers: json(&self.try_get::<String, _>("headers")?)?,
             held_back: self.try_get("held_back")?,
         })
@@ -274,6 +293,18 @@ where
 /// A message id stored or selected as text.
 pub(crate) fn uuid(text: &str) -> SqlResult<Uuid> {
     Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// A payload as a listing shows it: its JSON when it says it is JSON (and is), else its
+/// bytes in base64.
+fn shown(payload: &[u8], content_type: &str) -> serde_json::Value {
+    use base64::Engine as _;
+    if crate::payload::is_json(content_type)
+        && let Ok(value) = serde_json::from_slice(payload)
+    {
+        return value;
+    }
+    serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(payload))
 }
 
 fn json(text: &str) -> SqlResult<serde_json::Value> {

@@ -6,7 +6,7 @@
 //! | [`MESSAGE_ID`] `message-id` | the outbox message id (UUIDv7), the consumer's deduplication key |
 //! | [`EVENT_TYPE`] `event-type` | the event type name, the consumer's dispatch key |
 //! | [`EVENT_VERSION`] `event-version` | the schema version, only when the event has one |
-//! | [`CONTENT_TYPE`] `content-type` | [`JSON`] |
+//! | [`CONTENT_TYPE`] `content-type` | the message's content type ([`JSON`] unless the event says otherwise) |
 //! | [`PARTITION_KEY`] `partition-key` | the partition key, where the broker has no key of its own |
 //! | `traceparent`, ... | every header stored with the row (W3C trace context, correlation ids) |
 
@@ -18,8 +18,8 @@ pub const EVENT_TYPE: &str = "event-type";
 pub const EVENT_VERSION: &str = "event-version";
 /// The content type header.
 pub const CONTENT_TYPE: &str = "content-type";
-/// The content type of every payload: outbox payloads are JSON.
-pub const JSON: &str = "application/json";
+/// The content type of a JSON payload (the default).
+pub use crate::payload::JSON;
 /// The partition key header, for brokers whose messages have no key (NATS, AMQP).
 pub const PARTITION_KEY: &str = "partition-key";
 /// The W3C trace context header, copied from the row's headers when present.

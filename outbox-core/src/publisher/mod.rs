@@ -4,6 +4,7 @@ pub mod cloudevents;
 pub mod headers;
 mod memory;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
@@ -12,15 +13,15 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::event::OutboxMessage;
+use crate::event::{OutboxMessage, Payload};
 
 pub use memory::InMemoryPublisher;
 
 /// A pending outbox row, as handed to a [`Publisher`].
 ///
 /// The relay builds these; a publisher reads them. To build one yourself (to test a
-/// publisher of your own), convert an [`OutboxMessage`]: the struct will grow (a content
-/// type comes with binary payloads), so it cannot be built with a literal.
+/// publisher of your own), convert an [`OutboxMessage`]: the struct grows, so it cannot be
+/// built with a literal.
 ///
 /// ```
 /// use outbox_core::{OutboxMessage, OutboxRecord};
@@ -47,8 +48,10 @@ pub struct OutboxRecord {
     pub destination: String,
     /// Messages with the same key must reach the broker in `seq` order.
     pub partition_key: Option<String>,
-    /// The payload, JSON text.
-    pub payload: String,
+    /// The payload, the exact bytes written at `emit`: publish them as they are.
+    pub payload: Payload,
+    /// What the payload is: the `content-type` header to publish with it.
+    pub content_type: Cow<'static, str>,
     /// Headers stored with the message (trace context, correlation ids, ...).
     pub headers: BTreeMap<String, String>,
     /// When the writing transaction started.
@@ -78,6 +81,7 @@ impl From<OutboxMessage> for OutboxRecord {
             destination: message.destination,
             partition_key: message.partition_key,
             payload: message.payload,
+            content_type: message.content_type,
             headers: message.headers,
             created_at: Utc::now(),
             attempts: 0,
@@ -344,7 +348,8 @@ mod tests {
             event_version: None,
             destination: "d".to_owned(),
             partition_key: key.map(str::to_owned),
-            payload: "{}".to_owned(),
+            payload: "{}".into(),
+            content_type: crate::publisher::headers::JSON.into(),
             headers: BTreeMap::new(),
             created_at: Utc::now(),
             attempts: 0,
@@ -373,7 +378,8 @@ mod tests {
             event_version: None,
             destination: "d".to_owned(),
             partition_key: Some(key.to_owned()),
-            payload: "{}".to_owned(),
+            payload: "{}".into(),
+            content_type: crate::publisher::headers::JSON.into(),
             headers: BTreeMap::new(),
             created_at: Utc::now(),
             attempts: 0,

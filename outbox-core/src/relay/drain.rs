@@ -984,6 +984,7 @@ mod tests {
             destination: "d".into(),
             partition_key: Some(key.into()),
             payload: "{}".into(),
+            content_type: crate::publisher::headers::JSON.into(),
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempts: 0,

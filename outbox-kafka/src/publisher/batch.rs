@@ -45,8 +45,8 @@ impl KafkaPublisher {
         record: &OutboxRecord,
         deadline: Instant,
     ) -> Result<DeliveryFuture, KafkaError> {
-        let mut kafka = FutureRecord::<str, str>::to(&record.destination)
-            .payload(record.payload.as_str())
+        let mut kafka = FutureRecord::<str, [u8]>::to(&record.destination)
+            .payload(record.payload.as_bytes())
             .headers(kafka_headers(record, self.inner.cloudevents.as_ref()))
             .timestamp(record.created_at.timestamp_millis());
         if let Some(key) = &record.partition_key {

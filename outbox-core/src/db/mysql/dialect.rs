@@ -21,6 +21,12 @@ impl Lite for MySql {
         format!("CAST({column} AS CHAR)")
     }
 
+    /// `body`, or, in a row written before payloads were bytes (migration 3), the
+    /// bytes of its JSON text as they were published then.
+    fn payload(prefix: &str) -> String {
+        format!("COALESCE({prefix}body, CAST(CAST({prefix}payload AS CHAR) AS BINARY))")
+    }
+
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
     const CLOCK_MINUS: &'static str = "SELECT UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND";
     const FOR_UPDATE: &'static str = " FOR UPDATE";

@@ -39,8 +39,8 @@ mod backend {
     crate::db::lite::lite_backend!(sqlx::MySql);
 }
 
-/// Rows per `INSERT` statement: 7 placeholders each stays under MySQL's 65,535.
-const ROWS_PER_INSERT: usize = 9000;
+/// Rows per `INSERT` statement: 8 placeholders each stays under MySQL's 65,535.
+const ROWS_PER_INSERT: usize = 8000;
 
 /// Bytes of values per `INSERT` statement: far below the smallest default
 /// `max_allowed_packet` (4 MiB on MySQL 5.7, 16 MiB on MariaDB, 64 MiB on MySQL 8), so a
@@ -306,6 +306,7 @@ pub(crate) fn chunks(
             + m.destination.len()
             + m.partition_key.as_ref().map_or(0, String::len)
             + m.payload.len()
+            + m.content_type.len()
             + m.headers.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
         if i > start && (i - start == max_rows || bytes + size > max_bytes) {
             out.push(&messages[start..i]);

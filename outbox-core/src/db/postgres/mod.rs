@@ -79,6 +79,13 @@ impl Outbox<Postgres> {
     }
 }
 
+/// The payload's bytes of the row `prefix` names (`"o."`, or `""`): `body`, or, in a row
+/// written before payloads were bytes (migration 6), the bytes of the `jsonb` text it was
+/// published with then.
+pub(crate) fn payload_bytes(prefix: &str) -> String {
+    format!("COALESCE({prefix}body, convert_to({prefix}payload::text, 'UTF8'))")
+}
+
 /// Advisory locks of one outbox table use the two-key form `(table oid as int4, id)`,
 /// so outboxes in different schemas or with different names never share a lock.
 pub(crate) mod locks {

@@ -372,7 +372,7 @@ impl Ops for Postgres {
                 } else {
                     ""
                 },
-                columns = message_columns(|c| format!("{c}::text")),
+                columns = message_columns(|c| format!("{c}::text"), super::payload_bytes),
                 held_back = which.held_back(&tables.outbox.quoted()),
                 t = tables.outbox.quoted(),
                 state = which.condition(),

@@ -1,7 +1,7 @@
 //! The write path: the prepared flush statement (one row, or `UNNEST` of many) that takes
 //! the writers' advisory lock before its rows draw `seq`, the wake-up that notifies only
 //! while a relay waits idle, the UTF-8 guard, and WAL mode's one-round-trip commit with
-//! dollar-quoted literals (its statement is `wal::commit`'s).
+//! literals (its statement is `wal::commit`'s).
 
 use futures_util::future::BoxFuture;
 use sqlx::{Executor, PgConnection, Postgres};
@@ -11,7 +11,7 @@ use crate::config::Tables;
 use crate::error::DbContext;
 use crate::store::Write;
 use crate::store::trusted_sql;
-use crate::{Error, OutboxMessage, Result};
+use crate::{OutboxMessage, Result};
 
 impl Write for Postgres {
     fn insert_messages<'c>(
@@ -75,9 +75,9 @@ fn insert_sql(tables: &Tables) -> String {
     write_statement(
         tables,
         "SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
-                m.payload::jsonb, m.headers::jsonb \
-         FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-              WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, payload, headers, ord) \
+                m.body, m.content_type, m.headers::jsonb \
+         FROM x, UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[]) \
+              WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, body, content_type, headers, ord) \
          ORDER BY m.ord",
     )
 }
@@ -87,7 +87,7 @@ fn insert_sql(tables: &Tables) -> String {
 fn insert_one_sql(tables: &Tables) -> String {
     write_statement(
         tables,
-        "SELECT $1::uuid, $2::text, $3::int4, $4::text, $5::text, $6::text::jsonb, $7::text::jsonb FROM x",
+        "SELECT $1::uuid, $2::text, $3::int4, $4::text, $5::text, $6::bytea, $7::text, $8::text::jsonb FROM x",
     )
 }
 
@@ -98,7 +98,7 @@ fn write_statement(tables: &Tables, select: &str) -> String {
         "WITH x AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(to_regclass('{outbox}')::oid::int4, {writers}) AS locked, {utf8} AS utf8), \
          ins AS (\
            INSERT INTO {outbox} \
-             (id, event_type, event_version, destination, partition_key, payload, headers) \
+             (id, event_type, event_version, destination, partition_key, body, content_type, headers) \
            {select}\
          ) \
          {wake}",
@@ -140,32 +140,6 @@ fn wake_sql(outbox: &str, from: &str) -> String {
 pub(super) const UTF8_GUARD: &str = "CASE WHEN pg_client_encoding() = 'UTF8' THEN 0 ELSE \
      ('the outbox needs client_encoding UTF8 but this connection uses ' || pg_client_encoding() || \
       '; nothing was written: do not change client_encoding on pooled connections')::int END";
-
-/// Appends `value` as a dollar-quoted literal, `$o$...$o$`, with a tag (`$o$`, `$o1$`,
-/// ...) whose text without the closing `$` does not occur in `value`, so the first
-/// occurrence of the tag after the opening one is the closing one. Nothing inside is an
-/// escape: neither `standard_conforming_strings` nor `backslash_quote` changes what it
-/// means, and no client encoding can join the closing `$` to the bytes before it (`$` is
-/// never the second byte of a multi-byte character; an incomplete one before it is an
-/// encoding error, not a shorter string). `E'...'` literals could be broken that way
-/// on a connection switched to SJIS with `backslash_quote = on`.
-pub(super) fn literal(sql: &mut String, value: &str, message: &OutboxMessage) -> Result<()> {
-    if value.contains('\0') {
-        return Err(Error::InvalidMessage(
-            format!(
-                "message {} (`{}`) contains a NUL character, which PostgreSQL text cannot store; \
-                 remove it from the key, headers or type",
-                message.id, message.event_type
-            )
-            .into(),
-        ));
-    }
-    let tag = dollar_tag(value);
-    sql.push_str(&tag);
-    sql.push_str(value);
-    sql.push_str(&tag);
-    Ok(())
-}
 
 /// A dollar-quote tag for `value`, found in one pass: `$o$` if `value` holds no `$o`,
 /// else `$o` + one more `1` than the longest run of digits after any `$o` in it + `$`.
@@ -241,7 +215,8 @@ async fn insert_messages(
             .bind(m.event_version)
             .bind(&m.destination)
             .bind(&m.partition_key)
-            .bind(&m.payload)
+            .bind(m.payload.as_bytes())
+            .bind(&*m.content_type)
             .bind(m.headers_json()?)
             .execute(conn)
             .await
@@ -255,6 +230,7 @@ async fn insert_messages(
     let mut destinations = Vec::with_capacity(n);
     let mut keys = Vec::with_capacity(n);
     let mut payloads = Vec::with_capacity(n);
+    let mut content_types = Vec::with_capacity(n);
     let mut headers = Vec::with_capacity(n);
     for m in messages {
         ids.push(m.id);
@@ -262,7 +238,8 @@ async fn insert_messages(
         versions.push(m.event_version);
         destinations.push(m.destination.as_str());
         keys.push(m.partition_key.as_deref());
-        payloads.push(m.payload.as_str());
+        payloads.push(m.payload.as_bytes());
+        content_types.push(&*m.content_type);
         headers.push(m.headers_json()?);
     }
     sqlx::query(trusted_sql(insert_sql(tables)))
@@ -272,6 +249,7 @@ async fn insert_messages(
         .bind(&destinations)
         .bind(&keys)
         .bind(&payloads)
+        .bind(&content_types)
         .bind(&headers)
         .execute(conn)
         .await

@@ -19,6 +19,11 @@ impl Lite for Sqlite {
         column.to_owned()
     }
 
+    /// `body` (migration 4 moved the payloads of older rows there, as their bytes).
+    fn payload(prefix: &str) -> String {
+        format!("{prefix}body")
+    }
+
     /// Timestamps are stored as RFC 3339 text, UTC, with milliseconds, which sorts by time.
     const NOW: &'static str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
     const CLOCK_MINUS: &'static str = "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)";

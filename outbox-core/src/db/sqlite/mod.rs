@@ -31,7 +31,7 @@ mod backend {
     crate::db::lite::lite_backend!(sqlx::Sqlite);
 }
 
-/// Rows per `INSERT` statement: 7 bound values each stays under SQLite's limit of
+/// Rows per `INSERT` statement: 8 bound values each stays under SQLite's limit of
 /// 32,766 variables. Commits with more events than this use several statements.
 const ROWS_PER_INSERT: usize = 4000;
 

@@ -215,7 +215,8 @@ mod tests {
             event_version: version,
             destination: "orders".to_owned(),
             partition_key: None,
-            payload: "{}".to_owned(),
+            payload: "{}".into(),
+            content_type: crate::publisher::headers::JSON.into(),
             headers: Default::default(),
             created_at: chrono::Utc
                 .with_ymd_and_hms(2026, 12, 1, 10, 30, 0)

@@ -20,7 +20,8 @@ pub fn is_structured(content_type: &str) -> bool {
     media.eq_ignore_ascii_case(STRUCTURED_CONTENT_TYPE)
 }
 
-/// A payload that is not JSON cannot be the `data` of a JSON event.
+/// A payload whose content type says JSON but that is not JSON cannot be the `data` of a
+/// JSON event.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "message {id}: the payload is not JSON, so it cannot be the `data` of a structured-mode CloudEvent: {reason}"
@@ -34,21 +35,31 @@ pub struct NotJson {
 
 impl CloudEvents {
     /// `record` as a JSON event: `specversion`, `id`, `source`, `type`, `time` (as
-    /// [`attributes`](Self::attributes)), `datacontenttype: application/json` and the
-    /// payload, as written, as `data`.
+    /// [`attributes`](Self::attributes)), `datacontenttype` (the record's content type)
+    /// and the payload: a JSON payload, as written, as `data`; any other as `data_base64`
+    /// (the JSON format's rule for binary data).
     pub fn structured(&self, record: &OutboxRecord) -> Result<String, NotJson> {
-        let data: &RawValue = serde_json::from_str(&record.payload).map_err(|e| NotJson {
-            id: record.id,
-            reason: e.to_string(),
-        })?;
         let mut event = serde_json::Map::new();
         for (name, value) in self.attributes(record) {
             event.insert(name.to_owned(), value.into());
         }
         event.insert(
             "datacontenttype".to_owned(),
-            crate::publisher::headers::JSON.into(),
+            record.content_type.as_ref().into(),
         );
+        if !crate::payload::is_json(&record.content_type) {
+            use base64::Engine as _;
+            let data = base64::engine::general_purpose::STANDARD.encode(&record.payload);
+            event.insert("data_base64".to_owned(), data.into());
+            return Ok(serde_json::to_string(&event).unwrap_or_default());
+        }
+        let data: &RawValue = std::str::from_utf8(&record.payload)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str(text).map_err(|e| e.to_string()))
+            .map_err(|reason| NotJson {
+                id: record.id,
+                reason,
+            })?;
         let head = serde_json::to_string(&event).unwrap_or_default();
         // The attributes, then `data` exactly as the payload was written.
         let head = head.strip_suffix('}').unwrap_or(&head);
@@ -56,15 +67,18 @@ impl CloudEvents {
     }
 }
 
-/// A structured-mode event as a consumer needs it: its `id` and `type`, and its `data`
-/// as the bytes of the JSON value (`data_base64` is refused: outbox payloads are JSON).
+/// A structured-mode event as a consumer needs it: its `id`, `type` and
+/// `datacontenttype`, and its data: the bytes of the JSON value `data`, or the bytes
+/// `data_base64` encodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unwrapped {
     /// The `id` attribute.
     pub id: Option<String>,
     /// The `type` attribute.
     pub kind: Option<String>,
-    /// The `data` member, as JSON text.
+    /// The `datacontenttype` attribute (JSON when absent and `data` is JSON).
+    pub content_type: Option<String>,
+    /// The data: `data` as JSON text, or the bytes of `data_base64`.
     pub data: Vec<u8>,
 }
 
@@ -75,23 +89,34 @@ pub fn unwrap(payload: &[u8]) -> Result<Unwrapped, String> {
         id: Option<String>,
         #[serde(rename = "type")]
         kind: Option<String>,
+        datacontenttype: Option<String>,
         #[serde(borrow)]
         data: Option<&'a RawValue>,
-        data_base64: Option<serde::de::IgnoredAny>,
+        data_base64: Option<String>,
     }
     let event: Event<'_> = serde_json::from_slice(payload)
         .map_err(|e| format!("a structured-mode CloudEvent that is not a JSON event: {e}"))?;
-    if event.data_base64.is_some() {
-        return Err(
-            "a structured-mode CloudEvent with `data_base64`: only JSON `data` is read".to_owned(),
-        );
-    }
+    let data = match (event.data, event.data_base64) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "a structured-mode CloudEvent with both `data` and `data_base64`".to_owned(),
+            );
+        }
+        (None, Some(encoded)) => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(encoded.as_bytes())
+                .map_err(|e| {
+                    format!("a structured-mode CloudEvent whose `data_base64` is not base64: {e}")
+                })?
+        }
+        (data, None) => data.map_or_else(|| b"null".to_vec(), |d| d.get().as_bytes().to_vec()),
+    };
     Ok(Unwrapped {
         id: event.id,
         kind: event.kind,
-        data: event
-            .data
-            .map_or_else(|| b"null".to_vec(), |d| d.get().as_bytes().to_vec()),
+        content_type: event.datacontenttype,
+        data,
     })
 }
 
@@ -109,7 +134,8 @@ mod tests {
             event_version: Some(2),
             destination: "orders".to_owned(),
             partition_key: None,
-            payload: r#"{"order": 7, "price": 1.10}"#.to_owned(),
+            payload: r#"{"order": 7, "price": 1.10}"#.into(),
+            content_type: crate::publisher::headers::JSON.into(),
             headers: Default::default(),
             created_at: chrono::DateTime::UNIX_EPOCH,
             attempts: 0,
@@ -132,11 +158,36 @@ mod tests {
             Some(record.id.to_string().as_str())
         );
         let not_json = OutboxRecord {
-            payload: "not json".to_owned(),
-            ..record
+            payload: "not json".into(),
+            ..record.clone()
         };
         assert!(ce.structured(&not_json).is_err());
-        assert!(unwrap(br#"{"data_base64": "AA=="}"#).is_err());
+        assert!(unwrap(br#"{"data": 1, "data_base64": "AA=="}"#).is_err());
+        assert!(unwrap(br#"{"data_base64": "not base64!"}"#).is_err());
+        assert!(is_structured("Application/CloudEvents+JSON; charset=utf-8"));
+        assert!(!is_structured("application/json"));
+    }
+
+    /// The JSON format's rule for binary data: `data_base64`, with the content type.
+    #[test]
+    fn a_binary_payload_travels_as_data_base64() {
+        let ce = CloudEvents::new("/s").expect("source");
+        let bytes: Vec<u8> = vec![0x08, 0x96, 0x01, 0xff, 0x00];
+        let record = OutboxRecord::from(
+            crate::OutboxMessage::new("OrderPlaced", "orders", bytes.clone())
+                .with_content_type("application/protobuf"),
+        );
+        let text = ce.structured(&record).expect("any bytes");
+        let value: serde_json::Value = serde_json::from_str(&text).expect("a JSON event");
+        assert_eq!(value["datacontenttype"], "application/protobuf");
+        assert_eq!(value["data_base64"], "CJYB/wA=");
+        assert!(value.get("data").is_none(), "{text}");
+        let unwrapped = unwrap(text.as_bytes()).expect("unwrapped");
+        assert_eq!(unwrapped.data, bytes);
+        assert_eq!(
+            unwrapped.content_type.as_deref(),
+            Some("application/protobuf")
+        );
         assert!(is_structured("Application/CloudEvents+JSON; charset=utf-8"));
         assert!(!is_structured("application/json"));
     }

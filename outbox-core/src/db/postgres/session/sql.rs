@@ -42,7 +42,7 @@ impl Sql {
                             WHERE r.partition_key = o.partition_key AND r.seq < o.seq \
                               AND {pending_r} AND {blocker}){parked} \
                      ORDER BY o.seq LIMIT $2",
-                    columns = claim_columns(|c| format!("{c}::text")),
+                    columns = claim_columns(|c| format!("{c}::text"), super::super::payload_bytes),
                     pending_o = state::pending("o"),
                     pending_r = state::pending("r"),
                     blocker = state::blocker("now()", "$5"),

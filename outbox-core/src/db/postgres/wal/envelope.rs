@@ -1,12 +1,18 @@
-//! The envelope: one event as `pg_logical_emit_message` writes it (a JSON object,
-//! `payload` last and verbatim), and its decoding into a record.
+//! The envelope: one event as `pg_logical_emit_message` writes it, and its decoding into
+//! a record.
+//!
+//! Version 2 (written since payloads are bytes): a JSON object of the routing fields,
+//! one line feed, then the payload's bytes exactly as they were emitted. The object is
+//! compact JSON, whose strings escape every line feed, so the first line feed ends it.
+//! Version 1 (read, for messages still in a slot written by an older version): one JSON
+//! object with the payload verbatim as its last member, `payload`.
 
 use super::*;
 
-/// The envelope's format version (its `v`).
-pub(crate) const ENVELOPE_VERSION: u8 = 1;
+/// The envelope's format version (its `v`) this version writes.
+pub(crate) const ENVELOPE_VERSION: u8 = 2;
 
-/// One event as written into the WAL: a JSON object, `payload` last and verbatim.
+/// The routing fields of one event as written into the WAL, before its payload.
 #[derive(Serialize)]
 pub(super) struct EnvelopeOut<'a> {
     pub(super) v: u8,
@@ -21,7 +27,13 @@ pub(super) struct EnvelopeOut<'a> {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) headers: &'a BTreeMap<String, String>,
     pub(super) created_at: DateTime<Utc>,
-    pub(super) payload: &'a RawValue,
+    /// Absent for JSON, the default.
+    #[serde(skip_serializing_if = "is_default_content_type")]
+    pub(super) content_type: &'a str,
+}
+
+fn is_default_content_type(content_type: &&str) -> bool {
+    *content_type == crate::publisher::headers::JSON
 }
 
 #[cfg(feature = "wal")]
@@ -39,20 +51,15 @@ pub(super) struct EnvelopeIn {
     #[serde(default)]
     pub(super) headers: BTreeMap<String, String>,
     pub(super) created_at: DateTime<Utc>,
-    pub(super) payload: Box<RawValue>,
+    #[serde(default)]
+    pub(super) content_type: Option<String>,
+    /// Version 1 only: the payload, verbatim JSON.
+    #[serde(default)]
+    pub(super) payload: Option<Box<RawValue>>,
 }
 
-/// `message` as its WAL envelope.
-pub(crate) fn envelope(message: &OutboxMessage, created_at: DateTime<Utc>) -> Result<String> {
-    let payload: &RawValue = serde_json::from_str(&message.payload).map_err(|e| {
-        Error::InvalidMessage(
-            format!(
-                "message {} (`{}`): the payload is not JSON ({e}); WAL mode carries it verbatim",
-                message.id, message.event_type
-            )
-            .into(),
-        )
-    })?;
+/// `message` as its WAL envelope (version 2).
+pub(crate) fn envelope(message: &OutboxMessage, created_at: DateTime<Utc>) -> Result<Vec<u8>> {
     let out = EnvelopeOut {
         v: ENVELOPE_VERSION,
         id: message.id,
@@ -62,21 +69,26 @@ pub(crate) fn envelope(message: &OutboxMessage, created_at: DateTime<Utc>) -> Re
         key: message.partition_key.as_deref(),
         headers: &message.headers,
         created_at,
-        payload,
+        content_type: &message.content_type,
     };
-    serde_json::to_string(&out).map_err(|e| Error::InvalidMessage(e.to_string().into()))
+    let mut bytes = Vec::with_capacity(message.payload.len() + 160);
+    serde_json::to_writer(&mut bytes, &out)
+        .map_err(|e| Error::InvalidMessage(e.to_string().into()))?;
+    bytes.push(b'\n');
+    bytes.extend_from_slice(&message.payload);
+    Ok(bytes)
 }
 
 #[cfg(feature = "wal")]
 /// Why a WAL message is not a record this relay can read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DecodeError {
-    /// Not the JSON object an envelope is.
+    /// Not the JSON object an envelope is (or starts with).
     #[error("not an outbox envelope ({0})")]
     Json(serde_json::Error),
     /// An envelope of a version this relay does not know (a newer writer).
     #[error(
-        "envelope version {0} (this relay reads version {ENVELOPE_VERSION}): upgrade the relay"
+        "envelope version {0} (this relay reads versions 1 and {ENVELOPE_VERSION}): upgrade the relay"
     )]
     Version(u8),
 }
@@ -84,10 +96,23 @@ pub(crate) enum DecodeError {
 #[cfg(feature = "wal")]
 /// The record an envelope holds, at position `seq`.
 pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxRecord, DecodeError> {
-    let e: EnvelopeIn = serde_json::from_slice(content).map_err(DecodeError::Json)?;
-    if e.v != ENVELOPE_VERSION {
-        return Err(DecodeError::Version(e.v));
-    }
+    // Version 1 is one JSON object whose payload may hold line feeds; `v` comes first.
+    let (e, payload) = if content.starts_with(br#"{"v":1,"#) {
+        let mut e: EnvelopeIn = serde_json::from_slice(content).map_err(DecodeError::Json)?;
+        let payload = e.payload.take().map(|p| Payload::from(p.get()));
+        (e, payload.unwrap_or_default())
+    } else {
+        let end = content
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(content.len());
+        let e: EnvelopeIn = serde_json::from_slice(&content[..end]).map_err(DecodeError::Json)?;
+        if e.v != ENVELOPE_VERSION {
+            return Err(DecodeError::Version(e.v));
+        }
+        let payload = content.get(end + 1..).unwrap_or_default();
+        (e, Payload::from(payload))
+    };
     Ok(OutboxRecord {
         seq,
         id: e.id,
@@ -95,7 +120,10 @@ pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxReco
         event_version: e.version,
         destination: e.destination,
         partition_key: e.key,
-        payload: e.payload.get().to_owned(),
+        payload,
+        content_type: e
+            .content_type
+            .map_or(crate::payload::default_content_type(), Into::into),
         headers: e.headers,
         created_at: e.created_at,
         attempts: 0,
@@ -107,25 +135,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_envelope_round_trips_with_its_payload_verbatim() {
-        let m = OutboxMessage::new("OrderPlaced", "orders", r#"{"z":1, "a":[true]}"#)
+    fn an_envelope_round_trips_with_its_payload_byte_for_byte() {
+        let m = OutboxMessage::new("OrderPlaced", "orders", "{\"z\":1,\n \"a\":[true]}")
             .with_key("order-1")
             .with_header("traceparent", "00-1-2-01");
         let at = Utc::now();
-        let text = envelope(&m, at).expect("envelope");
-        assert!(text.starts_with(r#"{"v":1,"#), "{text}");
-        let r = decode(text.as_bytes(), 7).expect("decode");
+        let bytes = envelope(&m, at).expect("envelope");
+        assert!(bytes.starts_with(br#"{"v":2,"#), "{bytes:?}");
+        let r = decode(&bytes, 7).expect("decode");
         assert_eq!(r.seq, 7);
         assert_eq!(r.id, m.id);
-        assert_eq!(r.payload, r#"{"z":1, "a":[true]}"#);
+        assert_eq!(r.payload, "{\"z\":1,\n \"a\":[true]}");
+        assert_eq!(r.content_type, "application/json");
         assert_eq!(r.partition_key.as_deref(), Some("order-1"));
         assert_eq!(r.headers, m.headers);
         assert_eq!(r.created_at, at);
-        let future = text.replacen(r#""v":1"#, r#""v":2"#, 1);
-        let err = decode(future.as_bytes(), 1).expect_err("unknown version");
-        assert!(matches!(err, DecodeError::Version(2)), "{err}");
+
+        let binary: Vec<u8> = (0..=255).chain([b'\n', 0, b'{']).collect();
+        let m = OutboxMessage::new("Blob", "blobs", binary.clone())
+            .with_content_type("application/octet-stream");
+        let r = decode(&envelope(&m, at).expect("envelope"), 8).expect("decode");
+        assert_eq!(r.payload, binary);
+        assert_eq!(r.content_type, "application/octet-stream");
+        let empty = OutboxMessage::new("Empty", "blobs", Vec::new())
+            .with_content_type("application/octet-stream");
+        let r = decode(&envelope(&empty, at).expect("envelope"), 9).expect("decode");
+        assert!(r.payload.is_empty());
+
+        let future = [
+            br#"{"v":3,"#.as_slice(),
+            &envelope(&m, at).expect("envelope")[7..],
+        ]
+        .concat();
+        let err = decode(&future, 1).expect_err("unknown version");
+        assert!(matches!(err, DecodeError::Version(3)), "{err}");
         assert!(err.to_string().contains("upgrade the relay"), "{err}");
-        let bad = OutboxMessage::new("T", "d", "not json");
-        assert!(envelope(&bad, at).is_err());
+    }
+
+    /// What a relay of the previous version left in a slot still publishes the bytes it
+    /// would have published: the payload as it was written into the envelope.
+    #[test]
+    fn a_version_1_envelope_is_still_read() {
+        let v1 = r#"{"v":1,"id":"0190d5a4-7a55-7c3a-9a4b-1f2e3d4c5b6a","type":"OrderPlaced","destination":"orders","key":"k","created_at":"2026-01-01T00:00:00Z","payload":{"z":1,
+ "a":[true]}}"#;
+        let r = decode(v1.as_bytes(), 3).expect("decode");
+        assert_eq!(r.payload, "{\"z\":1,\n \"a\":[true]}");
+        assert_eq!(r.content_type, "application/json");
+        assert_eq!(r.partition_key.as_deref(), Some("k"));
+        assert_eq!(r.event_type, "OrderPlaced");
     }
 }

@@ -39,12 +39,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::value::RawValue;
 use sqlx::{Executor, PgConnection, Postgres};
 use uuid::Uuid;
 
 use super::Wal;
-use super::write::{UTF8_GUARD, dollar_tag, literal};
+use super::write::{UTF8_GUARD, dollar_tag};
 use crate::config::Tables;
 use crate::error::DbContext;
 
@@ -52,6 +51,7 @@ use crate::error::DbContext;
 use crate::{Error, OutboxMessage, Result};
 #[cfg(feature = "wal")]
 use {
+    crate::Payload,
     crate::publisher::OutboxRecord,
     crate::store::session::{Context, Outcome, Probe, Session, SessionError, SessionResult},
     crate::task::stopped,
@@ -59,6 +59,7 @@ use {
         Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
     },
     serde::Deserialize,
+    serde_json::value::RawValue,
     std::collections::{HashSet, VecDeque},
     std::time::Duration,
     tokio::sync::watch,

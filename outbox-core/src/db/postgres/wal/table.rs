@@ -20,10 +20,11 @@ pub(super) async fn insert_row(
     let headers =
         serde_json::to_string(&record.headers).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     sqlx::query(trusted_sql(format!(
-        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
-                          headers, created_at, attempts, last_error, dead_at, next_attempt_at) \
-         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, \
-                 CASE WHEN $10 IS NULL THEN NULL ELSE now() END, $11) \
+        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, body, \
+                          content_type, headers, created_at, attempts, last_error, dead_at, \
+                          next_attempt_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, \
+                 CASE WHEN $11 IS NULL THEN NULL ELSE now() END, $12) \
          ON CONFLICT (id) DO NOTHING"
     )))
     .bind(record.id)
@@ -31,7 +32,8 @@ pub(super) async fn insert_row(
     .bind(record.event_version)
     .bind(&record.destination)
     .bind(&record.partition_key)
-    .bind(&record.payload)
+    .bind(record.payload.as_bytes())
+    .bind(&*record.content_type)
     .bind(headers)
     .bind(record.created_at)
     .bind(record.attempts)
@@ -54,14 +56,14 @@ pub(super) async fn insert_rows(
     const ROWS: usize = 1000;
     const BYTES: usize = 8 * 1024 * 1024;
     let sql = format!(
-        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, payload, \
-                          headers, created_at, attempts, next_attempt_at) \
+        "INSERT INTO {t} (id, event_type, event_version, destination, partition_key, body, \
+                          content_type, headers, created_at, attempts, next_attempt_at) \
          SELECT m.id, m.event_type, m.event_version, m.destination, m.partition_key, \
-                m.payload::jsonb, m.headers::jsonb, m.created_at, m.attempts, m.retry_at \
-         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::text[], \
-                     $7::text[], $8::timestamptz[], $9::int4[], $10::timestamptz[]) \
+                m.body, m.content_type, m.headers::jsonb, m.created_at, m.attempts, m.retry_at \
+         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::text[], $6::bytea[], \
+                     $7::text[], $8::text[], $9::timestamptz[], $10::int4[], $11::timestamptz[]) \
               WITH ORDINALITY AS m(id, event_type, event_version, destination, partition_key, \
-                                   payload, headers, created_at, attempts, retry_at, ord) \
+                                   body, content_type, headers, created_at, attempts, retry_at, ord) \
          ORDER BY m.ord \
          ON CONFLICT (id) DO NOTHING"
     );
@@ -88,7 +90,8 @@ pub(super) async fn insert_rows(
             .bind(column(chunk, |r| r.event_version))
             .bind(column(chunk, |r| r.destination.as_str()))
             .bind(column(chunk, |r| r.partition_key.as_deref()))
-            .bind(column(chunk, |r| r.payload.as_str()))
+            .bind(column(chunk, |r| r.payload.as_bytes()))
+            .bind(column(chunk, |r| &*r.content_type))
             .bind(headers)
             .bind(column(chunk, |r| r.created_at))
             .bind(column(chunk, |r| r.attempts))
@@ -380,7 +383,10 @@ impl WalSession<'_> {
              FROM {t} o \
              WHERE o.sent_at IS NULL AND o.dead_at IS NULL {behind_dead} \
              ORDER BY o.seq LIMIT $1",
-            columns = crate::db::rows::claim_columns(|c| format!("{c}::text")),
+            columns = crate::db::rows::claim_columns(
+                |c| format!("{c}::text"),
+                crate::db::postgres::payload_bytes,
+            ),
             behind_dead = behind_dead.replace("{t}", &t),
         );
         let limit = self.cx.config.batch_size.max(1) * 4;
