@@ -187,10 +187,10 @@ async fn run(args: &Args, partitioned: bool, history: u64, seconds: u64) -> Resu
     let h = "lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0')";
     let r = "md5(g::text)";
     sqlx::query(trusted_sql(format!(
-        "INSERT INTO outbox (id, event_type, destination, partition_key, payload, created_at, sent_at) \
+        "INSERT INTO outbox (id, event_type, destination, partition_key, body, created_at, sent_at) \
          SELECT (substr({h}, 1, 8) || '-' || substr({h}, 9, 4) || '-7' || substr({r}, 1, 3) || '-8' \
                  || substr({r}, 4, 3) || '-' || substr({r}, 7, 12))::uuid, \
-                'History', 'bench.history', 'k' || (g % 1000), jsonb_build_object('n', g), t, t \
+                'History', 'bench.history', 'k' || (g % 1000), convert_to(json_build_object('n', g)::text, 'UTF8'), t, t \
          FROM (SELECT g, now() - interval '10 hours' + (g * interval '10 hours') / $1 AS t \
                FROM generate_series(0, $1 - 1) g) x"
     )))

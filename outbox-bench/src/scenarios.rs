@@ -21,11 +21,11 @@ type ClaimedRow = (
     String,
     String,
     Option<String>,
-    String,
+    Vec<u8>,
     String,
 );
 /// seq, id, event_type, destination, partition_key, payload.
-type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, String);
+type ArticleRow = (i64, uuid::Uuid, String, String, Option<String>, Vec<u8>);
 
 /// Runs relays over a filled backlog until it is drained; events/s and peak RSS.
 pub(crate) async fn relay_drain(
@@ -180,7 +180,7 @@ pub(crate) async fn pg_ceiling(args: &Args) -> Result<(f64, u64), BoxError> {
     let mut done = 0_u64;
     loop {
         let rows: Vec<ClaimedRow> = sqlx::query_as(
-            "SELECT seq, id, event_type, destination, partition_key, payload::text, headers::text FROM outbox \
+            "SELECT seq, id, event_type, destination, partition_key, body, headers::text FROM outbox \
              WHERE sent_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT 1000",
         )
         .fetch_all(&mut *conn)
@@ -226,7 +226,7 @@ async fn article(args: &Args) -> Result<f64, BoxError> {
     loop {
         let mut tx = pool.begin().await?;
         let rows: Vec<ArticleRow> = sqlx::query_as(
-            "SELECT seq, id, event_type, destination, partition_key, payload::text FROM outbox \
+            "SELECT seq, id, event_type, destination, partition_key, body FROM outbox \
              WHERE sent_at IS NULL ORDER BY created_at LIMIT 50 FOR UPDATE SKIP LOCKED",
         )
         .fetch_all(&mut *tx)
@@ -336,15 +336,15 @@ pub(crate) async fn commit_timings(
                 .await?;
             sqlx::query(
                 "INSERT INTO plain_row \
-                 (id, event_type, event_version, destination, partition_key, payload, headers) \
-                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)",
+                 (id, event_type, event_version, destination, partition_key, body, headers) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
             )
             .bind(uuid::Uuid::now_v7())
             .bind("OrderConfirmed")
             .bind(None::<i32>)
             .bind("orders")
             .bind(format!("{i}-0"))
-            .bind(&payload)
+            .bind(payload.as_bytes())
             .bind("{}")
             .execute(&mut *tx)
             .await?;

@@ -292,9 +292,9 @@ impl BenchDb {
     ) -> Result<(), BoxError> {
         let filler = "x".repeat(payload.saturating_sub(60));
         sqlx::query(
-            "INSERT INTO outbox (id, event_type, destination, partition_key, payload, sent_at) \
+            "INSERT INTO outbox (id, event_type, destination, partition_key, body, sent_at) \
              SELECT gen_random_uuid(), 'BenchEvent', $5, 'k' || (g % $2), \
-                    jsonb_build_object('n', g, 'key', 'k' || (g % $2), 'filler', $3::text), \
+                    convert_to(json_build_object('n', g, 'key', 'k' || (g % $2), 'filler', $3::text)::text, 'UTF8'), \
                     CASE WHEN $4 THEN now() END \
              FROM generate_series(0, $1 - 1) g",
         )

@@ -89,10 +89,10 @@ impl WalDb {
         while from < args.events {
             let to = (from + PER_COMMIT).min(args.events);
             sqlx::query(
-                "SELECT pg_logical_emit_message(true, $1, json_build_object(\
-                   'v', 1, 'id', gen_random_uuid(), 'type', 'BenchEvent', 'destination', $2::text, \
-                   'key', 'k' || (g % $3), 'created_at', now(), \
-                   'payload', json_build_object('n', g, 'key', 'k' || (g % $3), 'filler', $4::text))::text) \
+                "SELECT pg_logical_emit_message(true, $1, convert_to(json_build_object(\
+                   'v', 2, 'id', gen_random_uuid(), 'type', 'BenchEvent', 'destination', $2::text, \
+                   'key', 'k' || (g % $3), 'created_at', now())::text || chr(10) || \
+                   json_build_object('n', g, 'key', 'k' || (g % $3), 'filler', $4::text)::text, 'UTF8')) \
                  FROM generate_series($5::bigint, $6::bigint - 1) g",
             )
             .bind(&prefix)

@@ -6,7 +6,7 @@
 //! | [`MESSAGE_ID`] `message-id` | the outbox message id (UUIDv7), the consumer's deduplication key |
 //! | [`EVENT_TYPE`] `event-type` | the event type name, the consumer's dispatch key |
 //! | [`EVENT_VERSION`] `event-version` | the schema version, only when the event has one |
-//! | [`CONTENT_TYPE`] `content-type` | `application/json` |
+//! | [`CONTENT_TYPE`] `content-type` | the message's content type (`application/json` unless the event says otherwise) |
 //! | `traceparent`, ... | every header stored with the row (W3C trace context, correlation ids) |
 //!
 //! A row header with one of the reserved names above is not copied (the publisher's

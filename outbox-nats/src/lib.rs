@@ -28,9 +28,9 @@
 //!   stream: JetStream would answer every publish with "no responders".
 //!
 //! # Message layout
-//! Subject = the outbox destination; payload = the JSON payload; headers: `Nats-Msg-Id`,
-//! `message-id`, `event-type`, `event-version` (if any), `content-type:
-//! application/json`, `partition-key` (if any), and every header stored with the row
+//! Subject = the outbox destination; payload = the bytes given to `emit`; headers:
+//! `Nats-Msg-Id`, `message-id`, `event-type`, `event-version` (if any), `content-type`
+//! (the message's), `partition-key` (if any), and every header stored with the row
 //! (`traceparent`, ...). Apart from `Nats-Msg-Id`, the names are the broker-neutral ones
 //! of `outbox_core::publisher::headers`, which `outbox-kafka` writes too, so consumers
 //! can share their decoding. With [`cloudevents`](NatsPublisherBuilder::cloudevents),
@@ -110,7 +110,8 @@ pub enum CloudEventsMode {
     #[default]
     BinaryDraft,
     /// Structured mode, the only mode of the released NATS binding (1.0.2): the payload
-    /// is a JSON event (the attributes, and the outbox payload as `data`), with
+    /// is a JSON event (the attributes, and the outbox payload as `data`, or as
+    /// `data_base64` when it is not JSON), with
     /// `content-type: application/cloudevents+json`; no `ce-*` headers. The outbox
     /// headers stay. Read by any JSON event format decoder.
     Structured,

@@ -51,8 +51,8 @@
 //!   flight.
 //!
 //! # Message layout
-//! Body = the JSON payload. Properties: `message_id` = the outbox id, `type` = the event
-//! type, `content_type = application/json`, `timestamp` = when the event was written,
+//! Body = the bytes given to `emit`. Properties: `message_id` = the outbox id, `type` = the
+//! event type, `content_type` = the message's, `timestamp` = when the event was written,
 //! `delivery_mode = 2`. Headers: `message-id`, `event-type`, `event-version` (if any),
 //! `content-type`, `partition-key` (if any), and every header stored with the row
 //! (`traceparent`, ...): the broker-neutral names of `outbox_core::publisher::headers`,

@@ -50,12 +50,19 @@ async fn emit<DB: Backend>(
 ) -> BTreeMap<Uuid, (&'static str, Vec<u8>)> {
     let mut sent = BTreeMap::new();
     let mut tx = outbox.begin().await.expect("begin");
-    for (content_type, payload) in payloads() {
-        let message = OutboxMessage::new("Bytes", destination, payload.clone())
-            .with_content_type(content_type)
-            .with_key("k");
-        sent.insert(message.id, (content_type, payload));
-        tx.emit_message(message).expect("emit");
+    // Each payload twice: by `flush` (bound parameters; WAL mode: a `bytea[]`), then
+    // with the commit (WAL mode: literals in the commit's round trip).
+    for flush in [true, false] {
+        for (content_type, payload) in payloads() {
+            let message = OutboxMessage::new("Bytes", destination, payload.clone())
+                .with_content_type(content_type)
+                .with_key("k");
+            sent.insert(message.id, (content_type, payload));
+            tx.emit_message(message).expect("emit");
+        }
+        if flush {
+            tx.flush().await.expect("flush");
+        }
     }
     tx.commit().await.expect("commit");
     sent
@@ -110,7 +117,7 @@ async fn through_every_broker<DB: Backend>(outbox: &Outbox<DB>, database: &str) 
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
     let read = tokio::task::spawn_blocking({
         let (brokers, topic) = (brokers.clone(), topic.clone());
-        move || kafka::read_topic(&brokers, &topic, 4, WAIT)
+        move || kafka::read_topic(&brokers, &topic, 8, WAIT)
     })
     .await
     .expect("read");
@@ -144,11 +151,11 @@ async fn through_every_broker<DB: Backend>(outbox: &Outbox<DB>, database: &str) 
             .cached_info()
             .state
             .messages;
-        info >= 4
+        info >= 8
     })
     .await;
     relay.shutdown().await;
-    let read: Received = nats::read_all(&js, &stream, 10)
+    let read: Received = nats::read_all(&js, &stream, 20)
         .await
         .into_iter()
         .map(|(h, bytes)| (id_of(&h), (h.get(headers::CONTENT_TYPE).cloned(), bytes)))
@@ -167,7 +174,7 @@ async fn through_every_broker<DB: Backend>(outbox: &Outbox<DB>, database: &str) 
         .await
         .expect("rabbitmq publisher");
     let relay = Relay::builder(outbox.clone(), publisher).spawn();
-    let messages = topology.read(4, WAIT).await;
+    let messages = topology.read(8, WAIT).await;
     relay.shutdown().await;
     for m in &messages {
         assert_eq!(

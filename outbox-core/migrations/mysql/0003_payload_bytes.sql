@@ -3,12 +3,11 @@
 -- binary formats (and MySQL's re-renders JSON).
 --
 -- Rows written before keep their `payload` and no `body`; they are published with the
--- bytes of their JSON text, as before. New rows leave `payload` NULL. Columns added at
--- the end are an instant change on InnoDB (MariaDB 10.3+, MySQL 8.0.12+); allowing NULL
--- in `payload` is instant on MariaDB 10.4+ and an in-place rebuild that lets writes go
--- on elsewhere. A later version drops `payload` once no row needs it.
+-- bytes of their JSON text, as before. New rows leave `payload` NULL. One statement, so
+-- a failure leaves the table as it was: allowing NULL in `payload` makes it an online
+-- rebuild on InnoDB (writes go on while it copies; measured in docs/databases.md). A
+-- later version drops `payload` once no row needs it.
 ALTER TABLE {outbox}
     ADD COLUMN body LONGBLOB NULL,
-    ADD COLUMN content_type VARCHAR(255) NOT NULL DEFAULT 'application/json';
-
-ALTER TABLE {outbox} MODIFY payload JSON NULL;
+    ADD COLUMN content_type VARCHAR(255) NOT NULL DEFAULT 'application/json',
+    MODIFY payload JSON NULL;

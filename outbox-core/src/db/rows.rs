@@ -311,8 +311,8 @@ fn json(text: &str) -> SqlResult<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
-/// `claim` (a `SELECT` of claimable rows with `payload` and `headers` as text, in `seq`
-/// order, with its `LIMIT`) cut where its rows' payloads and headers reach `budget` bytes
+/// `claim` (a `SELECT` of claimable rows with `payload` as bytes and `headers` as text, in
+/// `seq` order, with its `LIMIT`) cut where its rows' payloads and headers reach `budget` bytes
 /// (a placeholder): the rows before the one that crosses it, and that one, so a batch
 /// always has a row and the server sends no more than the budget (plus one row).
 /// `length` is the database's byte length of the text `%`.

@@ -59,8 +59,8 @@ use crate::settings::Settings;
 
 /// Publishes outbox messages to Kafka with an idempotent producer.
 ///
-/// destination → topic, partition key → message key, payload → value (the JSON text as
-/// stored), and the [headers](crate::headers). Every batch is sent pipelined: all
+/// destination → topic, partition key → message key, payload → value (the bytes given to
+/// `emit`, byte for byte), and the [headers](crate::headers). Every batch is sent pipelined: all
 /// messages are enqueued, then the delivery reports are awaited and each becomes that
 /// message's result.
 ///

@@ -91,27 +91,47 @@ pub(crate) enum DecodeError {
         "envelope version {0} (this relay reads versions 1 and {ENVELOPE_VERSION}): upgrade the relay"
     )]
     Version(u8),
+    /// A version 2 envelope whose routing object is not followed by the line feed that
+    /// starts its payload (cut short, or not written by outbox).
+    #[error("envelope version 2 without the line feed after its routing fields")]
+    NoPayload,
 }
 
 #[cfg(feature = "wal")]
 /// The record an envelope holds, at position `seq`.
 pub(crate) fn decode(content: &[u8], seq: i64) -> std::result::Result<OutboxRecord, DecodeError> {
-    // Version 1 is one JSON object whose payload may hold line feeds; `v` comes first.
-    let (e, payload) = if content.starts_with(br#"{"v":1,"#) {
-        let mut e: EnvelopeIn = serde_json::from_slice(content).map_err(DecodeError::Json)?;
-        let payload = e.payload.take().map(|p| Payload::from(p.get()));
-        (e, payload.unwrap_or_default())
-    } else {
-        let end = content
-            .iter()
-            .position(|&b| b == b'\n')
-            .unwrap_or(content.len());
-        let e: EnvelopeIn = serde_json::from_slice(&content[..end]).map_err(DecodeError::Json)?;
-        if e.v != ENVELOPE_VERSION {
-            return Err(DecodeError::Version(e.v));
+    // The first JSON value: the whole envelope in version 1 (its payload inside, written
+    // by any JSON writer, spaces and key order as it likes), the routing fields in
+    // version 2, then a line feed and the payload.
+    let mut values = serde_json::Deserializer::from_slice(content).into_iter::<EnvelopeIn>();
+    let mut e = match values.next() {
+        Some(Ok(e)) => e,
+        Some(Err(error)) => return Err(DecodeError::Json(error)),
+        None => {
+            return Err(DecodeError::Json(serde::de::Error::custom(
+                "an empty message",
+            )));
         }
-        let payload = content.get(end + 1..).unwrap_or_default();
-        (e, Payload::from(payload))
+    };
+    let end = values.byte_offset();
+    let payload = match e.v {
+        1 => {
+            if content[end..].iter().any(|b| !b.is_ascii_whitespace()) {
+                return Err(DecodeError::Json(serde::de::Error::custom(
+                    "bytes after a version 1 envelope",
+                )));
+            }
+            let payload = e
+                .payload
+                .take()
+                .ok_or_else(|| DecodeError::Json(serde::de::Error::missing_field("payload")))?;
+            Payload::from(payload.get())
+        }
+        ENVELOPE_VERSION => match content.get(end) {
+            Some(b'\n') => Payload::from(&content[end + 1..]),
+            _ => return Err(DecodeError::NoPayload),
+        },
+        v => return Err(DecodeError::Version(v)),
     };
     Ok(OutboxRecord {
         seq,
@@ -170,6 +190,27 @@ mod tests {
         let err = decode(&future, 1).expect_err("unknown version");
         assert!(matches!(err, DecodeError::Version(3)), "{err}");
         assert!(err.to_string().contains("upgrade the relay"), "{err}");
+    }
+
+    /// A version 1 envelope is told by its `v`, whoever wrote it (PostgreSQL's
+    /// `json_build_object` puts spaces around every colon); a version 2 envelope without
+    /// its line feed is refused, not published with an empty payload.
+    #[test]
+    fn versions_are_told_by_v_and_a_cut_envelope_is_refused() {
+        let spaced = r#"{"v" : 1, "id" : "0190d5a4-7a55-7c3a-9a4b-1f2e3d4c5b6a", "type" : "T", "destination" : "d", "created_at" : "2026-01-01T00:00:00Z", "payload" : {"n" : 1}}"#;
+        let r = decode(spaced.as_bytes(), 1).expect("a version 1 envelope with spaces");
+        assert_eq!(r.payload, r#"{"n" : 1}"#);
+        let m = OutboxMessage::new("T", "d", "{}");
+        let mut cut = envelope(&m, Utc::now()).expect("envelope");
+        cut.truncate(cut.len() - 3); // the line feed and the payload gone
+        assert!(matches!(decode(&cut, 1), Err(DecodeError::NoPayload)));
+        let no_payload = spaced.replace(r#", "payload" : {"n" : 1}"#, "");
+        assert!(matches!(
+            decode(no_payload.as_bytes(), 1),
+            Err(DecodeError::Json(_))
+        ));
+        assert!(decode(b"", 1).is_err());
+        assert!(decode(b"not json", 1).is_err());
     }
 
     /// What a relay of the previous version left in a slot still publishes the bytes it
