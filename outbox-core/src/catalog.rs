@@ -52,6 +52,9 @@ pub struct EventInfo {
     pub file: &'static str,
     /// The line of the type's name in [`file`](Self::file).
     pub line: u32,
+    /// What its payload is (`application/json`, `application/protobuf`, ...): the
+    /// codec the derive was given (`#[outbox(codec = ...)]`).
+    pub content_type: &'static str,
     #[cfg_attr(not(feature = "schema"), allow(dead_code))]
     schema: SchemaFn,
     #[cfg_attr(not(feature = "schema"), allow(dead_code))]
@@ -74,6 +77,7 @@ impl std::fmt::Debug for EventInfo {
             .field("key", &self.key)
             .field("file", &self.file)
             .field("line", &self.line)
+            .field("content_type", &self.content_type)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +96,7 @@ impl PartialEq for EventInfo {
             self.key,
             self.file,
             self.line,
+            self.content_type,
         ) == (
             other.event_type,
             other.destination,
@@ -102,6 +107,7 @@ impl PartialEq for EventInfo {
             other.key,
             other.file,
             other.line,
+            other.content_type,
         )
     }
 }
@@ -123,8 +129,10 @@ impl EventInfo {
         line: u32,
         schema: SchemaFn,
         generic: bool,
+        content_type: &'static str,
     ) -> Self {
         EventInfo {
+            content_type,
             event_type,
             destination,
             version,
@@ -432,6 +440,7 @@ mod tests {
             line,
             schema,
             false,
+            "application/json",
         )))
     }
 

@@ -44,6 +44,19 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// An event could not be encoded by its codec (Protobuf, raw bytes, one of your
+    /// own). The transaction is still usable.
+    #[error("could not encode event `{event_type}` as {content_type}")]
+    Encode {
+        /// The event type that failed.
+        event_type: String,
+        /// What the codec writes.
+        content_type: String,
+        /// The codec's error.
+        #[source]
+        source: crate::codec::CodecError,
+    },
+
     /// A message is larger than the outbox's
     /// [`max_message_bytes`](crate::OutboxBuilder::max_message_bytes): refused when it is
     /// emitted, not dead-lettered by the relay later. Nothing was written; the transaction

@@ -4,8 +4,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Serialize;
 use uuid::Uuid;
+
+use crate::codec::Encode;
 
 use crate::payload::{content_type_is_valid, default_content_type, is_json};
 use crate::{Error, Result};
@@ -158,7 +159,7 @@ pub const fn destination_is_valid(name: &str) -> bool {
 ///     fn partition_key(&self) -> Option<String> { Some(self.order_id.to_string()) }
 /// }
 /// ```
-pub trait OutboxEvent: Serialize {
+pub trait OutboxEvent: Encode {
     /// The event type name consumers dispatch on, e.g. `"OrderConfirmed"`.
     fn event_type(&self) -> &'static str;
 
@@ -177,7 +178,12 @@ pub trait OutboxEvent: Serialize {
     }
 }
 
-impl<T: OutboxEvent + ?Sized> OutboxEvent for &T {
+/// A reference to an event is the event (a `serde` type's reference is JSON too; the
+/// derive gives the other codecs' references their `Encode`).
+impl<'a, T: OutboxEvent + ?Sized> OutboxEvent for &'a T
+where
+    &'a T: Encode,
+{
     fn event_type(&self) -> &'static str {
         (**self).event_type()
     }
@@ -225,9 +231,19 @@ impl OutboxMessage {
     /// Serializes `event` into a new message with a fresh UUIDv7 id.
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
         let event_type = event.event_type();
-        let payload = serde_json::to_vec(event).map_err(|source| Error::Serialize {
-            event_type: event_type.to_owned(),
-            source,
+        let content_type = event.payload_content_type();
+        let payload = event.encode_payload().map_err(|source| {
+            match source.downcast::<serde_json::Error>() {
+                Ok(source) => Error::Serialize {
+                    event_type: event_type.to_owned(),
+                    source: *source,
+                },
+                Err(source) => Error::Encode {
+                    event_type: event_type.to_owned(),
+                    content_type: content_type.to_string(),
+                    source,
+                },
+            }
         })?;
         let msg = OutboxMessage {
             id: Uuid::now_v7(),
@@ -236,11 +252,13 @@ impl OutboxMessage {
             destination: event.destination().as_str().to_owned(),
             partition_key: event.partition_key(),
             payload: Payload::from(payload),
-            content_type: default_content_type(),
+            content_type,
             headers: BTreeMap::new(),
         };
-        // serde_json wrote the payload, so it is JSON: only the routing needs a look.
+        // The codec wrote the payload: only the routing and a content type of a codec of
+        // the application's own need a look.
         msg.validate_routing()?;
+        msg.validate_content_type()?;
         Ok(msg)
     }
 
@@ -313,25 +331,30 @@ impl OutboxMessage {
     /// travel as a header, and a JSON payload where the content type says JSON.
     pub(crate) fn validate(&self) -> Result<()> {
         self.validate_routing()?;
-        if !content_type_is_valid(&self.content_type) {
-            return Err(Error::InvalidMessage(
-                format!(
-                    "message {} (`{}`) has the content type {:?}, which is not a media type that \
-                     can travel as a header (printable ASCII `type/subtype`, parameters allowed, \
-                     at most 255 bytes); use one like \"application/protobuf\"",
-                    self.id, self.event_type, self.content_type
-                )
-                .into(),
-            ));
-        }
+        self.validate_content_type()?;
         if is_json(&self.content_type)
             && let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&self.payload)
         {
             return Err(Error::InvalidMessage(
                 format!(
                     "message {} (`{}`) has the content type {} but a payload that is not JSON \
-                         ({e}); send JSON, or say what the payload is with `with_content_type` \
-                         (e.g. \"application/octet-stream\")",
+                     ({e}); send JSON, or say what the payload is with `with_content_type` \
+                     (e.g. \"application/octet-stream\")",
+                    self.id, self.event_type, self.content_type
+                )
+                .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_content_type(&self) -> Result<()> {
+        if !content_type_is_valid(&self.content_type) {
+            return Err(Error::InvalidMessage(
+                format!(
+                    "message {} (`{}`) has the content type {:?}, which is not a media type that \
+                     can travel as a header (printable ASCII `type/subtype`, parameters allowed, \
+                     at most 255 bytes); use one like \"application/protobuf\"",
                     self.id, self.event_type, self.content_type
                 )
                 .into(),

@@ -123,6 +123,7 @@ mod macros;
 pub mod admin;
 pub mod backoff;
 pub mod catalog;
+pub mod codec;
 pub mod config;
 pub mod consumer;
 #[cfg(feature = "schema")]
@@ -256,6 +257,49 @@ pub mod __private {
     impl<T: ?Sized + ::serde::Serialize> SerializableEvent for T {}
     /// Compiles only for a `Serialize` type.
     pub const fn assert_serialize<T: ?Sized + SerializableEvent>() {}
+
+    pub use crate::codec::{CodecError, Decode, Encode, OCTET_STREAM, PROTOBUF, bytes};
+    pub use crate::payload::JSON;
+    pub use ::std::borrow::Cow;
+    pub use ::std::vec::Vec;
+
+    /// Asserted by `#[outbox(codec = protobuf)]` on the type.
+    #[cfg(feature = "protobuf")]
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be a Protobuf event: it does not implement `prost::Message`",
+        label = "`codec = protobuf` encodes the event with prost",
+        note = "add `#[derive(prost::Message)]` (and `Default`) to `{Self}`, or generate it with prost-build"
+    )]
+    pub trait ProtobufEvent {}
+    #[cfg(feature = "protobuf")]
+    impl<T: ::prost::Message + Default> ProtobufEvent for T {}
+    /// Without the `protobuf` feature no type is a Protobuf event.
+    #[cfg(not(feature = "protobuf"))]
+    #[diagnostic::on_unimplemented(
+        message = "`codec = protobuf` needs the `protobuf` feature of outbox",
+        label = "Protobuf events are encoded by prost, behind a feature",
+        note = "enable it: `outbox = {{ version = \"...\", features = [\"protobuf\"] }}`"
+    )]
+    pub trait ProtobufEvent {}
+    /// Compiles only for a `prost::Message` (with the `protobuf` feature).
+    pub const fn assert_protobuf<T: ?Sized + ProtobufEvent>() {}
+    #[cfg(feature = "protobuf")]
+    pub use crate::codec::protobuf;
+    /// Without the feature, what the derive names exists, so that the one error is
+    /// `assert_protobuf`'s, saying to turn the feature on.
+    #[cfg(not(feature = "protobuf"))]
+    pub mod protobuf {
+        use super::{CodecError, Vec};
+        pub fn encode<M: ?Sized>(_: &M) -> Result<Vec<u8>, CodecError> {
+            unreachable!("asserted at compile time")
+        }
+        pub fn decode<M>(_: &[u8]) -> Result<M, CodecError> {
+            unreachable!("asserted at compile time")
+        }
+        pub fn reads(_: &str) -> bool {
+            false
+        }
+    }
 
     pub use crate::catalog::probe::{NoJsonSchema, Probe, ViaJsonSchema, none as no_schema};
     pub use crate::catalog::{EventInfo, SchemaGen};

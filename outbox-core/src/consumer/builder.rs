@@ -7,9 +7,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-
 use crate::backoff::Backoff;
+use crate::codec::Decode;
 use crate::event::OutboxEvent;
 use crate::inbox::Inbox;
 use crate::store::Backend;
@@ -97,7 +96,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     /// A type not in the event catalog is reported by [`build`](Self::build).
     pub fn on<E, F>(mut self, handler: F) -> Self
     where
-        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        E: OutboxEvent + Decode + Send + 'static,
         F: Handler<DB, E>,
     {
         let names = catalog_names::<E>();
@@ -150,7 +149,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     /// future, which is why [`on`](Self::on) takes those.
     pub fn on_async<E, F>(self, handler: F) -> Self
     where
-        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        E: OutboxEvent + Decode + Send + 'static,
         F: AsyncHandler<DB, E>,
     {
         self.on::<E, _>(boxed(handler))
@@ -160,17 +159,18 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
     /// [`on_async`](Self::on_async)).
     pub fn on_event_type_async<E, F>(self, event_type: impl Into<String>, handler: F) -> Self
     where
-        E: DeserializeOwned + Send + 'static,
+        E: Decode + Send + 'static,
         F: AsyncHandler<DB, E>,
     {
         self.on_event_type::<E, _>(event_type, boxed(handler))
     }
 
-    /// Handles messages whose event type is `event_type`, with a payload that
-    /// deserializes to `E` (no `OutboxEvent` derive needed).
+    /// Handles messages whose event type is `event_type`, with a payload that decodes
+    /// to `E` (JSON for a `serde` type, see [`codec`](crate::codec); no `OutboxEvent`
+    /// derive needed).
     pub fn on_event_type<E, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
     where
-        E: DeserializeOwned + Send + 'static,
+        E: Decode + Send + 'static,
         F: Handler<DB, E>,
     {
         let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {

@@ -4,8 +4,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use serde::de::DeserializeOwned;
 
+use crate::codec::{CodecError, Decode};
 use crate::store::Backend;
 use crate::tx::OutboxTx;
 
@@ -20,11 +20,11 @@ pub(super) type Run<DB> = Box<
 /// A handler of one event type, its type erased: it decodes a payload into the call of
 /// the handler (no `Any` to downcast).
 pub(super) trait Dispatch<DB: Backend>: Send + Sync {
-    fn decode(
-        self: Arc<Self>,
-        payload: &[u8],
-        meta: Received<()>,
-    ) -> Result<Run<DB>, serde_json::Error>;
+    /// Whether the handler's type reads a payload of `content_type`.
+    fn reads(&self, content_type: &str) -> bool;
+    /// What the handler's type reads (`JSON`, `Protobuf`, ...).
+    fn format(&self) -> &'static str;
+    fn decode(self: Arc<Self>, payload: &[u8], meta: Received<()>) -> Result<Run<DB>, CodecError>;
 }
 
 /// The handler `F` of events of type `T`.
@@ -35,16 +35,20 @@ pub(super) struct Typed<T, F> {
 
 impl<DB: Backend, T, F> Dispatch<DB> for Typed<T, F>
 where
-    T: DeserializeOwned + Send + 'static,
+    T: Decode + Send + 'static,
     F: Handler<DB, T>,
 {
-    fn decode(
-        self: Arc<Self>,
-        payload: &[u8],
-        meta: Received<()>,
-    ) -> Result<Run<DB>, serde_json::Error> {
+    fn reads(&self, content_type: &str) -> bool {
+        T::reads(content_type)
+    }
+
+    fn format(&self) -> &'static str {
+        T::FORMAT
+    }
+
+    fn decode(self: Arc<Self>, payload: &[u8], meta: Received<()>) -> Result<Run<DB>, CodecError> {
         let received = Received {
-            event: serde_json::from_slice::<T>(payload)?,
+            event: T::decode_payload(payload)?,
             id: meta.id,
             event_type: meta.event_type,
             version: meta.version,

@@ -205,15 +205,18 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
             .as_ref()
             .map_or(delivery.payload.as_slice(), |e| e.data.as_slice());
         // What the payload is: a structured event's `datacontenttype`, else the header;
-        // JSON when neither says (messages of producers that write no content type).
+        // the handler's own format when neither says (producers that write none, or an
+        // empty one).
         let content_type = match &structured {
             Some(event) => event.content_type.as_deref(),
             None => all.get(headers::CONTENT_TYPE).map(String::as_str),
-        };
-        if let Some(content_type) = content_type.filter(|ct| !crate::payload::is_json(ct)) {
+        }
+        .filter(|ct| !ct.trim().is_empty());
+        if let Some(content_type) = content_type.filter(|ct| !dispatch.reads(ct)) {
             let error = undecodable(format!(
                 "message {id}: the payload is `{content_type}`, and the handler of \
-                 `{event_type}` reads JSON"
+                 `{event_type}` reads {}",
+                dispatch.format()
             ));
             return self
                 .policy(delivery, self.undecodable, error, shutdown)

@@ -138,6 +138,8 @@ struct Event<'a> {
     version: Option<i64>,
     key: Option<&'a str>,
     payload: Option<&'a Value>,
+    /// The message's `contentType`, else the document's `defaultContentType`.
+    content_type: Option<&'a str>,
 }
 
 /// The events of a document, by destination and event type.
@@ -169,6 +171,10 @@ fn events(document: &Value) -> BTreeMap<(String, String), Event<'_>> {
                     version: message.get("x-outbox-version").and_then(Value::as_i64),
                     key: message.get("x-outbox-key").and_then(Value::as_str),
                     payload: message.get("payload"),
+                    content_type: message
+                        .get("contentType")
+                        .or_else(|| document.get("defaultContentType"))
+                        .and_then(Value::as_str),
                 },
             );
         }
@@ -191,6 +197,17 @@ fn compare_event(
             what,
         })
     };
+    if before.content_type != after.content_type {
+        let show = |c: Option<&str>| c.map_or("none".to_owned(), |c| format!("`{c}`"));
+        push(
+            true,
+            format!(
+                "the content type changed from {} to {}: consumers decode by it, so every consumer must read the new format first (a new event type lets both live side by side)",
+                show(before.content_type),
+                show(after.content_type)
+            ),
+        );
+    }
     if before.key != after.key {
         let show = |k: Option<&str>| k.map_or("no key".to_owned(), |k| format!("`{k}`"));
         push(
@@ -770,6 +787,33 @@ mod tests {
         ]}));
         let same = check(&document, &document);
         assert!(same.changes().is_empty(), "{same}");
+    }
+
+    /// Consumers decode by the content type: a new one (JSON to Protobuf) breaks them,
+    /// whatever the version; the default content type stands for a message without one.
+    #[test]
+    fn a_changed_content_type_breaks() {
+        let mut protobuf = base();
+        protobuf["components"]["messages"]["OrderConfirmed.1"]["contentType"] =
+            json!("application/protobuf");
+        let mut json_default = base();
+        json_default["defaultContentType"] = json!("application/json");
+        let r = check(&json_default, &protobuf);
+        assert!(r.is_breaking(), "{r}");
+        assert!(
+            r.to_string().contains(
+                "the content type changed from `application/json` to `application/protobuf`"
+            ),
+            "{r}"
+        );
+        let mut explicit = base();
+        explicit["components"]["messages"]["OrderConfirmed.1"]["contentType"] =
+            json!("application/json");
+        let same = check(&json_default, &explicit);
+        assert!(
+            same.changes().is_empty(),
+            "the default is the same content type: {same}"
+        );
     }
 
     #[test]

@@ -546,7 +546,7 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
     let mut message = json!({
         "name": name,
         "title": e.event_type,
-        "contentType": headers::JSON,
+        "contentType": e.content_type,
         "headers": message_headers(e, info),
     });
     match e.schema_in(generator) {
@@ -604,7 +604,7 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
     }
     properties.insert(
         headers::CONTENT_TYPE.into(),
-        json!({ "type": "string", "const": headers::JSON }),
+        json!({ "type": "string", "const": e.content_type }),
     );
     if e.key.is_some() {
         properties.insert(
@@ -641,7 +641,7 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
                 if layouts.len() == 1 {
                     json!({ "type": "string", "const": structured_type })
                 } else {
-                    json!({ "type": "string", "enum": [headers::JSON, structured_type] })
+                    json!({ "type": "string", "enum": [e.content_type, structured_type] })
                 },
             );
         }
@@ -668,7 +668,7 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
                 ("time", json!({ "type": "string", "format": "date-time" })),
                 (
                     "datacontenttype",
-                    json!({ "type": "string", "const": headers::JSON }),
+                    json!({ "type": "string", "const": e.content_type }),
                 ),
             ] {
                 properties.insert(format!("{prefix}{attribute}"), schema);
@@ -685,7 +685,7 @@ fn message_headers(e: &EventInfo, info: &Info) -> Value {
                 });
                 if any_structured {
                     branch["properties"] =
-                        json!({ headers::CONTENT_TYPE: { "const": headers::JSON } });
+                        json!({ headers::CONTENT_TYPE: { "const": e.content_type } });
                 }
                 branches.push(branch);
             }

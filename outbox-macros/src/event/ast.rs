@@ -7,7 +7,7 @@ use syn::{Attribute, Expr, Fields, Generics, Ident, LitInt, LitStr, Member, Path
 use super::serde_names;
 use crate::attr::{Attr, Errors, parse_crate_path};
 
-pub(crate) const VALID_KEYS: &str = "`destination = ...`, `key = field`, `event_type = \"...\"`, `version = N` or `crate = \"...\"`";
+pub(crate) const VALID_KEYS: &str = "`destination = ...`, `key = field`, `event_type = \"...\"`, `version = N`, `codec = json|protobuf|bytes`, `content_type = \"...\"` or `crate = \"...\"`";
 
 pub(crate) struct Input<'a> {
     pub ident: &'a Ident,
@@ -50,8 +50,21 @@ pub(crate) enum Destination {
     Invalid,
 }
 
+/// How the event's payload is encoded (`codec = ...`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Codec {
+    /// serde_json, the default.
+    Json,
+    /// prost.
+    Protobuf,
+    /// The type's bytes (`AsRef<[u8]>`).
+    Bytes,
+}
+
 #[derive(Default)]
 pub(crate) struct Attrs {
+    pub codec: Option<Keyed<Codec>>,
+    pub content_type: Option<Keyed<LitStr>>,
     pub destination: Option<Keyed<Destination>>,
     pub key: Option<Keyed<Member>>,
     pub event_type: Option<Keyed<LitStr>>,
@@ -118,6 +131,8 @@ impl Attrs {
         let mut event_type = Attr::none("event_type");
         let mut version = Attr::none("version");
         let mut krate = Attr::none("crate");
+        let mut codec = Attr::none("codec");
+        let mut content_type = Attr::none("content_type");
         for attr in attrs.iter().filter(|a| a.path().is_ident("outbox")) {
             let result = attr.parse_nested_meta(|meta| {
                 let path = meta.path.clone();
@@ -163,6 +178,25 @@ impl Attrs {
                     let lit: LitInt = value.parse().map_err(|e| bad(e.span()))?;
                     let n = lit.base10_parse::<i32>().map_err(|_| bad(lit.span()))?;
                     version.set(errors, &path, keyed(&path, (lit, n)));
+                } else if meta.path.is_ident("codec") {
+                    let value: syn::Ident = meta.value()?.parse().map_err(|e| {
+                        syn::Error::new(e.span(), "`codec` is `json`, `protobuf` or `bytes`: `codec = protobuf`")
+                    })?;
+                    let c = match value.to_string().as_str() {
+                        "json" => Codec::Json,
+                        "protobuf" => Codec::Protobuf,
+                        "bytes" => Codec::Bytes,
+                        other => {
+                            return Err(syn::Error::new(
+                                value.span(),
+                                format_args!("unknown codec `{other}`; `codec` is `json` (the default), `protobuf` (a prost::Message) or `bytes` (the type's bytes)"),
+                            ));
+                        }
+                    };
+                    codec.set(errors, &path, keyed(&path, c));
+                } else if meta.path.is_ident("content_type") {
+                    let lit = parse_lit_str(meta.value()?, "content_type", "`content_type = \"image/png\"`")?;
+                    content_type.set(errors, &path, keyed(&path, lit));
                 } else if meta.path.is_ident("crate") {
                     let lit = parse_lit_str(meta.value()?, "crate", "`crate = \"outbox\"`")?;
                     match parse_crate_path(&lit) {
@@ -188,6 +222,8 @@ impl Attrs {
             event_type: event_type.get(),
             version: version.get(),
             krate: krate.get(),
+            codec: codec.get(),
+            content_type: content_type.get(),
         }
     }
 }

@@ -6,7 +6,7 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Fields, Member, Type};
 
-use super::ast::{Attrs, Data, Destination, Input, Variant};
+use super::ast::{Attrs, Codec, Data, Destination, Input, Variant};
 use super::serde_names;
 use crate::attr::private_path;
 
@@ -19,10 +19,15 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
         predicates: Default::default(),
     });
     let generic = input.generics.type_params().next().is_some();
+    let codec = input.attrs.codec.as_ref().map_or(Codec::Json, |c| c.value);
+    let content_type = content_type(&p, &input.attrs, codec);
     // A type that is not `Serialize` is reported once, on the type, by the assertion
     // below; the bound under a binder keeps the impl itself from failing a second time
     // (with rustc's misleading "sealed trait" note) — uses of the type still need it.
-    let serialize = if !input.generics.params.is_empty() {
+    // Another codec: its own impls and assertion (non-generic types only: `valid`).
+    let serialize = if codec != Codec::Json {
+        codec_impls(&p, ident, codec, &content_type)
+    } else if !input.generics.params.is_empty() {
         where_clause
             .predicates
             .push(syn::parse_quote!(Self: #p::serde::Serialize));
@@ -42,6 +47,12 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
         None => quote!(#p::Option::None),
     };
 
+    let shared = Shared {
+        p: &p,
+        input,
+        destination: &destination,
+        content_type: &content_type,
+    };
     let (event_type_body, key_body, version_body, registrations) = match &input.data {
         Data::Struct(fields) => {
             let name = event_type_name(&input.attrs, ident);
@@ -60,7 +71,7 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
             let key_field = input.attrs.key.as_ref().map(|k| {
                 serde_names::field_name(fields, &k.value, input.serde_rename_all.as_deref())
             });
-            let reg = register(&p, &name, &destination, &v, input, None, key_field);
+            let reg = register(&shared, &name, &v, None, key_field);
             (quote!(#name), key, v, reg)
         }
         Data::Enum(variants) => {
@@ -88,15 +99,7 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
                     .as_ref()
                     .or(input.attrs.key.as_ref())
                     .map(|k| serde_names::field_name(v.fields, &k.value, rule));
-                regs.extend(register(
-                    &p,
-                    &name,
-                    &destination,
-                    &ver,
-                    input,
-                    Some(vi),
-                    key_field,
-                ));
+                regs.extend(register(&shared, &name, &ver, Some(vi), key_field));
             }
             if variants.is_empty() {
                 // An enum without variants has no values: `*self` is matched by nothing.
@@ -132,6 +135,84 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
             }
         }
         #registrations
+    }
+}
+
+/// The content type the codec writes, as an expression of type `&'static str`.
+fn content_type(p: &TokenStream, attrs: &Attrs, codec: Codec) -> TokenStream {
+    match (codec, &attrs.content_type) {
+        (Codec::Bytes, Some(lit)) => {
+            let lit = &lit.value;
+            quote!(#lit)
+        }
+        (Codec::Bytes, None) => quote!(#p::OCTET_STREAM),
+        (Codec::Protobuf, _) => quote!(#p::PROTOBUF),
+        (Codec::Json, _) => quote!(#p::JSON),
+    }
+}
+
+/// `Encode` (for the type and for a reference to it) and `Decode` through the codec,
+/// with the assertion that reports a type the codec cannot take, on the type.
+fn codec_impls(
+    p: &TokenStream,
+    ident: &syn::Ident,
+    codec: Codec,
+    content_type: &TokenStream,
+) -> TokenStream {
+    let (assert, encode, decode, reads, format) = match codec {
+        Codec::Protobuf => (
+            quote_spanned!(ident.span()=> const _: () = #p::assert_protobuf::<#ident>();),
+            quote!(#p::protobuf::encode(self)),
+            quote!(#p::protobuf::decode(payload)),
+            quote!(#p::protobuf::reads(content_type)),
+            "Protobuf",
+        ),
+        Codec::Bytes => (
+            quote!(),
+            quote!(#p::bytes::encode(self)),
+            quote!(#p::bytes::decode(payload)),
+            quote!(content_type.split(';').next().unwrap_or_default().trim()
+                .eq_ignore_ascii_case(#content_type.split(';').next().unwrap_or_default().trim())),
+            "bytes",
+        ),
+        Codec::Json => unreachable!("JSON is serde's"),
+    };
+    // `Decode` for a bytes type needs `From<Vec<u8>>`, which a type only emitted need not
+    // have: the bound under a binder is checked where a handler takes the type.
+    let decode_bound = match codec {
+        Codec::Bytes => quote!(where for<'__outbox> #ident: ::core::convert::From<#p::Vec<u8>>),
+        _ => quote!(),
+    };
+    quote! {
+        #assert
+        #[automatically_derived]
+        impl #p::Encode for #ident {
+            fn payload_content_type(&self) -> #p::Cow<'static, str> {
+                #p::Cow::Borrowed(#content_type)
+            }
+            fn encode_payload(&self) -> #p::Result<#p::Vec<u8>, #p::CodecError> {
+                #encode
+            }
+        }
+        #[automatically_derived]
+        impl<'__outbox> #p::Encode for &'__outbox #ident {
+            fn payload_content_type(&self) -> #p::Cow<'static, str> {
+                #p::Encode::payload_content_type(*self)
+            }
+            fn encode_payload(&self) -> #p::Result<#p::Vec<u8>, #p::CodecError> {
+                #p::Encode::encode_payload(*self)
+            }
+        }
+        #[automatically_derived]
+        impl #p::Decode for #ident #decode_bound {
+            const FORMAT: &'static str = #format;
+            fn reads(content_type: &str) -> bool {
+                #reads
+            }
+            fn decode_payload(payload: &[u8]) -> #p::Result<Self, #p::CodecError> {
+                #decode
+            }
+        }
     }
 }
 
@@ -204,15 +285,27 @@ fn variant_key(
     }
 }
 
+/// What every catalog entry of one derived type shares.
+struct Shared<'a> {
+    p: &'a TokenStream,
+    input: &'a Input<'a>,
+    destination: &'a TokenStream,
+    content_type: &'a TokenStream,
+}
+
 fn register(
-    p: &TokenStream,
+    shared: &Shared<'_>,
     event_type: &str,
-    destination: &TokenStream,
     version: &TokenStream,
-    input: &Input<'_>,
     variant: Option<&syn::Ident>,
     key: Option<String>,
 ) -> TokenStream {
+    let Shared {
+        p,
+        input,
+        destination,
+        content_type,
+    } = *shared;
     let ident = input.ident;
     let type_name = ident.unraw().to_string();
     let variant = match variant {
@@ -254,6 +347,7 @@ fn register(
                 #location,
                 #schema,
                 #generic,
+                #content_type,
             )
         }
     }

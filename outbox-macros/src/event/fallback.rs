@@ -24,6 +24,13 @@ pub(crate) fn stub(input: &Input<'_>) -> TokenStream {
             .predicates
             .push(syn::parse_quote!(Self: #p::serde::Serialize));
     }
+    // The type may be neither `Serialize` nor given its codec's `Encode` (the derive
+    // failed): the bound under a binder is assumed here, so no second error.
+    if input.generics.type_params().next().is_none() {
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__outbox> Self: #p::Encode));
+    }
     quote! {
         #[automatically_derived]
         impl #impl_generics #p::OutboxEvent for #ident #ty_generics #where_clause {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use quote::ToTokens;
 use syn::{Fields, Member};
 
-use super::ast::{Data, Destination, Input, Keyed};
+use super::ast::{Codec, Data, Destination, Input, Keyed};
 use crate::attr::Errors;
 
 pub(crate) fn check(input: &Input<'_>, errors: &mut Errors) {
@@ -25,6 +25,7 @@ pub(crate) fn check(input: &Input<'_>, errors: &mut Errors) {
     if let Some(et) = &attrs.event_type {
         check_event_type(&et.value, errors);
     }
+    check_codec(input, errors);
 
     match &input.data {
         Data::Union(token) => errors.spanned(
@@ -56,6 +57,11 @@ pub(crate) fn check(input: &Input<'_>, errors: &mut Errors) {
                 for (name, key) in [
                     ("destination", v.attrs.destination.as_ref().map(|k| &k.key)),
                     ("crate", v.attrs.krate.as_ref().map(|k| &k.key)),
+                    ("codec", v.attrs.codec.as_ref().map(|k| &k.key)),
+                    (
+                        "content_type",
+                        v.attrs.content_type.as_ref().map(|k| &k.key),
+                    ),
                 ] {
                     if let Some(key) = key {
                         errors.spanned(
@@ -107,6 +113,54 @@ pub(crate) fn check(input: &Input<'_>, errors: &mut Errors) {
                     seen.insert(event_type, v.ident);
                 }
             }
+        }
+    }
+}
+
+/// `codec` and `content_type`: another codec than JSON on a plain struct (a Protobuf event
+/// is one message; generic types have no one codec), `content_type` only with
+/// `codec = bytes` and a media type that can travel as a header.
+fn check_codec(input: &Input<'_>, errors: &mut Errors) {
+    let attrs = &input.attrs;
+    let codec = attrs.codec.as_ref().map_or(Codec::Json, |c| c.value);
+    if let Some(c) = attrs.codec.as_ref().filter(|c| c.value != Codec::Json) {
+        if matches!(input.data, Data::Enum(_)) {
+            errors.spanned(
+                &c.key,
+                "`codec` other than `json` on an enum: a Protobuf or bytes event is one type; derive it on a struct (one per event type)",
+            );
+        }
+        if !input.generics.params.is_empty() {
+            errors.spanned(
+                &c.key,
+                "`codec` other than `json` on a generic type: name a concrete type",
+            );
+        }
+    }
+    if let Some(ct) = &attrs.content_type {
+        if codec != Codec::Bytes {
+            errors.spanned(
+                &ct.key,
+                "`content_type` names what `codec = bytes` sends; JSON and Protobuf have their own (`application/json`, `application/protobuf`)",
+            );
+        }
+        let value = ct.value.value();
+        let essence = value.split(';').next().unwrap_or_default().trim();
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+        };
+        let valid = value.len() <= 255
+            && value.bytes().all(|b| (0x20..0x7f).contains(&b))
+            && essence
+                .split_once('/')
+                .is_some_and(|(kind, sub)| token(kind) && token(sub));
+        if !valid {
+            errors.spanned(
+                &ct.value,
+                "`content_type` is a media type that can travel as a header: printable ASCII `type/subtype`, parameters allowed, at most 255 bytes (`content_type = \"image/png\"`)",
+            );
         }
     }
 }

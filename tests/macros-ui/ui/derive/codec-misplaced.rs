@@ -1,0 +1,27 @@
+// Another codec than JSON goes on a struct; `content_type` only with `codec = bytes`;
+// an unknown codec is named.
+use outbox_core::OutboxEvent;
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(destination = "orders.events", codec = bytes)]
+enum Orders {
+    Placed { order_id: u64 },
+}
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(destination = "orders.events", content_type = "text/csv")]
+struct Report {
+    rows: u64,
+}
+
+#[derive(OutboxEvent)]
+#[outbox(destination = "orders.events", codec = bytes, content_type = "not a type")]
+struct Thumbnail(Vec<u8>);
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(destination = "orders.events", codec = avro)]
+struct Later {
+    n: u64,
+}
+
+fn main() {}
