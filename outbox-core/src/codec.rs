@@ -9,7 +9,14 @@
 //! - **Raw bytes**: `#[outbox(codec = bytes)]` (optionally
 //!   `content_type = "image/png"`, default `application/octet-stream`) on a type that is
 //!   `AsRef<[u8]>` (its payload) and `From<Vec<u8>>` (what a handler receives).
-//! - Your own: implement [`Encode`] and [`Decode`] for a type that is not `Serialize`.
+//! - Your own: implement [`Encode`] and [`Decode`] (and `OutboxEvent`, by hand: the derive
+//!   takes the codecs above) for a type that is not `Serialize`.
+//!
+//! Every `Serialize` type is JSON by a blanket impl, so a type cannot be both `Serialize`
+//! and another codec's (docs/macros.md says what to do with a Protobuf message that
+//! derives serde). A reference to an event is an event when it is `Encode` too: the
+//! blanket impl covers a `Serialize` type's references, the derive its codecs'; generic
+//! code that emits `&E` bounds `for<'a> &'a E: Encode`.
 //!
 //! A consumer's handler decodes only the content types its type reads
 //! ([`Decode::reads`]); any other follows the consumer's undecodable policy.

@@ -250,8 +250,8 @@ pub mod __private {
     /// `Serialize` is reported there, saying what to add.
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot be an outbox event: it does not implement `serde::Serialize`",
-        label = "the payload of an outbox event is serialized to JSON",
-        note = "add `#[derive(serde::Serialize)]` to `{Self}`"
+        label = "the payload of an outbox event is serialized to JSON unless the derive names another codec",
+        note = "add `#[derive(serde::Serialize)]` to `{Self}`, or `#[outbox(codec = protobuf)]` (a prost::Message) or `codec = bytes`"
     )]
     pub trait SerializableEvent {}
     impl<T: ?Sized + ::serde::Serialize> SerializableEvent for T {}
@@ -270,9 +270,19 @@ pub mod __private {
         label = "`codec = protobuf` encodes the event with prost",
         note = "add `#[derive(prost::Message)]` (and `Default`) to `{Self}`, or generate it with prost-build"
     )]
-    pub trait ProtobufEvent {}
+    pub trait ProtobufEvent: Sized {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError>;
+        fn __decode(payload: &[u8]) -> Result<Self, CodecError>;
+    }
     #[cfg(feature = "protobuf")]
-    impl<T: ::prost::Message + Default> ProtobufEvent for T {}
+    impl<T: ::prost::Message + Default> ProtobufEvent for T {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError> {
+            crate::codec::protobuf::encode(self)
+        }
+        fn __decode(payload: &[u8]) -> Result<Self, CodecError> {
+            crate::codec::protobuf::decode(payload)
+        }
+    }
     /// Without the `protobuf` feature no type is a Protobuf event.
     #[cfg(not(feature = "protobuf"))]
     #[diagnostic::on_unimplemented(
@@ -280,22 +290,18 @@ pub mod __private {
         label = "Protobuf events are encoded by prost, behind a feature",
         note = "enable it: `outbox = {{ version = \"...\", features = [\"protobuf\"] }}`"
     )]
-    pub trait ProtobufEvent {}
+    pub trait ProtobufEvent: Sized {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError>;
+        fn __decode(payload: &[u8]) -> Result<Self, CodecError>;
+    }
     /// Compiles only for a `prost::Message` (with the `protobuf` feature).
-    pub const fn assert_protobuf<T: ?Sized + ProtobufEvent>() {}
+    pub const fn assert_protobuf<T: ProtobufEvent>() {}
     #[cfg(feature = "protobuf")]
     pub use crate::codec::protobuf;
     /// Without the feature, what the derive names exists, so that the one error is
     /// `assert_protobuf`'s, saying to turn the feature on.
     #[cfg(not(feature = "protobuf"))]
     pub mod protobuf {
-        use super::{CodecError, Vec};
-        pub fn encode<M: ?Sized>(_: &M) -> Result<Vec<u8>, CodecError> {
-            unreachable!("asserted at compile time")
-        }
-        pub fn decode<M>(_: &[u8]) -> Result<M, CodecError> {
-            unreachable!("asserted at compile time")
-        }
         pub fn reads(_: &str) -> bool {
             false
         }

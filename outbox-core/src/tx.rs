@@ -132,8 +132,9 @@ impl<'c, DB: Backend> OutboxTx<'c, DB> {
 
     /// Collects `event`, to be written at commit. Returns its message id.
     ///
-    /// Fails (without touching the transaction) if the event cannot be serialized or has
-    /// an empty type or destination; you can still roll back, or commit without it.
+    /// Fails (without touching the transaction) if the event cannot be encoded by its
+    /// codec or has an empty type or destination; you can still roll back, or commit
+    /// without it.
     ///
     /// With the `opentelemetry` feature, the current `tracing` span's OpenTelemetry
     /// context is recorded as `traceparent` (and `tracestate`) headers, unless the

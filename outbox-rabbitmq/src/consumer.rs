@@ -516,8 +516,9 @@ fn value_text(value: &AMQPValue) -> Option<String> {
     })
 }
 
-/// The headers as text; the `message_id` and `type` properties stand in for absent
-/// `message-id` and `event-type` headers (a producer other than ours).
+/// The headers as text; the `message_id`, `type` and `content_type` properties stand in
+/// for absent `message-id`, `event-type` and `content-type` headers (a producer other
+/// than ours).
 pub(crate) fn text_headers(properties: &BasicProperties) -> BTreeMap<String, String> {
     let mut all = BTreeMap::new();
     if let Some(table) = properties.headers() {
@@ -534,6 +535,10 @@ pub(crate) fn text_headers(properties: &BasicProperties) -> BTreeMap<String, Str
     if let Some(kind) = properties.kind() {
         all.entry(headers::EVENT_TYPE.to_owned())
             .or_insert_with(|| kind.to_string());
+    }
+    if let Some(content_type) = properties.content_type() {
+        all.entry(headers::CONTENT_TYPE.to_owned())
+            .or_insert_with(|| content_type.to_string());
     }
     all
 }

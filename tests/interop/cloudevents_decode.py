@@ -22,7 +22,8 @@ Decoders (cloudevents 2.x, `cloudevents.core.bindings`):
 import asyncio
 import json
 import sys
-import time
+
+import brokers as brokers_
 
 from cloudevents.core.bindings import amqp, http, kafka, rabbitmq
 from cloudevents.core.formats.json import JSONFormat
@@ -51,58 +52,22 @@ def emit(decode, headers):
 
 
 def read_kafka(brokers, topic, count):
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=brokers.split(","),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    partition = TopicPartition(topic, 0)
-    consumer.assign([partition])
-    consumer.seek_to_beginning(partition)
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < count and time.monotonic() < deadline:
-        for records in consumer.poll(timeout_ms=1000).values():
-            for record in records:
-                headers = {name: value for name, value in record.headers}
-                message = kafka.KafkaMessage(headers=headers, key=record.key, value=record.value)
-                emit(lambda: kafka.from_binary(message, JSONFormat(), CloudEvent), headers)
-                seen += 1
-    consumer.close()
+    for headers, record in brokers_.kafka_records(brokers, topic, count):
+        message = kafka.KafkaMessage(headers=headers, key=record.key, value=record.value)
+        emit(lambda: kafka.from_binary(message, JSONFormat(), CloudEvent), headers)
 
 
 async def read_nats(url, stream, count, structured):
-    import nats
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    for seq in range(1, count + 1):
-        raw = await js.get_msg(stream, seq)
-        headers = dict(raw.headers or {})
+    for headers, raw in await brokers_.nats_messages(url, stream, count):
         if structured:
             emit(lambda: JSONFormat().read(CloudEvent, raw.data), headers)
         else:
             message = http.HTTPMessage(headers=headers, body=raw.data)
             emit(lambda: http.from_binary(message, JSONFormat(), CloudEvent), headers)
-    await nc.close()
 
 
 def read_rabbitmq(binding, url, queue, count):
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < count and time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            time.sleep(0.2)
-            continue
-        headers = dict(properties.headers or {})
+    for headers, properties, body in brokers_.rabbitmq_messages(url, queue, count):
         if binding == "rabbitmq-amqp":
             message = amqp.AMQPMessage(
                 properties={"content-type": properties.content_type},
@@ -118,8 +83,6 @@ def read_rabbitmq(binding, url, queue, count):
             )
             decode = lambda: rabbitmq.from_binary(message, JSONFormat(), CloudEvent)
         emit(decode, headers)
-        seen += 1
-    connection.close()
 
 
 def main():

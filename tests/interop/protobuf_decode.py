@@ -15,7 +15,8 @@ SCHEMA is JSON: {"package": "acme", "message": "OrderPlaced",
 import asyncio
 import json
 import sys
-import time
+
+import brokers as brokers_
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.json_format import MessageToDict
@@ -69,55 +70,19 @@ def emit(cls, headers, body):
 
 
 def read_kafka(cls, brokers, topic, count):
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=brokers.split(","),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    partition = TopicPartition(topic, 0)
-    consumer.assign([partition])
-    consumer.seek_to_beginning(partition)
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < count and time.monotonic() < deadline:
-        for records in consumer.poll(timeout_ms=1000).values():
-            for record in records:
-                emit(cls, {name: value for name, value in record.headers}, record.value)
-                seen += 1
-    consumer.close()
+    for headers, record in brokers_.kafka_records(brokers, topic, count):
+        emit(cls, headers, record.value)
 
 
 async def read_nats(cls, url, stream, count):
-    import nats
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    for seq in range(1, count + 1):
-        raw = await js.get_msg(stream, seq)
-        emit(cls, dict(raw.headers or {}), raw.data)
-    await nc.close()
+    for headers, raw in await brokers_.nats_messages(url, stream, count):
+        emit(cls, headers, raw.data)
 
 
 def read_rabbitmq(cls, url, queue, count):
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < count and time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            time.sleep(0.2)
-            continue
-        headers = dict(properties.headers or {})
+    for headers, properties, body in brokers_.rabbitmq_messages(url, queue, count):
         headers["content_type (property)"] = properties.content_type
         emit(cls, headers, body)
-        seen += 1
-    connection.close()
 
 
 def main():

@@ -181,6 +181,12 @@ async fn python_decodes_what_the_broker_received<B: Broker>(mode: &str, address:
         );
         assert_eq!(line["message"]["customer"], expected.customer, "{line:#}");
         assert_eq!(line["reencoded_equal"], true, "{line:#}");
+        if mode == "rabbitmq" {
+            assert_eq!(
+                line["headers"]["content_type (property)"], "application/protobuf",
+                "{line:#}"
+            );
+        }
     }
     B::remove(place).await;
 }
@@ -200,8 +206,9 @@ async fn python_decodes_protobuf_from_rabbitmq() {
     python_decodes_what_the_broker_received::<Rabbit>("rabbitmq", rabbitmq::rabbitmq_url()).await;
 }
 
-/// A handler of the Protobuf type gets the event; a JSON message of the same event type
-/// is undecodable for it (its content type), and goes to the dead letters by that policy.
+/// A handler of the Protobuf type gets the event, and one of the bytes type its bytes; a
+/// JSON message of the Protobuf event type is undecodable for its handler (its content
+/// type), and goes to the dead letters by that policy.
 async fn a_protobuf_handler_decodes_by_content_type<B: Broker>() {
     let db = TestDb::new().await;
     let outbox = db.outbox().await;
@@ -220,7 +227,10 @@ async fn a_protobuf_handler_decodes_by_content_type<B: Broker>() {
         .with_key("2"),
     )
     .with_seq(2);
-    B::publish(&place, &[proto.clone(), json.clone()]).await;
+    let mut thumbnail = OutboxMessage::from_event(&Thumbnail(vec![0x89, 0, 0xff])).expect("encode");
+    thumbnail.destination = place.destination.clone();
+    let thumbnail = OutboxRecord::from(thumbnail).with_seq(3);
+    B::publish(&place, &[proto.clone(), json.clone(), thumbnail]).await;
     let group = outbox_tests::kafka::unique("codec-group").replace('.', "-");
     let consumer = Consumer::builder(B::transport(&place, &group).await, Inbox::new(&outbox, "p"))
         .on::<OrderPlaced, _>(|tx, msg| {
@@ -233,23 +243,37 @@ async fn a_protobuf_handler_decodes_by_content_type<B: Broker>() {
                 Ok(())
             })
         })
+        .on::<Thumbnail, _>(|tx, msg| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO got (order_id, customer) VALUES ($1, $2)")
+                    .bind(-(msg.event.0.len() as i64))
+                    .bind(format!("{:?}", msg.event.0))
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        })
         .on_undecodable(Policy::DeadLetter)
         .build()
         .expect("consumer")
         .spawn();
-    wait_until("both consumed", WAIT, || async {
+    wait_until("all three consumed", WAIT, || async {
         let s = consumer.stats();
-        s.handled + s.dead_lettered >= 2
+        s.handled + s.dead_lettered >= 3
     })
     .await;
     let stats = consumer.stats();
     consumer.shutdown().await.expect("consumer");
-    assert_eq!((stats.handled, stats.dead_lettered), (1, 1), "{stats:?}");
-    let got: Vec<(i64, String)> = sqlx::query_as("SELECT order_id, customer FROM got")
-        .fetch_all(&db.pool)
-        .await
-        .expect("got");
-    assert_eq!(got, [(1, order(1).customer)]);
+    assert_eq!((stats.handled, stats.dead_lettered), (2, 1), "{stats:?}");
+    let got: Vec<(i64, String)> =
+        sqlx::query_as("SELECT order_id, customer FROM got ORDER BY order_id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("got");
+    assert_eq!(
+        got,
+        [(-3, "[137, 0, 255]".to_owned()), (1, order(1).customer)]
+    );
     let dead = B::dead_letters(&place, 1, WAIT).await;
     assert_eq!(
         dead[0].get("message-id"),

@@ -207,9 +207,17 @@ impl<T: Transport, DB: Backend> Shared<T, DB> {
         // What the payload is: a structured event's `datacontenttype`, else the header;
         // the handler's own format when neither says (producers that write none, or an
         // empty one).
+        // (A structured event's `data` without `datacontenttype` is JSON, as the
+        // CloudEvents JSON format says; its `data_base64` has no format of its own.)
         let content_type = match &structured {
-            Some(event) => event.content_type.as_deref(),
-            None => all.get(headers::CONTENT_TYPE).map(String::as_str),
+            Some(event) => event
+                .content_type
+                .as_deref()
+                .or((!event.base64).then_some(headers::JSON)),
+            None => all
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(headers::CONTENT_TYPE))
+                .map(|(_, value)| value.as_str()),
         }
         .filter(|ct| !ct.trim().is_empty());
         if let Some(content_type) = content_type.filter(|ct| !dispatch.reads(ct)) {

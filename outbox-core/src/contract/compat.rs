@@ -197,7 +197,18 @@ fn compare_event(
             what,
         })
     };
-    if before.content_type != after.content_type {
+    let same_type = |a: Option<&str>, b: Option<&str>| {
+        let norm = |c: Option<&str>| {
+            c.map(|c| {
+                c.split(';')
+                    .map(|part| part.trim().to_ascii_lowercase())
+                    .filter(|part| !part.is_empty())
+                    .collect::<Vec<_>>()
+            })
+        };
+        norm(a) == norm(b)
+    };
+    if !same_type(before.content_type, after.content_type) {
         let show = |c: Option<&str>| c.map_or("none".to_owned(), |c| format!("`{c}`"));
         push(
             true,
@@ -814,6 +825,11 @@ mod tests {
             same.changes().is_empty(),
             "the default is the same content type: {same}"
         );
+        let mut spelled = base();
+        spelled["components"]["messages"]["OrderConfirmed.1"]["contentType"] =
+            json!("Application/JSON ");
+        let same = check(&json_default, &spelled);
+        assert!(same.changes().is_empty(), "case and spaces aside: {same}");
     }
 
     #[test]

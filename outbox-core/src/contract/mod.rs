@@ -550,6 +550,11 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
         "headers": message_headers(e, info),
     });
     match e.schema_in(generator) {
+        // A JSON Schema describes JSON only; another codec's payload (Protobuf, bytes) is
+        // opaque here: the document says its content type, not its fields.
+        _ if !crate::payload::is_json(e.content_type) => {
+            message["x-outbox-schema"] = json!("opaque");
+        }
         Some(schema) => message["payload"] = schema,
         None => message["x-outbox-schema"] = json!("missing"),
     }
@@ -926,7 +931,7 @@ fn missing_schemas(info: &Info) -> std::result::Result<(), String> {
     };
     let missing: Vec<&EventInfo> = selected(info)
         .into_iter()
-        .filter(|e| e.schema().is_none())
+        .filter(|e| crate::payload::is_json(e.content_type) && e.schema().is_none())
         .collect();
     let (generic, plain): (Vec<&EventInfo>, Vec<&EventInfo>) =
         missing.into_iter().partition(|e| e.is_generic());

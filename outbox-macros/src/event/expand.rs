@@ -26,6 +26,11 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
     // (with rustc's misleading "sealed trait" note) — uses of the type still need it.
     // Another codec: its own impls and assertion (non-generic types only: `valid`).
     let serialize = if codec != Codec::Json {
+        // `Encode` holds only where the codec's own bound does (under a binder): the
+        // impl below assumes it, so a type the codec cannot take is reported once.
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__outbox_codec> Self: #p::Encode));
         codec_impls(&p, ident, codec, &content_type)
     } else if !input.generics.params.is_empty() {
         where_clause
@@ -162,8 +167,8 @@ fn codec_impls(
     let (assert, encode, decode, reads, format) = match codec {
         Codec::Protobuf => (
             quote_spanned!(ident.span()=> const _: () = #p::assert_protobuf::<#ident>();),
-            quote!(#p::protobuf::encode(self)),
-            quote!(#p::protobuf::decode(payload)),
+            quote!(#p::ProtobufEvent::__encode(self)),
+            quote!(<#ident as #p::ProtobufEvent>::__decode(payload)),
             quote!(#p::protobuf::reads(content_type)),
             "Protobuf",
         ),
@@ -177,16 +182,24 @@ fn codec_impls(
         ),
         Codec::Json => unreachable!("JSON is serde's"),
     };
-    // `Decode` for a bytes type needs `From<Vec<u8>>`, which a type only emitted need not
-    // have: the bound under a binder is checked where a handler takes the type.
-    let decode_bound = match codec {
-        Codec::Bytes => quote!(where for<'__outbox> #ident: ::core::convert::From<#p::Vec<u8>>),
-        _ => quote!(),
+    // Bounds under a binder are checked where the impl is used, not here: a type that is
+    // no `prost::Message` is reported once, by the assertion on the type; `Decode` for a
+    // bytes type needs `From<Vec<u8>>`, which a type that is only emitted need not have.
+    let (encode_bound, decode_bound) = match codec {
+        Codec::Protobuf => (
+            quote!(where for<'__outbox_codec> #ident: #p::ProtobufEvent),
+            quote!(where for<'__outbox_codec> #ident: #p::ProtobufEvent),
+        ),
+        Codec::Bytes => (
+            quote!(),
+            quote!(where for<'__outbox> #ident: ::core::convert::From<#p::Vec<u8>>),
+        ),
+        Codec::Json => unreachable!("JSON is serde's"),
     };
     quote! {
         #assert
         #[automatically_derived]
-        impl #p::Encode for #ident {
+        impl #p::Encode for #ident #encode_bound {
             fn payload_content_type(&self) -> #p::Cow<'static, str> {
                 #p::Cow::Borrowed(#content_type)
             }
@@ -195,7 +208,7 @@ fn codec_impls(
             }
         }
         #[automatically_derived]
-        impl<'__outbox> #p::Encode for &'__outbox #ident {
+        impl<'__outbox> #p::Encode for &'__outbox #ident #encode_bound {
             fn payload_content_type(&self) -> #p::Cow<'static, str> {
                 #p::Encode::payload_content_type(*self)
             }

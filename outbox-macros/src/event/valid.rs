@@ -133,7 +133,7 @@ fn check_codec(input: &Input<'_>, errors: &mut Errors) {
         if !input.generics.params.is_empty() {
             errors.spanned(
                 &c.key,
-                "`codec` other than `json` on a generic type: name a concrete type",
+                "`codec` other than `json` on a type with type or lifetime parameters: derive it on a type without (a Protobuf message or an owned byte buffer)",
             );
         }
     }
@@ -156,6 +156,13 @@ fn check_codec(input: &Input<'_>, errors: &mut Errors) {
             && essence
                 .split_once('/')
                 .is_some_and(|(kind, sub)| token(kind) && token(sub));
+        let essence = essence.to_ascii_lowercase();
+        if valid && (essence == "application/json" || essence.ends_with("+json")) {
+            errors.spanned(
+                &ct.value,
+                "`codec = bytes` with a JSON content type: the bytes would not be checked to be JSON (consumers and CloudEvents' structured mode parse them); for JSON, derive `serde::Serialize` and leave `codec` out",
+            );
+        }
         if !valid {
             errors.spanned(
                 &ct.value,

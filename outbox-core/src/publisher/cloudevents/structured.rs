@@ -76,10 +76,12 @@ pub struct Unwrapped {
     pub id: Option<String>,
     /// The `type` attribute.
     pub kind: Option<String>,
-    /// The `datacontenttype` attribute (JSON when absent and `data` is JSON).
+    /// The `datacontenttype` attribute (absent: JSON when the data came as `data`).
     pub content_type: Option<String>,
     /// The data: `data` as JSON text, or the bytes of `data_base64`.
     pub data: Vec<u8>,
+    /// Whether the data came as `data_base64`.
+    pub base64: bool,
 }
 
 /// Reads a JSON event (`payload` of a message whose content type [`is_structured`]).
@@ -96,6 +98,7 @@ pub fn unwrap(payload: &[u8]) -> Result<Unwrapped, String> {
     }
     let event: Event<'_> = serde_json::from_slice(payload)
         .map_err(|e| format!("a structured-mode CloudEvent that is not a JSON event: {e}"))?;
+    let base64 = event.data_base64.is_some();
     let data = match (event.data, event.data_base64) {
         (Some(_), Some(_)) => {
             return Err(
@@ -117,6 +120,7 @@ pub fn unwrap(payload: &[u8]) -> Result<Unwrapped, String> {
         kind: event.kind,
         content_type: event.datacontenttype,
         data,
+        base64,
     })
 }
 

@@ -1,5 +1,5 @@
 // Another codec than JSON goes on a struct; `content_type` only with `codec = bytes`;
-// an unknown codec is named.
+// an unknown codec is named; bytes that say they are JSON are refused.
 use outbox_core::OutboxEvent;
 
 #[derive(serde::Serialize, OutboxEvent)]
@@ -23,5 +23,9 @@ struct Thumbnail(Vec<u8>);
 struct Later {
     n: u64,
 }
+
+#[derive(OutboxEvent)]
+#[outbox(destination = "orders.events", codec = bytes, content_type = "application/json")]
+struct PreSerialized(Vec<u8>);
 
 fn main() {}
