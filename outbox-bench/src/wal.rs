@@ -352,7 +352,12 @@ async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
                     struct Id {
                         id: uuid::Uuid,
                     }
-                    let id: Id = serde_json::from_slice(&content)?;
+                    // The envelope's routing fields: its first JSON value (the
+                    // payload follows it in version 2).
+                    let id: Id = serde_json::Deserializer::from_slice(&content)
+                        .into_iter::<Id>()
+                        .next()
+                        .ok_or("an empty envelope")??;
                     arrived.insert(id.id, Instant::now());
                 }
                 Some(ReplicationEvent::Commit { end_lsn, .. }) => {
