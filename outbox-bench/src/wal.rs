@@ -28,7 +28,13 @@ use crate::trusted_sql;
 /// Events per filling transaction.
 const PER_COMMIT: u64 = 100;
 
-/// A schema of its own with a WAL-mode outbox and its slot (`bench_<random>`).
+/// A schema of its own with a WAL-mode outbox and its slot (`bench_<pid>_<random>`).
+///
+/// A slot nobody reads keeps every WAL segment after it: [`WalDb::drop`] removes this
+/// one (and the scenario's extra slots) whether the scenario succeeded or not, and a new
+/// `WalDb` first removes the slots of bench processes that no longer run (killed, or
+/// from before this cleanup: such a slot, left by a failed run, kept 1.9 GiB on a CI
+/// machine and turned a doctor test red).
 pub(crate) struct WalDb {
     db: BenchDb,
     pub(crate) outbox: Outbox,
@@ -41,11 +47,16 @@ impl WalDb {
     }
 
     pub(crate) async fn with_pool_size(args: &Args, size: u32) -> Result<WalDb, BoxError> {
-        let slot = format!("bench_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
+        let slot = format!(
+            "bench_{}_{}",
+            std::process::id(),
+            &uuid::Uuid::now_v7().simple().to_string()[24..]
+        );
         let db = BenchDb::create(args, size, |pool| {
             Outbox::builder(pool).wal_slot(&slot).build()
         })
         .await?;
+        drop_stale_slots(db.outbox.pool()).await?;
         Ok(WalDb {
             outbox: db.outbox.clone(),
             db,
@@ -55,21 +66,9 @@ impl WalDb {
 
     pub(crate) async fn drop(self, extra_slots: &[&str]) -> Result<(), BoxError> {
         let pool = self.outbox.pool().clone();
+        let mut outcome = Ok(());
         for slot in std::iter::once(self.slot.as_str()).chain(extra_slots.iter().copied()) {
-            // The relay may still be letting go of it.
-            for _ in 0..100 {
-                let dropped = sqlx::query(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                     WHERE slot_name = $1 AND NOT active",
-                )
-                .bind(slot)
-                .execute(&pool)
-                .await?;
-                if dropped.rows_affected() > 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            outcome = outcome.and(drop_slot(&pool, slot).await);
         }
         sqlx::query(trusted_sql(format!(
             "DROP PUBLICATION IF EXISTS \"{}\"",
@@ -77,7 +76,7 @@ impl WalDb {
         )))
         .execute(&pool)
         .await?;
-        self.db.drop().await
+        outcome.and(self.db.drop().await)
     }
 
     /// `events` messages of this outbox's envelope in the WAL, keys `k0..k{keys}` round
@@ -147,26 +146,94 @@ async fn raw_decoding(args: &Args, slot: &str, publication: &str) -> Result<f64,
     Ok(rate)
 }
 
+/// Drops `slot` if it exists, waiting (up to 5 s) for a reader that is letting go of it.
+async fn drop_slot(pool: &sqlx::PgPool, slot: &str) -> Result<(), BoxError> {
+    for _ in 0..100 {
+        let active: Option<bool> =
+            sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(slot)
+                .fetch_optional(pool)
+                .await?;
+        match active {
+            None => return Ok(()),
+            Some(false) => {
+                sqlx::query(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND NOT active",
+                )
+                .bind(slot)
+                .execute(pool)
+                .await?;
+            }
+            Some(true) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    Err(format!("replication slot {slot} is still read after 5 s: drop it by hand").into())
+}
+
+/// Drops the slots (and publications) of bench processes that no longer run.
+async fn drop_stale_slots(pool: &sqlx::PgPool) -> Result<(), BoxError> {
+    let slots: Vec<String> = sqlx::query_scalar(
+        "SELECT slot_name::text FROM pg_replication_slots \
+         WHERE slot_name LIKE 'bench\\_%' AND NOT active",
+    )
+    .fetch_all(pool)
+    .await?;
+    for slot in slots {
+        // `bench_<pid>_<random>[_raw|_lat]`; before the pid was in the name,
+        // `bench_<random>`, whose second part is no running process either.
+        let pid = slot.split('_').nth(1).unwrap_or("");
+        if pid.parse::<u32>().is_ok() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        eprintln!("dropping replication slot {slot}, left by a bench run that no longer runs");
+        drop_slot(pool, &slot).await?;
+        sqlx::query(trusted_sql(format!(
+            "DROP PUBLICATION IF EXISTS \"{slot}\""
+        )))
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
 /// The scenario.
 pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
+    let db = WalDb::new(args).await?;
+    let raw_slot = format!("{}_raw", db.slot);
+    let outcome = wal_in(args, report, &db, &raw_slot).await;
+    // The slots go whatever happened: one left behind keeps the server's WAL forever.
+    let latency_slot = latency_slot(&db);
+    let dropped = db.drop(&[&raw_slot, &latency_slot]).await;
+    outcome.and(dropped)
+}
+
+fn latency_slot(db: &WalDb) -> String {
+    format!("{}_lat", db.slot)
+}
+
+async fn wal_in(
+    args: &Args,
+    report: &mut Report,
+    db: &WalDb,
+    raw_slot: &str,
+) -> Result<(), BoxError> {
     let sink = args
         .broker
         .as_deref()
         .unwrap_or("in-process counting publisher");
-    let db = WalDb::new(args).await?;
     let destination = match &args.broker {
         Some(brokers) => kafka::create_topic(brokers).await?,
         None => "bench.events".to_owned(),
     };
     // A second slot over the same WAL, for the ceiling.
-    let raw_slot = format!("{}_raw", db.slot);
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&raw_slot)
+        .bind(raw_slot)
         .execute(db.outbox.pool())
         .await?;
     db.fill(args, &destination).await?;
 
-    let raw = raw_decoding(args, &raw_slot, &db.slot).await?;
+    let raw = raw_decoding(args, raw_slot, &db.slot).await?;
     report.add(
         "wal",
         "(b) raw logical decoding ceiling (no broker)",
@@ -244,10 +311,9 @@ pub async fn wal(args: &Args, report: &mut Report) -> Result<(), BoxError> {
         wal_relay / table_relay,
         Target::AtLeast(1.5),
     );
-    write_cost(args, report, &db).await?;
-    commit_throughput(args, report, &db).await?;
-    wal_latency(args, report, &db).await?;
-    db.drop(&[&raw_slot]).await?;
+    write_cost(args, report, db).await?;
+    commit_throughput(args, report, db).await?;
+    wal_latency(args, report, db).await?;
     Ok(())
 }
 
@@ -336,7 +402,7 @@ fn report_ceiling(report: &mut Report, prefix: &str, ms: &[f64]) {
 /// slot of its own, no relay, no broker) at `--latency-rate` from 4 writers.
 async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(), BoxError> {
     use std::collections::HashMap;
-    let slot = format!("{}_lat", db.slot);
+    let slot = latency_slot(db);
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&slot)
         .execute(db.outbox.pool())
@@ -393,20 +459,7 @@ async fn raw_latency(args: &Args, report: &mut Report, db: &WalDb) -> Result<(),
         args.latency_rate
     );
     report_ceiling(report, &prefix, &ms);
-    for _ in 0..100 {
-        let dropped = sqlx::query(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-             WHERE slot_name = $1 AND NOT active",
-        )
-        .bind(&slot)
-        .execute(db.outbox.pool())
-        .await?;
-        if dropped.rows_affected() > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    drop_slot(db.outbox.pool(), &slot).await
 }
 
 /// Commits/s and commit latency with 1, 8 and 32 concurrent writers, each committing a

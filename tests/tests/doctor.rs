@@ -401,9 +401,22 @@ async fn a_replication_slot_nobody_reads_and_a_missing_wal_slot_are_found() {
         .execute(&db.pool)
         .await
         .expect("drop the other slot");
+    // Under the default limit (1 GiB) this outbox's few bytes are not a finding. Another
+    // application's slot may be over it on a shared server (a benchmark's slot, left by a
+    // run that failed, was on the CI machine): that is a note about that slot, not this one.
     let relaxed = examine(&outbox, Limits::default()).await;
+    let about_ours: Vec<_> = relaxed
+        .of("replication-slots")
+        .into_iter()
+        .filter(|f| {
+            f.severity != Severity::Note
+                || std::iter::once(&f.summary)
+                    .chain(&f.details)
+                    .any(|l| l.contains(&slot))
+        })
+        .collect();
     assert!(
-        relaxed.of("replication-slots").is_empty(),
+        about_ours.is_empty(),
         "a few bytes are under 1 GiB: {:#?}",
         relaxed.findings
     );
