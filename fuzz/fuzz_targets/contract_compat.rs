@@ -1,7 +1,10 @@
 //! The contract comparison (`contract::check`, run on a published AsyncAPI document and
 //! the current one) never panics, never loops, and finds no change between a document
 //! and itself, on arbitrary JSON Schemas: recursive and dangling `$ref`s, `allOf`,
-//! `oneOf`, `anyOf`, `items`, `enum`, and any JSON where a schema is expected.
+//! `oneOf`, `anyOf`, `items`, `enum`, and any JSON where a schema is expected; and on
+//! Avro schemas (AsyncAPI's multi-format payloads): records, enums, fixed, unions,
+//! arrays, maps, references to named types in and across namespaces, aliases, defaults,
+//! logical types, and any JSON where an Avro type is expected.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -131,6 +134,107 @@ fn schema_of(s: &Schema, depth: u32) -> Value {
     }
 }
 
+const AVRO_NAMES: [&str; 5] = ["Order", "Address", "a.Address", "b.Line", "Line"];
+const AVRO_PRIMITIVES: [&str; 9] = [
+    "null", "boolean", "int", "long", "float", "double", "bytes", "string", "bogus",
+];
+
+#[derive(Debug, Arbitrary)]
+enum Avro {
+    Primitive(u8),
+    Ref(u8),
+    Record(
+        u8,
+        Option<u8>,
+        Vec<(u8, Avro, Option<Json>, Vec<u8>)>,
+        Vec<u8>,
+    ),
+    Enum(u8, Vec<u8>, Option<u8>),
+    Fixed(u8, u32, Option<u8>),
+    Array(Box<Avro>),
+    Map(Box<Avro>),
+    Union(Vec<Avro>),
+    Wrapped(Box<Avro>),
+    Logical(u8, u8, Option<u8>),
+    Any(Json),
+}
+
+fn avro_name(i: u8) -> &'static str {
+    AVRO_NAMES[usize::from(i) % AVRO_NAMES.len()]
+}
+
+fn avro_of(a: &Avro, depth: u32) -> Value {
+    if depth > 8 {
+        return json!("int");
+    }
+    let d = depth + 1;
+    match a {
+        Avro::Primitive(i) => json!(AVRO_PRIMITIVES[usize::from(*i) % AVRO_PRIMITIVES.len()]),
+        Avro::Ref(i) => json!(avro_name(*i)),
+        Avro::Record(name, namespace, fields, aliases) => {
+            let mut o = json!({
+                "type": "record",
+                "name": avro_name(*name),
+                "fields": fields.iter().map(|(f, t, default, field_aliases)| {
+                    let mut field = json!({ "name": name_of_field(*f), "type": avro_of(t, d) });
+                    if let Some(v) = default {
+                        field["default"] = json_of(v, d);
+                    }
+                    if !field_aliases.is_empty() {
+                        field["aliases"] = json!(field_aliases.iter().map(|i| name_of_field(*i)).collect::<Vec<_>>());
+                    }
+                    field
+                }).collect::<Vec<_>>(),
+            });
+            if let Some(ns) = namespace {
+                o["namespace"] = json!(["", "a", "b", "shop"][usize::from(*ns) % 4]);
+            }
+            if !aliases.is_empty() {
+                o["aliases"] = json!(aliases.iter().map(|i| avro_name(*i)).collect::<Vec<_>>());
+            }
+            o
+        }
+        Avro::Enum(name, symbols, default) => {
+            let mut o = json!({
+                "type": "enum",
+                "name": avro_name(*name),
+                "symbols": symbols.iter().map(|i| name_of_field(*i)).collect::<Vec<_>>(),
+            });
+            if let Some(s) = default {
+                o["default"] = json!(name_of_field(*s));
+            }
+            o
+        }
+        Avro::Fixed(name, size, logical) => {
+            let mut o = json!({ "type": "fixed", "name": avro_name(*name), "size": size % 32 });
+            if let Some(p) = logical {
+                o["logicalType"] = json!("decimal");
+                o["precision"] = json!(p % 20);
+            }
+            o
+        }
+        Avro::Array(t) => json!({ "type": "array", "items": avro_of(t, d) }),
+        Avro::Map(t) => json!({ "type": "map", "values": avro_of(t, d) }),
+        Avro::Union(v) => Value::Array(v.iter().map(|t| avro_of(t, d)).collect()),
+        Avro::Wrapped(t) => json!({ "type": avro_of(t, d) }),
+        Avro::Logical(base, logical, scale) => {
+            let base = ["int", "long", "bytes", "string"][usize::from(*base) % 4];
+            let logical =
+                ["date", "timestamp-millis", "decimal", "uuid"][usize::from(*logical) % 4];
+            let mut o = json!({ "type": base, "logicalType": logical });
+            if let Some(s) = scale {
+                o["scale"] = json!(s % 10);
+            }
+            o
+        }
+        Avro::Any(j) => json_of(j, d),
+    }
+}
+
+fn name_of_field(i: u8) -> &'static str {
+    ["id", "note", "to", "from", "status", "NEW", "PAID"][usize::from(i) % 7]
+}
+
 #[derive(Debug, Arbitrary)]
 struct Message {
     channel: u8,
@@ -138,6 +242,7 @@ struct Message {
     version: Option<i64>,
     key: Option<u8>,
     payload: Option<Schema>,
+    avro: Option<Avro>,
     by_ref: bool,
 }
 
@@ -165,6 +270,12 @@ fn document(doc: &Document) -> Value {
         }
         if let Some(p) = &m.payload {
             message["payload"] = schema_of(p, 0);
+        }
+        if let Some(a) = &m.avro {
+            message["payload"] = json!({
+                "schemaFormat": "application/vnd.apache.avro+json;version=1.9.0",
+                "schema": avro_of(a, 0),
+            });
         }
         let id = format!("m{i}");
         let entry = if m.by_ref {

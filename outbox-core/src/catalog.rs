@@ -154,7 +154,10 @@ impl EventInfo {
     }
 
     /// The payload's JSON Schema (draft 07), with the types it uses under `definitions`;
-    /// `None` when the Rust type does not derive `schemars::JsonSchema`. For an enum,
+    /// `None` when the Rust type does not derive `schemars::JsonSchema`. For an Avro
+    /// event ([`content_type`](Self::content_type) `application/avro`), its Avro schema
+    /// in JSON form instead (what the contract document gives with `schemaFormat`
+    /// `application/vnd.apache.avro+json;version=1.9.0`). For an enum,
     /// every variant's entry has the enum's schema: the payload is the enum's serde
     /// form. Generated on each call.
     #[cfg(feature = "schema")]
@@ -284,6 +287,31 @@ pub mod probe {
 
     impl<T> NoJsonSchema for &Probe<T> {
         fn outbox_schema(&self, _: &mut SchemaGen) -> Option<serde_json::Value> {
+            None
+        }
+    }
+
+    /// Found when `T` is an Avro event (with the `avro` feature): its Avro schema.
+    pub trait ViaAvroSchema {
+        /// `T`'s Avro schema, in its JSON form.
+        fn outbox_avro_schema(&self) -> Option<serde_json::Value>;
+    }
+
+    #[cfg(feature = "avro")]
+    impl<T: crate::__private::AvroEvent> ViaAvroSchema for Probe<T> {
+        fn outbox_avro_schema(&self) -> Option<serde_json::Value> {
+            Some(T::__schema())
+        }
+    }
+
+    /// Found otherwise (the derive's assertion reports the type): no schema.
+    pub trait NoAvroSchema {
+        /// `None`.
+        fn outbox_avro_schema(&self) -> Option<serde_json::Value>;
+    }
+
+    impl<T> NoAvroSchema for &Probe<T> {
+        fn outbox_avro_schema(&self) -> Option<serde_json::Value> {
             None
         }
     }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use uuid::Uuid;
 
-use crate::codec::Encode;
+use crate::codec::{CodecError, Decoder, Encode};
 
 use crate::payload::{content_type_is_valid, default_content_type, is_json};
 use crate::{Error, Result};
@@ -176,6 +176,30 @@ pub trait OutboxEvent: Encode {
     fn version(&self) -> Option<i32> {
         None
     }
+
+    /// The payload's content type: the type's [`Encode`], unless the derive chose a
+    /// codec a `serde` type cannot implement `Encode` for (Avro). Not for your impls.
+    #[doc(hidden)]
+    fn __outbox_content_type(&self) -> Cow<'static, str> {
+        self.payload_content_type()
+    }
+
+    /// The payload's bytes, as [`__outbox_content_type`](Self::__outbox_content_type)
+    /// says. Not for your impls.
+    #[doc(hidden)]
+    fn __outbox_encode(&self) -> Result<Vec<u8>, CodecError> {
+        self.encode_payload()
+    }
+
+    /// How a consumer's handler of this type reads payloads, when not by its
+    /// [`Decode`](crate::codec::Decode). Not for your impls.
+    #[doc(hidden)]
+    fn __outbox_decoder() -> Option<Decoder<Self>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 /// A reference to an event is the event (a `serde` type's reference is JSON too; the
@@ -195,6 +219,12 @@ where
     }
     fn version(&self) -> Option<i32> {
         (**self).version()
+    }
+    fn __outbox_content_type(&self) -> Cow<'static, str> {
+        (**self).__outbox_content_type()
+    }
+    fn __outbox_encode(&self) -> Result<Vec<u8>, CodecError> {
+        (**self).__outbox_encode()
     }
 }
 
@@ -231,8 +261,8 @@ impl OutboxMessage {
     /// Serializes `event` into a new message with a fresh UUIDv7 id.
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
         let event_type = event.event_type();
-        let content_type = event.payload_content_type();
-        let payload = event.encode_payload().map_err(|source| {
+        let content_type = event.__outbox_content_type();
+        let payload = event.__outbox_encode().map_err(|source| {
             match source.downcast::<serde_json::Error>() {
                 Ok(source) => Error::Serialize {
                     event_type: event_type.to_owned(),

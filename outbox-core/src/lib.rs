@@ -258,7 +258,7 @@ pub mod __private {
     /// Compiles only for a `Serialize` type.
     pub const fn assert_serialize<T: ?Sized + SerializableEvent>() {}
 
-    pub use crate::codec::{CodecError, Decode, Encode, OCTET_STREAM, PROTOBUF, bytes};
+    pub use crate::codec::{AVRO, CodecError, Decode, Encode, OCTET_STREAM, PROTOBUF, bytes};
     pub use crate::payload::JSON;
     pub use ::std::borrow::Cow;
     pub use ::std::vec::Vec;
@@ -307,7 +307,58 @@ pub mod __private {
         }
     }
 
-    pub use crate::catalog::probe::{NoJsonSchema, Probe, ViaJsonSchema, none as no_schema};
+    pub use crate::codec::Decoder;
+
+    /// Asserted by `#[outbox(codec = avro)]` on the type; what its `OutboxEvent` impl
+    /// calls.
+    #[cfg(feature = "avro")]
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be an Avro event: it needs `apache_avro::AvroSchema`, `serde::Serialize` and `serde::Deserialize`",
+        label = "`codec = avro` encodes the event with apache-avro's serde support",
+        note = "add `#[derive(apache_avro::AvroSchema, serde::Serialize, serde::Deserialize)]` to `{Self}`"
+    )]
+    pub trait AvroEvent: Sized {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError>;
+        fn __decoder() -> Decoder<Self>;
+        fn __schema() -> ::serde_json::Value;
+    }
+    #[cfg(feature = "avro")]
+    impl<T> AvroEvent for T
+    where
+        T: ::apache_avro::AvroSchema + ::serde::Serialize + ::serde::de::DeserializeOwned + 'static,
+    {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError> {
+            crate::codec::avro::encode(self)
+        }
+        fn __decoder() -> Decoder<Self> {
+            Decoder {
+                format: "Avro",
+                reads: crate::codec::avro::reads,
+                decode: crate::codec::avro::decode::<T>,
+            }
+        }
+        fn __schema() -> ::serde_json::Value {
+            crate::codec::avro::schema_json::<T>()
+        }
+    }
+    /// Without the `avro` feature no type is an Avro event.
+    #[cfg(not(feature = "avro"))]
+    #[diagnostic::on_unimplemented(
+        message = "`codec = avro` needs the `avro` feature of outbox",
+        label = "Avro events are encoded by apache-avro, behind a feature",
+        note = "enable it: `outbox = {{ version = \"...\", features = [\"avro\"] }}`"
+    )]
+    pub trait AvroEvent: Sized {
+        fn __encode(&self) -> Result<Vec<u8>, CodecError>;
+        fn __decoder() -> Decoder<Self>;
+        fn __schema() -> ::serde_json::Value;
+    }
+    /// Compiles only for an Avro event (with the `avro` feature).
+    pub const fn assert_avro<T: AvroEvent>() {}
+
+    pub use crate::catalog::probe::{
+        NoAvroSchema, NoJsonSchema, Probe, ViaAvroSchema, ViaJsonSchema, none as no_schema,
+    };
     pub use crate::catalog::{EventInfo, SchemaGen};
     pub use crate::store::default::DefaultBackend;
     pub use crate::transactional::{FromOutboxError, begin, commit, rollback};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox_core::OutboxRecord;
-use outbox_core::consumer::{BoxError, Delivery, Transport};
+use outbox_core::consumer::{BoxError, ConsumerHandle, ConsumerStatsSnapshot, Delivery, Transport};
 use outbox_core::publisher::Publisher;
 
 use crate::{kafka, nats, rabbitmq};
@@ -460,4 +460,22 @@ pub async fn handle_jobs<T: Transport>(
     .await;
     consumer.shutdown().await.expect("consumer");
     seen.lock().expect("seen").clone()
+}
+
+/// Waits until `consumer` has handled or dead-lettered `n` messages (a failure after
+/// `timeout` prints its stats), stops it, and returns its final stats.
+pub async fn settle(consumer: ConsumerHandle, n: u64, timeout: Duration) -> ConsumerStatsSnapshot {
+    crate::wait_until_or(
+        &format!("{n} messages handled or dead-lettered"),
+        timeout,
+        || async {
+            let s = consumer.stats();
+            s.handled + s.dead_lettered >= n
+        },
+        || format!("{:?}", consumer.stats()),
+    )
+    .await;
+    let stats = consumer.stats();
+    consumer.shutdown().await.expect("the consumer stops");
+    stats
 }

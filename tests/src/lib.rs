@@ -14,6 +14,7 @@ pub mod nats;
 pub mod order;
 pub mod process;
 pub mod proxy;
+pub mod python;
 pub mod rabbitmq;
 pub mod wal;
 

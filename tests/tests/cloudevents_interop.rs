@@ -9,7 +9,6 @@
 //! prefix the SDKs do not read, a value not percent-encoded where the binding wants it)
 //! fails here. And our consumer still reads what outbox 0.1 wrote (`cloudEvents_`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::TimeZone;
@@ -55,56 +54,14 @@ fn records(destination: &str) -> Vec<OutboxRecord> {
         .collect()
 }
 
-/// The venv's Python (`OUTBOX_PYTHON`, else where scripts/services.sh puts it).
-fn python() -> PathBuf {
-    let path = std::env::var_os("OUTBOX_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let tools = std::env::var_os("OUTBOX_TOOLS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                        .join(".cache/outbox-tools")
-                });
-            tools.join("py/bin/python")
-        });
-    assert!(
-        path.exists(),
-        "no Python with the CloudEvents SDK at {}: run scripts/services.sh (it installs the venv), or set OUTBOX_PYTHON",
-        path.display()
-    );
-    path
-}
-
 /// What the Python decoder printed for `count` messages: one JSON object each.
 async fn python_decode(mode: &str, address: &str, name: &str, count: usize) -> Vec<Value> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop/cloudevents_decode.py");
-    let args = [
-        script.display().to_string(),
-        mode.to_owned(),
-        address.to_owned(),
-        name.to_owned(),
-        count.to_string(),
-    ];
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python()).args(args).output()
-    })
+    outbox_tests::python::run_interop(
+        "cloudevents_decode.py",
+        &[mode, address, name, &count.to_string()],
+        count,
+    )
     .await
-    .expect("the decoder task")
-    .expect("run the Python decoder");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the Python decoder failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
-    assert_eq!(lines.len(), count, "{stdout}");
-    lines
 }
 
 /// Each decoded event is the record it was sent as, attribute by attribute.

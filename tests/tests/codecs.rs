@@ -3,18 +3,20 @@
 //! application/protobuf`, on every broker; Google's Protobuf runtime for Python decodes
 //! what each broker received; a consumer's handler decodes it by its type, and a handler
 //! of JSON refuses it by its content type. A raw-bytes event carries the type's bytes
-//! and the content type it names.
+//! and the content type it names. An Avro event (`codec = avro`) is written in Avro's
+//! single-object encoding and documented with its schema; fastavro decodes what each
+//! broker received with the schema from the AsyncAPI document.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox_core::admin::{Admin, ListFilter};
-use outbox_core::consumer::{Consumer, Policy};
+use outbox_core::consumer::{BoxError, Consumer, ConsumerBuilder, Policy};
 use outbox_core::inbox::Inbox;
 use outbox_core::publisher::InMemoryPublisher;
 use outbox_core::relay::Relay;
 use outbox_core::{OutboxEvent, OutboxMessage, OutboxRecord, sqlx};
-use outbox_tests::consumers::{Broker, Kafka, Nats, Rabbit};
+use outbox_tests::consumers::Broker;
 use outbox_tests::{TestDb, kafka, nats, rabbitmq, wait_until};
 use prost::Message as _;
 use serde_json::Value;
@@ -69,6 +71,18 @@ fn record(destination: &str, n: u64) -> OutboxRecord {
     OutboxRecord::from(message).with_seq(n as i64)
 }
 
+/// The first `n` messages a relay of `outbox` publishes, in order.
+async fn relayed(outbox: &outbox_core::Outbox, n: usize) -> Vec<OutboxRecord> {
+    let publisher = InMemoryPublisher::new();
+    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
+    wait_until("published", WAIT, || async {
+        publisher.published_count() >= n
+    })
+    .await;
+    relay.shutdown().await;
+    publisher.published()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protobuf_and_raw_bytes_events_are_written_as_their_codec_writes_them() {
     let db = TestDb::new().await;
@@ -89,14 +103,7 @@ async fn protobuf_and_raw_bytes_events_are_written_as_their_codec_writes_them() 
         "a listing shows bytes that are not JSON in base64"
     );
 
-    let publisher = InMemoryPublisher::new();
-    let relay = Relay::builder(outbox.clone(), publisher.clone()).spawn();
-    wait_until("both published", WAIT, || async {
-        publisher.published_count() >= 2
-    })
-    .await;
-    relay.shutdown().await;
-    let published = publisher.published();
+    let published = relayed(&outbox, 2).await;
     assert_eq!(published[0].content_type, "application/protobuf");
     assert_eq!(published[0].payload, order(7).encode_to_vec());
     assert_eq!(published[0].partition_key.as_deref(), Some("7"));
@@ -116,190 +123,468 @@ async fn protobuf_and_raw_bytes_events_are_written_as_their_codec_writes_them() 
     db.cleanup().await;
 }
 
-/// What Python's `protobuf` decoded, one JSON object per message.
-async fn python_decode(mode: &str, address: &str, name: &str, count: usize) -> Vec<Value> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop/protobuf_decode.py");
-    let python = std::env::var_os("OUTBOX_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/outbox-tools/py/bin/python")
-        });
-    let args = [
-        script.display().to_string(),
-        mode.to_owned(),
-        address.to_owned(),
-        name.to_owned(),
-        count.to_string(),
-        ORDER_PLACED_SCHEMA.to_owned(),
-    ];
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(&python).args(args).output()
-    })
-    .await
-    .expect("the decoder task")
-    .expect("run the Python decoder (scripts/services.sh installs it)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the Python decoder failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
-    assert_eq!(lines.len(), count, "{stdout}");
-    lines
-}
-
-/// Each broker's messages, decoded by Python's Protobuf runtime, are the events sent, and
-/// re-encode to the same bytes.
-async fn python_decodes_what_the_broker_received<B: Broker>(mode: &str, address: String) {
+/// Events 1 to 3 made by `record`, published to a fresh place of `B` and read back from
+/// the broker by `tests/interop/<script>` (arguments: the broker's name and address, the
+/// place, the count, then `extra`): each record with what the decoder printed for it, checked for
+/// what every codec shares (decoded without error, the message id, the content type,
+/// RabbitMQ's property too).
+async fn decoded_by_python<B: Broker>(
+    record: fn(&str, u64) -> OutboxRecord,
+    script: &str,
+    extra: &[&str],
+) -> Vec<(OutboxRecord, Value)> {
     let place = B::place().await;
     let records: Vec<OutboxRecord> = (1..=3).map(|n| record(&place.destination, n)).collect();
     B::publish(&place, &records).await;
-    let decoded = python_decode(mode, &address, &place.source, records.len()).await;
+    let (mode, count) = (B::NAME, records.len().to_string());
+    let address = match mode {
+        "kafka" => kafka::brokers(),
+        "nats" => nats::nats_url(),
+        _ => rabbitmq::rabbitmq_url(),
+    };
+    let args: Vec<&str> = [
+        mode,
+        address.as_str(),
+        place.source.as_str(),
+        count.as_str(),
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    .collect();
+    let decoded = outbox_tests::python::run_interop(script, &args, records.len()).await;
+    B::remove(place).await;
     for (record, line) in records.iter().zip(&decoded) {
-        assert!(line.get("error").is_none(), "Python refused it: {line:#}");
-        let n = record.seq as u64;
-        let expected = order(n);
-        assert_eq!(
-            line["headers"]["content-type"], "application/protobuf",
-            "{line:#}"
-        );
+        assert!(line.get("error").is_none(), "{script} refused it: {line:#}");
+        let content_type = record.content_type.as_ref();
+        assert_eq!(line["headers"]["content-type"], content_type, "{line:#}");
         assert_eq!(
             line["headers"]["message-id"],
             record.id.to_string(),
             "{line:#}"
         );
+        if mode == "rabbitmq" {
+            assert_eq!(
+                line["headers"]["content_type (property)"], content_type,
+                "{line:#}"
+            );
+        }
+    }
+    records.into_iter().zip(decoded).collect()
+}
+
+/// Each broker's messages, decoded by Python's Protobuf runtime, are the events sent, and
+/// re-encode to the same bytes.
+async fn python_decodes_protobuf<B: Broker>() {
+    let decoded =
+        decoded_by_python::<B>(record, "protobuf_decode.py", &[ORDER_PLACED_SCHEMA]).await;
+    for (record, line) in decoded {
+        assert_eq!(
+            line["headers"]["content-type"], "application/protobuf",
+            "{line:#}"
+        );
+        let n = record.seq as u64;
         assert_eq!(
             line["message"]["order_id"],
             n.to_string(),
             "uint64 as JSON: {line:#}"
         );
-        assert_eq!(line["message"]["customer"], expected.customer, "{line:#}");
+        assert_eq!(line["message"]["customer"], order(n).customer, "{line:#}");
         assert_eq!(line["reencoded_equal"], true, "{line:#}");
-        if mode == "rabbitmq" {
-            assert_eq!(
-                line["headers"]["content_type (property)"], "application/protobuf",
-                "{line:#}"
-            );
-        }
     }
+}
+
+/// Records (made by `records` for the place's destination) published to a fresh place
+/// of `B` and consumed by the handlers `on` adds, each writing `(id, what)` into the table
+/// `got`, undecodable messages dead-lettered; once every record is handled or
+/// dead-lettered, what the handlers wrote (by id) and the dead letters' headers.
+async fn consumed<B: Broker>(
+    records: impl FnOnce(&str) -> Vec<OutboxRecord>,
+    dead_letters: usize,
+    on: impl FnOnce(ConsumerBuilder<B::T>) -> ConsumerBuilder<B::T>,
+) -> (Vec<(i64, String)>, Vec<BTreeMap<String, String>>) {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    sqlx::query("CREATE TABLE got (id bigint PRIMARY KEY, what text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create got");
+    let place = B::place().await;
+    let records = records(&place.destination);
+    B::publish(&place, &records).await;
+    let group = outbox_tests::kafka::unique("codec-group").replace('.', "-");
+    let builder = Consumer::builder(B::transport(&place, &group).await, Inbox::new(&outbox, "c"));
+    let consumer = on(builder)
+        .on_undecodable(Policy::DeadLetter)
+        .build()
+        .expect("consumer")
+        .spawn();
+    let stats = outbox_tests::consumers::settle(consumer, records.len() as u64, WAIT).await;
+    let handled = (records.len() - dead_letters) as u64;
+    assert_eq!(
+        (stats.handled, stats.dead_lettered),
+        (handled, dead_letters as u64),
+        "{stats:?}"
+    );
+    let got: Vec<(i64, String)> = sqlx::query_as("SELECT id, what FROM got ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .expect("got");
+    let dead = B::dead_letters(&place, dead_letters, WAIT).await;
     B::remove(place).await;
+    db.cleanup().await;
+    (got, dead)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_decodes_protobuf_from_kafka() {
-    python_decodes_what_the_broker_received::<Kafka>("kafka", kafka::brokers()).await;
+/// What a handler writes into `got`.
+async fn got(
+    tx: &mut outbox_core::OutboxTx<'static>,
+    id: i64,
+    what: String,
+) -> Result<(), BoxError> {
+    sqlx::query("INSERT INTO got (id, what) VALUES ($1, $2)")
+        .bind(id)
+        .bind(what)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_decodes_protobuf_from_nats() {
-    python_decodes_what_the_broker_received::<Nats>("nats", nats::nats_url()).await;
+/// A message of `event_type` whose payload is JSON, for handlers of another codec.
+fn json_record(destination: &str, event_type: &str, n: i64) -> OutboxRecord {
+    let json = format!(r#"{{"order_id":{n}}}"#);
+    OutboxRecord::from(OutboxMessage::new(event_type, destination, json).with_key(n.to_string()))
+        .with_seq(n)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_decodes_protobuf_from_rabbitmq() {
-    python_decodes_what_the_broker_received::<Rabbit>("rabbitmq", rabbitmq::rabbitmq_url()).await;
+/// The one dead letter is `json`'s, and its reason names its content type and what the
+/// handler reads.
+fn dead_for_content_type(dead: &[BTreeMap<String, String>], json: &str, reads: &str) {
+    assert_eq!(
+        dead[0].get("message-id").map(String::as_str),
+        Some(json),
+        "{dead:?}"
+    );
+    let reason = &dead[0]["dlq-reason"];
+    assert!(
+        reason.contains("application/json") && reason.contains(&format!("reads {reads}")),
+        "{reason}"
+    );
 }
 
 /// A handler of the Protobuf type gets the event, and one of the bytes type its bytes; a
 /// JSON message of the Protobuf event type is undecodable for its handler (its content
 /// type), and goes to the dead letters by that policy.
 async fn a_protobuf_handler_decodes_by_content_type<B: Broker>() {
-    let db = TestDb::new().await;
-    let outbox = db.outbox().await;
-    sqlx::query("CREATE TABLE got (order_id bigint PRIMARY KEY, customer text NOT NULL)")
-        .execute(&db.pool)
-        .await
-        .expect("create got");
-    let place = B::place().await;
-    let proto = record(&place.destination, 1);
-    let json = OutboxRecord::from(
-        OutboxMessage::new(
-            "OrderPlaced",
-            place.destination.as_str(),
-            r#"{"order_id":2}"#,
-        )
-        .with_key("2"),
+    let mut json = String::new();
+    let (got_, dead) = consumed::<B>(
+        |destination| {
+            let mut thumbnail =
+                OutboxMessage::from_event(&Thumbnail(vec![0x89, 0, 0xff])).expect("encode");
+            thumbnail.destination = destination.to_owned();
+            let records = vec![
+                record(destination, 1),
+                json_record(destination, "OrderPlaced", 2),
+                OutboxRecord::from(thumbnail).with_seq(3),
+            ];
+            json = records[1].id.to_string();
+            records
+        },
+        1,
+        |builder| {
+            builder
+                .on::<OrderPlaced, _>(|tx, msg| {
+                    Box::pin(got(tx, msg.event.order_id as i64, msg.event.customer))
+                })
+                .on::<Thumbnail, _>(|tx, msg| {
+                    let len = msg.event.0.len() as i64;
+                    Box::pin(got(tx, -len, format!("{:?}", msg.event.0)))
+                })
+        },
     )
-    .with_seq(2);
-    let mut thumbnail = OutboxMessage::from_event(&Thumbnail(vec![0x89, 0, 0xff])).expect("encode");
-    thumbnail.destination = place.destination.clone();
-    let thumbnail = OutboxRecord::from(thumbnail).with_seq(3);
-    B::publish(&place, &[proto.clone(), json.clone(), thumbnail]).await;
-    let group = outbox_tests::kafka::unique("codec-group").replace('.', "-");
-    let consumer = Consumer::builder(B::transport(&place, &group).await, Inbox::new(&outbox, "p"))
-        .on::<OrderPlaced, _>(|tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO got (order_id, customer) VALUES ($1, $2)")
-                    .bind(msg.event.order_id as i64)
-                    .bind(&msg.event.customer)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        })
-        .on::<Thumbnail, _>(|tx, msg| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO got (order_id, customer) VALUES ($1, $2)")
-                    .bind(-(msg.event.0.len() as i64))
-                    .bind(format!("{:?}", msg.event.0))
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        })
-        .on_undecodable(Policy::DeadLetter)
-        .build()
-        .expect("consumer")
-        .spawn();
-    wait_until("all three consumed", WAIT, || async {
-        let s = consumer.stats();
-        s.handled + s.dead_lettered >= 3
-    })
     .await;
-    let stats = consumer.stats();
-    consumer.shutdown().await.expect("consumer");
-    assert_eq!((stats.handled, stats.dead_lettered), (2, 1), "{stats:?}");
-    let got: Vec<(i64, String)> =
-        sqlx::query_as("SELECT order_id, customer FROM got ORDER BY order_id")
-            .fetch_all(&db.pool)
-            .await
-            .expect("got");
     assert_eq!(
-        got,
+        got_,
         [(-3, "[137, 0, 255]".to_owned()), (1, order(1).customer)]
     );
-    let dead = B::dead_letters(&place, 1, WAIT).await;
+    dead_for_content_type(&dead, &json, "Protobuf");
+}
+
+/// An Avro event: apache-avro's schema and serde, the outbox's routing.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    serde::Serialize,
+    serde::Deserialize,
+    apache_avro::AvroSchema,
+    OutboxEvent,
+)]
+#[avro(namespace = "acme")]
+#[outbox(destination = "orders.avro", key = order_id, codec = avro)]
+struct OrderShipped {
+    order_id: i64,
+    carrier: String,
+    weight_kg: f64,
+    note: Option<String>,
+}
+
+fn shipped(n: i64) -> OrderShipped {
+    OrderShipped {
+        order_id: n,
+        carrier: format!("carrier é {n}"),
+        weight_kg: n as f64 + 0.25,
+        note: (n % 2 == 0).then(|| format!("fragile {n}")),
+    }
+}
+
+/// `shipped(n)` as a record for `destination`.
+fn avro_record(destination: &str, n: i64) -> OutboxRecord {
+    let mut message = OutboxMessage::from_event(&shipped(n)).expect("encode");
+    message.destination = destination.to_owned();
+    OutboxRecord::from(message).with_seq(n)
+}
+
+/// The single-object header of `OrderShipped`'s schema: the marker and the CRC-64-AVRO
+/// fingerprint of its Parsing Canonical Form as fastavro 1.13.1 computes it
+/// (`{"name":"acme.OrderShipped","type":"record","fields":[{"name":"order_id","type":"long"},
+/// {"name":"carrier","type":"string"},{"name":"weight_kg","type":"double"},
+/// {"name":"note","type":["null","string"]}]}`), not by our code.
+const SHIPPED_HEADER: [u8; 10] = [0xC3, 0x01, 0x01, 0x38, 0x0f, 0x7d, 0xb3, 0x41, 0x4b, 0x52];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_events_are_written_in_single_object_encoding_and_documented_with_their_schema() {
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let mut tx = outbox.begin().await.expect("begin");
+    let sent = [shipped(4), shipped(5)];
+    tx.emit(sent[0].clone()).expect("emit an Avro event");
+    tx.emit(&sent[1]).expect("and one by reference");
+    tx.commit().await.expect("commit");
+    for (published, event) in relayed(&outbox, 2).await.iter().zip(&sent) {
+        let n = event.order_id;
+        assert_eq!(published.content_type, "application/avro");
+        assert_eq!(
+            published.partition_key.as_deref(),
+            Some(n.to_string().as_str())
+        );
+        let bytes = published.payload.as_bytes();
+        assert_eq!(bytes[..10], SHIPPED_HEADER, "{bytes:02x?}");
+        let decoded: OrderShipped =
+            outbox_core::codec::avro::decode(bytes).expect("the codec reads it back");
+        assert_eq!(decoded, *event);
+    }
+    let catalog = outbox_core::catalog::entries();
+    let info = catalog
+        .iter()
+        .find(|e| e.event_type == "OrderShipped")
+        .expect("in the catalog");
+    assert_eq!(info.content_type, "application/avro");
+    let document =
+        outbox_core::contract::asyncapi(&outbox_core::contract::Info::new("codecs", "1"))
+            .expect("a document");
+    let message = document.as_value()["components"]["messages"]
+        .as_object()
+        .expect("messages")
+        .values()
+        .find(|m| m["x-outbox-event-type"] == "OrderShipped")
+        .expect("OrderShipped's message")
+        .clone();
+    assert_eq!(message["contentType"], "application/avro", "{message:#}");
     assert_eq!(
-        dead[0].get("message-id"),
-        Some(&json.id.to_string()),
-        "{dead:?}"
+        message["payload"]["schemaFormat"], "application/vnd.apache.avro+json;version=1.9.0",
+        "{message:#}"
     );
-    let reason = &dead[0]["dlq-reason"];
-    assert!(
-        reason.contains("application/json") && reason.contains("reads Protobuf"),
-        "{reason}"
+    let schema = &message["payload"]["schema"];
+    assert_eq!(schema["name"], "OrderShipped", "{schema:#}");
+    assert_eq!(schema["namespace"], "acme", "{schema:#}");
+    assert_eq!(
+        schema["fields"]
+            .as_array()
+            .expect("fields")
+            .iter()
+            .map(|f| f["name"].as_str().expect("a name"))
+            .collect::<Vec<_>>(),
+        ["order_id", "carrier", "weight_kg", "note"],
+        "{schema:#}"
     );
-    B::remove(place).await;
     db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_protobuf_handler_decodes_by_content_type_on_kafka() {
-    a_protobuf_handler_decodes_by_content_type::<Kafka>().await;
+/// Each broker's messages, decoded by fastavro with the schema the AsyncAPI document
+/// gives `OrderShipped`, are the events sent; the fingerprint is the one fastavro
+/// computes for that schema, and fastavro re-encodes the same datum.
+async fn fastavro_decodes_avro<B: Broker>() {
+    let document =
+        outbox_core::contract::asyncapi(&outbox_core::contract::Info::new("codecs", "1"))
+            .expect("a document");
+    let path = std::env::temp_dir().join(format!("outbox-avro-{}.json", uuid::Uuid::now_v7()));
+    std::fs::write(&path, document.to_json()).expect("write the document");
+    let decoded = decoded_by_python::<B>(
+        |destination, n| avro_record(destination, n as i64),
+        "avro_decode.py",
+        &[&path.display().to_string(), "OrderShipped"],
+    )
+    .await;
+    let _ = std::fs::remove_file(&path);
+    for (record, line) in decoded {
+        assert_eq!(
+            line["headers"]["content-type"], "application/avro",
+            "{line:#}"
+        );
+        let expected = shipped(record.seq);
+        assert_eq!(line["fingerprint_matches"], true, "{line:#}");
+        assert_eq!(line["reencoded_equal"], true, "{line:#}");
+        assert_eq!(line["record"]["order_id"], expected.order_id, "{line:#}");
+        assert_eq!(line["record"]["carrier"], expected.carrier, "{line:#}");
+        assert_eq!(line["record"]["weight_kg"], expected.weight_kg, "{line:#}");
+        let note = serde_json::to_value(&expected.note).expect("json");
+        assert_eq!(line["record"]["note"], note, "{line:#}");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_protobuf_handler_decodes_by_content_type_on_nats() {
-    a_protobuf_handler_decodes_by_content_type::<Nats>().await;
+/// A handler of the Avro type gets the events; a JSON message of the same event type is
+/// undecodable for it (its content type) and goes to the dead letters.
+async fn an_avro_handler_decodes_by_content_type<B: Broker>() {
+    let mut json = String::new();
+    let (got_, dead) = consumed::<B>(
+        |destination| {
+            let records = vec![
+                avro_record(destination, 1),
+                avro_record(destination, 2),
+                json_record(destination, "OrderShipped", 3),
+            ];
+            json = records[2].id.to_string();
+            records
+        },
+        1,
+        |builder| {
+            builder.on::<OrderShipped, _>(|tx, msg| {
+                let e = msg.event;
+                Box::pin(got(
+                    tx,
+                    e.order_id,
+                    format!("{} {:?} {}", e.carrier, e.note, e.weight_kg),
+                ))
+            })
+        },
+    )
+    .await;
+    let expected = |n: i64| {
+        let e = shipped(n);
+        (n, format!("{} {:?} {}", e.carrier, e.note, e.weight_kg))
+    };
+    assert_eq!(got_, [expected(1), expected(2)]);
+    dead_for_content_type(&dead, &json, "Avro");
 }
 
+/// `on_event_type` would read an Avro type as JSON (its serde derives): `build` refuses
+/// it, naming `on`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_protobuf_handler_decodes_by_content_type_on_rabbitmq() {
-    a_protobuf_handler_decodes_by_content_type::<Rabbit>().await;
+async fn an_avro_type_is_handled_with_on_not_on_event_type() {
+    use outbox_tests::consumers::Kafka;
+    let db = TestDb::new().await;
+    let outbox = db.outbox().await;
+    let place = Kafka::place().await;
+    let built = Consumer::builder(
+        Kafka::transport(&place, "g").await,
+        Inbox::new(&outbox, "c"),
+    )
+    .on_event_type::<OrderShipped, _>("OrderShipped", |_, _| Box::pin(async { Ok(()) }))
+    .build();
+    let Err(err) = built else {
+        panic!("an Avro type registered with on_event_type was accepted")
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("OrderShipped")
+            && text.contains("application/avro")
+            && text.contains(".on::<T, _>"),
+        "{text}"
+    );
+    Kafka::remove(place).await;
+    db.cleanup().await;
+}
+
+/// Each generic test above, once per broker.
+macro_rules! suite {
+    ($broker:ident, $ty:ty) => {
+        mod $broker {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn python_decodes_protobuf() {
+                super::python_decodes_protobuf::<$ty>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_protobuf_handler_decodes_by_content_type() {
+                super::a_protobuf_handler_decodes_by_content_type::<$ty>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fastavro_decodes_avro() {
+                super::fastavro_decodes_avro::<$ty>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_avro_handler_decodes_by_content_type() {
+                super::an_avro_handler_decodes_by_content_type::<$ty>().await;
+            }
+        }
+    };
+}
+
+suite!(on_kafka, outbox_tests::consumers::Kafka);
+suite!(on_nats, outbox_tests::consumers::Nats);
+suite!(on_rabbitmq, outbox_tests::consumers::Rabbit);
+
+mod evolution {
+    //! A consumer whose type's schema gained a field (with a default) reads payloads of
+    //! the earlier schema once that schema is registered, and says what is missing until
+    //! then.
+
+    /// The first schema of `Shipment`.
+    #[derive(serde::Serialize, serde::Deserialize, apache_avro::AvroSchema)]
+    #[serde(rename = "Shipment")]
+    pub struct V1 {
+        pub order_id: i64,
+    }
+
+    /// The next one: `service` added, with a default.
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, apache_avro::AvroSchema)]
+    #[serde(rename = "Shipment")]
+    pub struct V2 {
+        pub order_id: i64,
+        #[avro(default = r#""standard""#)]
+        pub service: String,
+    }
+
+    #[test]
+    fn an_earlier_schema_is_read_once_registered() {
+        use apache_avro::AvroSchema as _;
+        use outbox_core::codec::avro;
+        let payload = avro::encode(&V1 { order_id: 9 }).expect("encode");
+        let err = avro::decode::<V2>(&payload).expect_err("an unknown writer schema");
+        let text = err.to_string();
+        let hex = |f: [u8; 8]| f.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert!(
+            text.contains(&hex(avro::fingerprint(&V1::get_schema())))
+                && text.contains(&hex(avro::fingerprint(&V2::get_schema())))
+                && text.contains("register_writer_schema"),
+            "{text}"
+        );
+        avro::register_writer_schema(V1::get_schema()).expect("register");
+        assert_eq!(
+            avro::decode::<V2>(&payload).expect("resolved"),
+            V2 {
+                order_id: 9,
+                service: "standard".to_owned()
+            }
+        );
+        let garbage = avro::decode::<V2>(b"{\"order_id\":9}").expect_err("not Avro");
+        assert!(
+            garbage
+                .to_string()
+                .contains("not an Avro single-object payload"),
+            "{garbage}"
+        );
+    }
 }

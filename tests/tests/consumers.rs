@@ -171,13 +171,7 @@ async fn a_poison_message_is_dead_lettered_and_its_key_goes_on<B: Broker>() {
     .build()
     .expect("consumer")
     .spawn();
-    wait_until("all three consumed", WAIT, || async {
-        let s = consumer.stats();
-        s.handled + s.dead_lettered >= 3
-    })
-    .await;
-    let stats = consumer.stats();
-    consumer.shutdown().await.expect("consumer");
+    let stats = outbox_tests::consumers::settle(consumer, 3, WAIT).await;
     assert_eq!(
         (stats.handled, stats.dead_lettered, stats.handler_errors),
         (2, 1, 2),
@@ -464,13 +458,7 @@ async fn the_decoder_gets_the_exact_bytes_and_another_format_is_undecodable<B: B
     .build()
     .expect("consumer")
     .spawn();
-    wait_until("both consumed", WAIT, || async {
-        let s = consumer.stats();
-        s.handled + s.dead_lettered >= 2
-    })
-    .await;
-    let stats = consumer.stats();
-    consumer.shutdown().await.expect("consumer");
+    let stats = outbox_tests::consumers::settle(consumer, 2, WAIT).await;
     assert_eq!((stats.handled, stats.dead_lettered), (1, 1), "{stats:?}");
     let stored: Vec<(uuid::Uuid, String)> = sqlx::query_as("SELECT id, text FROM raw")
         .fetch_all(&db.pool)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
-use crate::codec::Decode;
+use crate::codec::{Decode, Decoder};
 use crate::event::OutboxEvent;
 use crate::inbox::Inbox;
 use crate::store::Backend;
@@ -108,6 +108,7 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
         }
         let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
             handler,
+            decoder: E::__outbox_decoder().unwrap_or_else(Decoder::of),
             _event: PhantomData::<fn() -> E>,
         });
         for name in names {
@@ -167,14 +168,27 @@ impl<T: Transport, DB: Backend> ConsumerBuilder<T, DB> {
 
     /// Handles messages whose event type is `event_type`, with a payload that decodes
     /// to `E` (JSON for a `serde` type, see [`codec`](crate::codec); no `OutboxEvent`
-    /// derive needed).
+    /// derive needed). `E`'s [`Decode`] decides; an Avro event type (`codec = avro`,
+    /// whose serde derives make it JSON's `Decode`) is refused by
+    /// [`build`](Self::build): register it with [`on`](Self::on).
     pub fn on_event_type<E, F>(mut self, event_type: impl Into<String>, handler: F) -> Self
     where
         E: Decode + Send + 'static,
         F: Handler<DB, E>,
     {
+        let full = std::any::type_name::<E>();
+        let name = full.split('<').next().unwrap_or(full);
+        if let Some(e) = crate::catalog().into_iter().find(|e| {
+            e.rust_type == name && crate::codec::is_media_type(e.content_type, crate::codec::AVRO)
+        }) {
+            self.errors.push(Error::CodecNeedsOn {
+                rust_type: e.rust_type,
+                content_type: e.content_type,
+            });
+        }
         let dispatch: Arc<dyn Dispatch<DB>> = Arc::new(Typed {
             handler,
+            decoder: Decoder::of(),
             _event: PhantomData::<fn() -> E>,
         });
         self.add(event_type.into(), dispatch);

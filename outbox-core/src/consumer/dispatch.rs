@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::codec::{CodecError, Decode};
+use crate::codec::{CodecError, Decoder};
 use crate::store::Backend;
 use crate::tx::OutboxTx;
 
@@ -27,28 +27,29 @@ pub(super) trait Dispatch<DB: Backend>: Send + Sync {
     fn decode(self: Arc<Self>, payload: &[u8], meta: Received<()>) -> Result<Run<DB>, CodecError>;
 }
 
-/// The handler `F` of events of type `T`.
+/// The handler `F` of events of type `T`, read by `decoder`.
 pub(super) struct Typed<T, F> {
     pub(super) handler: F,
+    pub(super) decoder: Decoder<T>,
     pub(super) _event: PhantomData<fn() -> T>,
 }
 
 impl<DB: Backend, T, F> Dispatch<DB> for Typed<T, F>
 where
-    T: Decode + Send + 'static,
+    T: Send + 'static,
     F: Handler<DB, T>,
 {
     fn reads(&self, content_type: &str) -> bool {
-        T::reads(content_type)
+        (self.decoder.reads)(content_type)
     }
 
     fn format(&self) -> &'static str {
-        T::FORMAT
+        self.decoder.format
     }
 
     fn decode(self: Arc<Self>, payload: &[u8], meta: Received<()>) -> Result<Run<DB>, CodecError> {
         let received = Received {
-            event: T::decode_payload(payload)?,
+            event: (self.decoder.decode)(payload)?,
             id: meta.id,
             event_type: meta.event_type,
             version: meta.version,

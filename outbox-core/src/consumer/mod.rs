@@ -386,6 +386,20 @@ pub enum Error {
     #[error("two handlers registered for event type `{0}`; register one handler per event type")]
     DuplicateHandler(String),
 
+    /// `.on_event_type::<T, _>` with a type whose derive chose a codec that only
+    /// [`on`](ConsumerBuilder::on) reads with (Avro): by its serde derives it would be
+    /// read as JSON, and every message would be undecodable.
+    #[error(
+        "`{rust_type}` is a `{content_type}` event type: register its handler with `.on::<T, _>(handler)`, \
+         which decodes its payloads as its derive says (`.on_event_type` would read them as JSON)"
+    )]
+    CodecNeedsOn {
+        /// The Rust type.
+        rust_type: &'static str,
+        /// Its content type.
+        content_type: &'static str,
+    },
+
     /// No handler at all.
     #[error("the consumer has no handlers; add them with `.on::<T, _>(..)`")]
     NoHandlers,

@@ -14,6 +14,11 @@
 //! | the version went down, or was removed | breaking |
 //! | a new event type, a new optional field | compatible |
 //! | a schema changed together with a version bump | compatible |
+//! | the content type changed | breaking |
+//!
+//! An Avro event's schema is compared by Avro's schema resolution instead, and any change
+//! to its fingerprint is breaking for outbox consumers (`contract/avro.rs`), with the
+//! same version-bump rule.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -251,13 +256,24 @@ fn compare_event(
         }
         (None, _) => return,
     };
-    let mut schema = Schemas {
-        baseline,
-        current,
-        visited: HashSet::new(),
-        found: Vec::new(),
+    let found = match (avro_schema(old), avro_schema(new)) {
+        (Some(old), Some(new)) => super::avro::compare(old, new),
+        (None, None) => {
+            let mut schema = Schemas {
+                baseline,
+                current,
+                visited: HashSet::new(),
+                found: Vec::new(),
+            };
+            schema.compare("", old, new);
+            schema.found
+        }
+        // One side Avro, the other not (the content type most likely changed too).
+        _ => vec![(
+            true,
+            "the payload's schema format changed (Avro on one side only)".to_owned(),
+        )],
     };
-    schema.compare("", old, new);
     let version_note = match (before.version, after.version) {
         (a, Some(b)) if bumped => format!(
             " (allowed: the version went from {} to {b})",
@@ -265,13 +281,27 @@ fn compare_event(
         ),
         _ => String::new(),
     };
-    for (breaking, what) in schema.found {
+    for (breaking, what) in found {
         if breaking && bumped {
             push(false, format!("{what}{version_note}"));
         } else {
             push(breaking, what);
         }
     }
+}
+
+/// The Avro schema of a payload that AsyncAPI's multi-format schema object gives as one
+/// (`schemaFormat` `application/vnd.apache.avro...`).
+fn avro_schema(payload: &Value) -> Option<&Value> {
+    payload
+        .get("schemaFormat")
+        .and_then(Value::as_str)
+        .filter(|f| {
+            f.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/vnd.apache.avro")
+        })
+        .and(payload.get("schema"))
 }
 
 /// Walks two payload schemas side by side.
@@ -830,6 +860,56 @@ mod tests {
             json!("Application/JSON ");
         let same = check(&json_default, &spelled);
         assert!(same.changes().is_empty(), "case and spaces aside: {same}");
+    }
+
+    /// Avro payloads (a multi-format schema object) are compared by Avro's rules, with
+    /// the version-bump rule.
+    #[test]
+    fn avro_schemas_are_compared_by_avro_rules() {
+        let avro = |version: i64, fields: Value| {
+            doc(&[(
+                "OrderShipped",
+                Some(version),
+                Some("order_id"),
+                json!({
+                    "schemaFormat": "application/vnd.apache.avro+json;version=1.9.0",
+                    "schema": { "type": "record", "name": "OrderShipped", "fields": fields },
+                }),
+            )])
+        };
+        let old = avro(
+            1,
+            json!([{"name": "order_id", "type": "long"}, {"name": "carrier", "type": "string"}]),
+        );
+        let dropped = avro(1, json!([{"name": "order_id", "type": "long"}]));
+        let r = check(&old, &dropped);
+        assert!(r.is_breaking(), "{r}");
+        assert!(
+            r.to_string()
+                .contains("`carrier` was removed, and the old schema gives it no default"),
+            "{r}"
+        );
+        let bumped = avro(2, json!([{"name": "order_id", "type": "long"}]));
+        let r = check(&old, &bumped);
+        assert!(!r.is_breaking(), "a version bump allows it: {r}");
+        let added = avro(
+            1,
+            json!([
+                {"name": "order_id", "type": "long"},
+                {"name": "carrier", "type": "string"},
+                {"name": "note", "type": ["null", "string"], "default": null},
+            ]),
+        );
+        let r = check(&old, &added);
+        assert!(
+            r.is_breaking(),
+            "compatible for Avro, but a new fingerprint outbox consumers do not know: {r}"
+        );
+        assert!(
+            r.to_string().contains("`note` was added with a default"),
+            "{r}"
+        );
+        assert!(r.to_string().contains("register_writer_schema"), "{r}");
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //!
 //! [AsyncAPI 3.0]: https://www.asyncapi.com/docs/reference/specification/v3.0.0
 
+mod avro;
 mod compat;
 mod yaml;
 
@@ -550,6 +551,14 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
         "headers": message_headers(e, info),
     });
     match e.schema_in(generator) {
+        // An Avro event's schema, as AsyncAPI's multi-format schema object: what any
+        // Avro library decodes its payloads with.
+        Some(schema) if crate::codec::is_media_type(e.content_type, crate::codec::AVRO) => {
+            message["payload"] = json!({
+                "schemaFormat": crate::codec::AVRO_SCHEMA_FORMAT,
+                "schema": schema,
+            });
+        }
         // A JSON Schema describes JSON only; another codec's payload (Protobuf, bytes) is
         // opaque here: the document says its content type, not its fields.
         _ if !crate::payload::is_json(e.content_type) => {

@@ -7,7 +7,7 @@ use syn::{Attribute, Expr, Fields, Generics, Ident, LitInt, LitStr, Member, Path
 use super::serde_names;
 use crate::attr::{Attr, Errors, parse_crate_path};
 
-pub(crate) const VALID_KEYS: &str = "`destination = ...`, `key = field`, `event_type = \"...\"`, `version = N`, `codec = json|protobuf|bytes`, `content_type = \"...\"` or `crate = \"...\"`";
+pub(crate) const VALID_KEYS: &str = "`destination = ...`, `key = field`, `event_type = \"...\"`, `version = N`, `codec = json|protobuf|avro|bytes`, `content_type = \"...\"` or `crate = \"...\"`";
 
 pub(crate) struct Input<'a> {
     pub ident: &'a Ident,
@@ -59,6 +59,8 @@ pub(crate) enum Codec {
     Protobuf,
     /// The type's bytes (`AsRef<[u8]>`).
     Bytes,
+    /// apache-avro's serde support, single-object encoding.
+    Avro,
 }
 
 #[derive(Default)]
@@ -180,16 +182,17 @@ impl Attrs {
                     version.set(errors, &path, keyed(&path, (lit, n)));
                 } else if meta.path.is_ident("codec") {
                     let value: syn::Ident = meta.value()?.parse().map_err(|e| {
-                        syn::Error::new(e.span(), "`codec` is `json`, `protobuf` or `bytes`: `codec = protobuf`")
+                        syn::Error::new(e.span(), "`codec` is `json`, `protobuf`, `avro` or `bytes`: `codec = protobuf`")
                     })?;
                     let c = match value.to_string().as_str() {
                         "json" => Codec::Json,
                         "protobuf" => Codec::Protobuf,
                         "bytes" => Codec::Bytes,
+                        "avro" => Codec::Avro,
                         other => {
                             return Err(syn::Error::new(
                                 value.span(),
-                                format_args!("unknown codec `{other}`; `codec` is `json` (the default), `protobuf` (a prost::Message) or `bytes` (the type's bytes)"),
+                                format_args!("unknown codec `{other}`; `codec` is `json` (the default), `protobuf` (a prost::Message), `avro` (an apache_avro::AvroSchema) or `bytes` (the type's bytes)"),
                             ));
                         }
                     };

@@ -25,7 +25,19 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
     // below; the bound under a binder keeps the impl itself from failing a second time
     // (with rustc's misleading "sealed trait" note) — uses of the type still need it.
     // Another codec: its own impls and assertion (non-generic types only: `valid`).
-    let serialize = if codec != Codec::Json {
+    let serialize = if codec == Codec::Avro {
+        // An Avro type is `Serialize` (apache-avro writes through serde), so `Encode` is
+        // JSON's blanket impl: the `OutboxEvent` impl below routes its payload through
+        // `AvroEvent` instead, which holds only under the binder (one error, the
+        // assertion's, for a type that is not an Avro record).
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__outbox_codec> Self: #p::Encode));
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__outbox_codec> Self: #p::AvroEvent));
+        quote_spanned!(ident.span()=> const _: () = #p::assert_avro::<#ident>();)
+    } else if codec != Codec::Json {
         // `Encode` holds only where the codec's own bound does (under a binder): the
         // impl below assumes it, so a type the codec cannot take is reported once.
         where_clause
@@ -122,6 +134,21 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
         Data::Union(_) => unreachable!("rejected by valid::check"),
     };
 
+    let codec_hooks = if codec == Codec::Avro {
+        quote! {
+            fn __outbox_content_type(&self) -> #p::Cow<'static, str> {
+                #p::Cow::Borrowed(#p::AVRO)
+            }
+            fn __outbox_encode(&self) -> #p::Result<#p::Vec<u8>, #p::CodecError> {
+                <Self as #p::AvroEvent>::__encode(self)
+            }
+            fn __outbox_decoder() -> #p::Option<#p::Decoder<Self>> {
+                #p::Option::Some(<Self as #p::AvroEvent>::__decoder())
+            }
+        }
+    } else {
+        quote!()
+    };
     quote! {
         #serialize
         #[automatically_derived]
@@ -138,6 +165,7 @@ pub(crate) fn derive(input: &Input<'_>) -> TokenStream {
             fn version(&self) -> #p::Option<::core::primitive::i32> {
                 #version_body
             }
+            #codec_hooks
         }
         #registrations
     }
@@ -152,6 +180,7 @@ fn content_type(p: &TokenStream, attrs: &Attrs, codec: Codec) -> TokenStream {
         }
         (Codec::Bytes, None) => quote!(#p::OCTET_STREAM),
         (Codec::Protobuf, _) => quote!(#p::PROTOBUF),
+        (Codec::Avro, _) => quote!(#p::AVRO),
         (Codec::Json, _) => quote!(#p::JSON),
     }
 }
@@ -180,7 +209,7 @@ fn codec_impls(
                 .eq_ignore_ascii_case(#content_type.split(';').next().unwrap_or_default().trim())),
             "bytes",
         ),
-        Codec::Json => unreachable!("JSON is serde's"),
+        Codec::Json | Codec::Avro => unreachable!("JSON and Avro are serde's"),
     };
     // Bounds under a binder are checked where the impl is used, not here: a type that is
     // no `prost::Message` is reported once, by the assertion on the type; `Decode` for a
@@ -194,7 +223,7 @@ fn codec_impls(
             quote!(),
             quote!(where for<'__outbox> #ident: ::core::convert::From<#p::Vec<u8>>),
         ),
-        Codec::Json => unreachable!("JSON is serde's"),
+        Codec::Json | Codec::Avro => unreachable!("JSON and Avro are serde's"),
     };
     quote! {
         #assert
@@ -335,7 +364,22 @@ fn register(
     // The schema, found through `schemars::JsonSchema` when the type implements it
     // (autoref: the bounded impl is tried first). A generic type has no one schema.
     let generic = !input.generics.params.is_empty();
-    let schema = if !generic {
+    let avro = input
+        .attrs
+        .codec
+        .as_ref()
+        .is_some_and(|c| c.value == Codec::Avro);
+    let schema = if avro {
+        // The Avro schema (autoref: found only for an Avro event; the assertion on the
+        // type reports any other).
+        quote! {
+            |_: &mut #p::SchemaGen| {
+                #[allow(unused_imports)]
+                use #p::{NoAvroSchema as _, ViaAvroSchema as _};
+                (&#p::Probe::<#ident>::NEW).outbox_avro_schema()
+            }
+        }
+    } else if !generic {
         quote! {
             |__outbox_generator: &mut #p::SchemaGen| {
                 #[allow(unused_imports)]

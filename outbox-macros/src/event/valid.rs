@@ -127,13 +127,13 @@ fn check_codec(input: &Input<'_>, errors: &mut Errors) {
         if matches!(input.data, Data::Enum(_)) {
             errors.spanned(
                 &c.key,
-                "`codec` other than `json` on an enum: a Protobuf or bytes event is one type; derive it on a struct (one per event type)",
+                "`codec` other than `json` on an enum: a Protobuf, Avro or bytes event is one type; derive it on a struct (one per event type)",
             );
         }
         if !input.generics.params.is_empty() {
             errors.spanned(
                 &c.key,
-                "`codec` other than `json` on a type with type or lifetime parameters: derive it on a type without (a Protobuf message or an owned byte buffer)",
+                "`codec` other than `json` on a type with type or lifetime parameters: derive it on a type without (a Protobuf message, an Avro record or an owned byte buffer)",
             );
         }
     }
@@ -141,7 +141,7 @@ fn check_codec(input: &Input<'_>, errors: &mut Errors) {
         if codec != Codec::Bytes {
             errors.spanned(
                 &ct.key,
-                "`content_type` names what `codec = bytes` sends; JSON and Protobuf have their own (`application/json`, `application/protobuf`)",
+                "`content_type` names what `codec = bytes` sends; JSON, Protobuf and Avro have their own (`application/json`, `application/protobuf`, `application/avro`)",
             );
         }
         let value = ct.value.value();

@@ -19,7 +19,7 @@ struct Report {
 struct Thumbnail(Vec<u8>);
 
 #[derive(serde::Serialize, OutboxEvent)]
-#[outbox(destination = "orders.events", codec = avro)]
+#[outbox(destination = "orders.events", codec = thrift)]
 struct Later {
     n: u64,
 }
