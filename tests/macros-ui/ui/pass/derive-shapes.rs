@@ -1,6 +1,9 @@
 //! Every shape the derive accepts, with `#![no_implicit_prelude]`-style paranoia:
 //! generated code must not rely on names in the user's scope.
 #![no_implicit_prelude]
+// A test target of the workspace: its `extern crate`s are what a crate without the
+// implicit prelude writes, and its types exist only for the derive.
+#![allow(unused_extern_crates, missing_debug_implementations)]
 
 extern crate outbox_core;
 extern crate serde;
@@ -41,7 +44,9 @@ where
 #[derive(serde::Serialize, OutboxEvent)]
 #[outbox(destination = "enum", key = id)]
 pub enum WithSharedKey<T> {
-    A { id: T },
+    A {
+        id: T,
+    },
     #[outbox(key = 1, event_type = "b.v2", version = 2)]
     B(String, char),
 }

@@ -1,5 +1,8 @@
 //! Every shape `#[transactional_outbox]` accepts.
 
+// A test target of the workspace: its types exist only for the attribute.
+#![allow(missing_debug_implementations)]
+
 use std::sync::Arc;
 
 use outbox_core::sqlx::Postgres;
@@ -117,12 +120,20 @@ fn assert_send<T: Send>(_: T) {}
 
 async fn callers(outbox: &Outbox, pool_outbox: Outbox<Postgres>) -> Result<(), AppError> {
     assert_eq!(free(outbox, 1, "n".into()).await?, 1);
-    explicit_backend(outbox, (1, 2), "x").await.map_err(AppError::from)?;
+    explicit_backend(outbox, (1, 2), "x")
+        .await
+        .map_err(AppError::from)?;
     generic_backend(&pool_outbox).await?;
-    with_context(&Context { outbox: outbox.clone() }).await?;
+    with_context(&Context {
+        outbox: outbox.clone(),
+    })
+    .await?;
     alias(outbox).await?;
     assert_eq!(with_two_generated_names(outbox, 1).await?, 1);
-    let mut service = Service { outbox: Arc::new(outbox.clone()), repo: 0_u8 };
+    let mut service = Service {
+        outbox: Arc::new(outbox.clone()),
+        repo: 0_u8,
+    };
     service.by_ref().await?;
     service.by_mut().await?;
     let service = Arc::new(service.by_value().await?);
