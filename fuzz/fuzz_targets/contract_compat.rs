@@ -4,7 +4,9 @@
 //! `oneOf`, `anyOf`, `items`, `enum`, and any JSON where a schema is expected; and on
 //! Avro schemas (AsyncAPI's multi-format payloads): records, enums, fixed, unions,
 //! arrays, maps, references to named types in and across namespaces, aliases, defaults,
-//! logical types, and any JSON where an Avro type is expected.
+//! logical types, and any JSON where an Avro type is expected; and on Protobuf schemas
+//! (`.proto` text): fields of every label, maps, oneofs, reserved numbers and names,
+//! numbers used twice or out of range, and any text.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -235,6 +237,50 @@ fn name_of_field(i: u8) -> &'static str {
     ["id", "note", "to", "from", "status", "NEW", "PAID"][usize::from(i) % 7]
 }
 
+/// A Protobuf payload's `.proto`: a message of fields (label, type, number, name),
+/// reserved numbers and names, a oneof, or any text.
+#[derive(Debug, Arbitrary)]
+enum Proto {
+    Message(Vec<(u8, u8, u32, u8)>, Vec<(u32, Option<u32>)>, Vec<u8>, bool),
+    Raw(String),
+}
+
+fn proto_of(p: &Proto) -> String {
+    const LABELS: [&str; 4] = ["", "optional ", "repeated ", "required "];
+    const TYPES: [&str; 7] = [
+        "uint64", "string", "bytes", "int32", "map<string, int64>", "Address", "double",
+    ];
+    match p {
+        Proto::Raw(text) => text.clone(),
+        Proto::Message(fields, reserved, names, oneof) => {
+            let mut text = String::from("syntax = \"proto3\";\nmessage Order {\n");
+            if *oneof {
+                text.push_str("  oneof who { string customer = 90; bytes raw = 91; }\n");
+            }
+            for (label, ty, number, name) in fields {
+                text.push_str(&format!(
+                    "  {}{} {} = {};\n",
+                    LABELS[usize::from(*label) % 4],
+                    TYPES[usize::from(*ty) % 7],
+                    name_of_field(*name),
+                    number % 100
+                ));
+            }
+            for (from, to) in reserved {
+                match to {
+                    Some(to) => text.push_str(&format!("  reserved {} to {};\n", from % 100, to % 100)),
+                    None => text.push_str(&format!("  reserved {};\n", from % 100)),
+                }
+            }
+            for n in names {
+                text.push_str(&format!("  reserved \"{}\";\n", name_of_field(*n)));
+            }
+            text.push_str("}\n");
+            text
+        }
+    }
+}
+
 #[derive(Debug, Arbitrary)]
 struct Message {
     channel: u8,
@@ -243,6 +289,7 @@ struct Message {
     key: Option<u8>,
     payload: Option<Schema>,
     avro: Option<Avro>,
+    proto: Option<Proto>,
     by_ref: bool,
 }
 
@@ -275,6 +322,12 @@ fn document(doc: &Document) -> Value {
             message["payload"] = json!({
                 "schemaFormat": "application/vnd.apache.avro+json;version=1.9.0",
                 "schema": avro_of(a, 0),
+            });
+        }
+        if let Some(p) = &m.proto {
+            message["payload"] = json!({
+                "schemaFormat": "application/vnd.google.protobuf;version=3",
+                "schema": proto_of(p),
             });
         }
         let id = format!("m{i}");

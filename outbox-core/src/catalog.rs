@@ -157,7 +157,10 @@ impl EventInfo {
     /// `None` when the Rust type does not derive `schemars::JsonSchema`. For an Avro
     /// event ([`content_type`](Self::content_type) `application/avro`), its Avro schema
     /// in JSON form instead (what the contract document gives with `schemaFormat`
-    /// `application/vnd.apache.avro+json;version=1.9.0`). For an enum,
+    /// `application/vnd.apache.avro+json;version=1.9.0`). For a Protobuf event whose
+    /// fields are all scalars or maps of scalars, its `.proto` text as a JSON string
+    /// (`application/vnd.google.protobuf;version=3`; `None` for one with a message,
+    /// enumeration or oneof field, whose schema is not all in the type). For an enum,
     /// every variant's entry has the enum's schema: the payload is the enum's serde
     /// form. Generated on each call.
     #[cfg(feature = "schema")]
@@ -319,6 +322,13 @@ pub mod probe {
     /// For generic event types, which have no one schema.
     pub fn none(_: &mut SchemaGen) -> Option<serde_json::Value> {
         None
+    }
+
+    /// A Protobuf event's `.proto` text (the derive reads it off the fields' prost
+    /// attributes), as the JSON string the contract document gives with `schemaFormat`
+    /// `application/vnd.google.protobuf;version=3`.
+    pub fn proto(text: &str) -> Option<serde_json::Value> {
+        Some(serde_json::Value::String(text.to_owned()))
     }
 }
 

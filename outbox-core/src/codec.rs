@@ -162,6 +162,10 @@ pub const AVRO: &str = "application/avro";
 /// The AsyncAPI `schemaFormat` of the Avro schemas in the contract document.
 pub const AVRO_SCHEMA_FORMAT: &str = "application/vnd.apache.avro+json;version=1.9.0";
 
+/// The AsyncAPI `schemaFormat` of the Protobuf schemas (`.proto` text) in the contract
+/// document.
+pub const PROTOBUF_SCHEMA_FORMAT: &str = "application/vnd.google.protobuf;version=3";
+
 /// Raw bytes: what `#[outbox(codec = bytes)]` generates calls.
 #[doc(hidden)]
 pub mod bytes {
@@ -184,6 +188,7 @@ pub mod protobuf {
     use super::CodecError;
 
     pub use super::PROTOBUF as CONTENT_TYPE;
+    pub use super::PROTOBUF_SCHEMA_FORMAT as SCHEMA_FORMAT;
 
     /// Whether `content_type` says Protobuf (`application/protobuf`, or the older
     /// `application/x-protobuf`).

@@ -358,6 +358,7 @@ pub mod __private {
 
     pub use crate::catalog::probe::{
         NoAvroSchema, NoJsonSchema, Probe, ViaAvroSchema, ViaJsonSchema, none as no_schema,
+        proto as proto_schema,
     };
     pub use crate::catalog::{EventInfo, SchemaGen};
     pub use crate::store::default::DefaultBackend;

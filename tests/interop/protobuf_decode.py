@@ -1,54 +1,65 @@
 """Reads Protobuf events that outbox's publishers sent to a real broker, with the broker's
 own Python client and Google's Protobuf runtime for Python (PyPI `protobuf`), and prints
-one JSON line per message: its headers and the message decoded with a descriptor built
-here from the schema given on the command line (no code of ours decodes it).
+one JSON line per message: its headers and the message decoded with the `.proto` schema
+that the AsyncAPI document gives the event type, compiled by protoc (PyPI
+`grpcio-tools`): no code of ours reads the schema or decodes the payload.
 tests/tests/codecs.rs runs it and asserts.
 
-    python protobuf_decode.py kafka BROKERS TOPIC COUNT SCHEMA
-    python protobuf_decode.py nats URL STREAM COUNT SCHEMA
-    python protobuf_decode.py rabbitmq URL QUEUE COUNT SCHEMA
+    python protobuf_decode.py kafka BROKERS TOPIC COUNT DOCUMENT EVENT_TYPE
+    python protobuf_decode.py nats URL STREAM COUNT DOCUMENT EVENT_TYPE
+    python protobuf_decode.py rabbitmq URL QUEUE COUNT DOCUMENT EVENT_TYPE
 
-SCHEMA is JSON: {"package": "acme", "message": "OrderPlaced",
-"fields": [["order_id", 1, "uint64"], ["customer", 2, "string"], ...]}.
+DOCUMENT is the path of the AsyncAPI 3.0 document (JSON); the message whose
+`x-outbox-event-type` is EVENT_TYPE has the schema, as AsyncAPI's multi-format schema
+object (`schemaFormat: application/vnd.google.protobuf;version=3`, the `.proto` text);
+its first message is the payload's.
 """
 
 import asyncio
 import json
+import os
 import sys
+import tempfile
 
 import brokers as brokers_
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.json_format import MessageToDict
-
-TYPES = {
-    "uint64": descriptor_pb2.FieldDescriptorProto.TYPE_UINT64,
-    "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
-    "uint32": descriptor_pb2.FieldDescriptorProto.TYPE_UINT32,
-    "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-    "bytes": descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
-    "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
-    "double": descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
-}
+from grpc_tools import protoc
 
 
-def message_class(schema):
-    """The message class of `schema`, through a descriptor pool of its own."""
-    file = descriptor_pb2.FileDescriptorProto(
-        name="outbox_interop.proto", package=schema["package"], syntax="proto3"
-    )
-    message = file.message_type.add(name=schema["message"])
-    for name, number, kind in schema["fields"]:
-        message.field.add(
-            name=name,
-            number=number,
-            type=TYPES[kind],
-            label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
-        )
+def schema_of(document_path, event_type):
+    with open(document_path) as f:
+        document = json.load(f)
+    for message in document["components"]["messages"].values():
+        if message.get("x-outbox-event-type") == event_type:
+            payload = message.get("payload") or {}
+            schema_format = payload.get("schemaFormat", "(none)")
+            if not schema_format.startswith("application/vnd.google.protobuf"):
+                sys.exit(f"{event_type}: the payload's schemaFormat is {schema_format}, not Protobuf")
+            return payload["schema"]
+    sys.exit(f"no message of event type {event_type} in {document_path}")
+
+
+def message_class(proto_text):
+    """The class of the first message of `proto_text`, compiled by protoc."""
+    with tempfile.TemporaryDirectory() as work:
+        source = os.path.join(work, "event.proto")
+        with open(source, "w") as f:
+            f.write(proto_text)
+        out = os.path.join(work, "event.pb")
+        status = protoc.main(["protoc", f"-I{work}", f"--descriptor_set_out={out}", source])
+        if status != 0:
+            sys.exit(f"protoc refused the document's schema (exit {status}):\n{proto_text}")
+        files = descriptor_pb2.FileDescriptorSet()
+        with open(out, "rb") as f:
+            files.ParseFromString(f.read())
+    file = files.file[0]
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    descriptor = pool.FindMessageTypeByName(f"{schema['package']}.{schema['message']}")
-    return message_factory.GetMessageClass(descriptor)
+    name = file.message_type[0].name
+    full = f"{file.package}.{name}" if file.package else name
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
 
 
 def text(value):
@@ -86,8 +97,8 @@ def read_rabbitmq(cls, url, queue, count):
 
 
 def main():
-    mode, address, name, count, schema = sys.argv[1:6]
-    cls = message_class(json.loads(schema))
+    mode, address, name, count, document, event_type = sys.argv[1:7]
+    cls = message_class(schema_of(document, event_type))
     count = int(count)
     if mode == "kafka":
         read_kafka(cls, address, name, count)

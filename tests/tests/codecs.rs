@@ -35,10 +35,6 @@ struct OrderPlaced {
     signature: Vec<u8>,
 }
 
-/// Its schema, as the Python decoder builds its descriptor from it.
-const ORDER_PLACED_SCHEMA: &str = r#"{"package": "acme", "message": "OrderPlaced",
- "fields": [["order_id", 1, "uint64"], ["customer", 2, "string"], ["signature", 3, "bytes"]]}"#;
-
 /// A raw-bytes event: the type is its bytes.
 #[derive(Debug, Clone, PartialEq, OutboxEvent)]
 #[outbox(destination = "thumbnails", codec = bytes, content_type = "image/png")]
@@ -120,6 +116,14 @@ async fn protobuf_and_raw_bytes_events_are_written_as_their_codec_writes_them() 
         .find(|e| e.event_type == "OrderPlaced")
         .expect("in the catalog");
     assert_eq!(info.content_type, "application/protobuf");
+    // Its `.proto`, read off the prost attributes: what the contract document gives.
+    assert_eq!(
+        info.schema(),
+        Some(Value::String(
+            "syntax = \"proto3\";\n\nmessage OrderPlaced {\n  uint64 order_id = 1;\n  string customer = 2;\n  bytes signature = 3;\n}\n"
+                .into()
+        ))
+    );
     db.cleanup().await;
 }
 
@@ -172,11 +176,43 @@ async fn decoded_by_python<B: Broker>(
     records.into_iter().zip(decoded).collect()
 }
 
-/// Each broker's messages, decoded by Python's Protobuf runtime, are the events sent, and
+/// The contract document of this binary's catalog, written to a file of its own for a
+/// Python decoder; removed when dropped.
+struct DocumentFile(std::path::PathBuf);
+
+impl DocumentFile {
+    fn new() -> Self {
+        let document =
+            outbox_core::contract::asyncapi(&outbox_core::contract::Info::new("codecs", "1"))
+                .expect("a document");
+        let path =
+            std::env::temp_dir().join(format!("outbox-codecs-{}.json", uuid::Uuid::now_v7()));
+        std::fs::write(&path, document.to_json()).expect("write the document");
+        DocumentFile(path)
+    }
+
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for DocumentFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Each broker's messages, decoded by Python's Protobuf runtime with the `.proto` the
+/// AsyncAPI document gives `OrderPlaced` (compiled by protoc), are the events sent, and
 /// re-encode to the same bytes.
 async fn python_decodes_protobuf<B: Broker>() {
-    let decoded =
-        decoded_by_python::<B>(record, "protobuf_decode.py", &[ORDER_PLACED_SCHEMA]).await;
+    let document = DocumentFile::new();
+    let decoded = decoded_by_python::<B>(
+        record,
+        "protobuf_decode.py",
+        &[&document.path(), "OrderPlaced"],
+    )
+    .await;
     for (record, line) in decoded {
         assert_eq!(
             line["headers"]["content-type"], "application/protobuf",
@@ -414,18 +450,13 @@ async fn avro_events_are_written_in_single_object_encoding_and_documented_with_t
 /// gives `OrderShipped`, are the events sent; the fingerprint is the one fastavro
 /// computes for that schema, and fastavro re-encodes the same datum.
 async fn fastavro_decodes_avro<B: Broker>() {
-    let document =
-        outbox_core::contract::asyncapi(&outbox_core::contract::Info::new("codecs", "1"))
-            .expect("a document");
-    let path = std::env::temp_dir().join(format!("outbox-avro-{}.json", uuid::Uuid::now_v7()));
-    std::fs::write(&path, document.to_json()).expect("write the document");
+    let document = DocumentFile::new();
     let decoded = decoded_by_python::<B>(
         |destination, n| avro_record(destination, n as i64),
         "avro_decode.py",
-        &[&path.display().to_string(), "OrderShipped"],
+        &[&document.path(), "OrderShipped"],
     )
     .await;
-    let _ = std::fs::remove_file(&path);
     for (record, line) in decoded {
         assert_eq!(
             line["headers"]["content-type"], "application/avro",

@@ -17,8 +17,9 @@
 //! | the content type changed | breaking |
 //!
 //! An Avro event's schema is compared by Avro's schema resolution instead, and any change
-//! to its fingerprint is breaking for outbox consumers (`contract/avro.rs`), with the
-//! same version-bump rule.
+//! to its fingerprint is breaking for outbox consumers (`contract/avro.rs`); a Protobuf
+//! event's by field numbers (a number reused is breaking, `contract/protobuf.rs`); both
+//! with the same version-bump rule.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -256,9 +257,13 @@ fn compare_event(
         }
         (None, _) => return,
     };
-    let found = match (avro_schema(old), avro_schema(new)) {
-        (Some(old), Some(new)) => super::avro::compare(old, new),
-        (None, None) => {
+    let found = match (
+        (avro_schema(old), avro_schema(new)),
+        (proto_schema(old), proto_schema(new)),
+    ) {
+        ((Some(old), Some(new)), _) => super::avro::compare(old, new),
+        (_, (Some(old), Some(new))) => super::protobuf::compare(old, new),
+        ((None, None), (None, None)) => {
             let mut schema = Schemas {
                 baseline,
                 current,
@@ -268,10 +273,15 @@ fn compare_event(
             schema.compare("", old, new);
             schema.found
         }
-        // One side Avro, the other not (the content type most likely changed too).
+        // One side Avro or Protobuf, the other not (the content type most likely
+        // changed too).
         _ => vec![(
             true,
-            "the payload's schema format changed (Avro on one side only)".to_owned(),
+            format!(
+                "the payload's schema format changed from {} to {}",
+                schema_format(old),
+                schema_format(new)
+            ),
         )],
     };
     let version_note = match (before.version, after.version) {
@@ -302,6 +312,29 @@ fn avro_schema(payload: &Value) -> Option<&Value> {
                 .starts_with("application/vnd.apache.avro")
         })
         .and(payload.get("schema"))
+}
+
+/// The `.proto` text of a payload that AsyncAPI's multi-format schema object gives as
+/// one (`schemaFormat` `application/vnd.google.protobuf...`).
+fn proto_schema(payload: &Value) -> Option<&str> {
+    payload
+        .get("schemaFormat")
+        .and_then(Value::as_str)
+        .filter(|f| {
+            f.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/vnd.google.protobuf")
+        })
+        .and(payload.get("schema"))
+        .and_then(Value::as_str)
+}
+
+/// A payload's schema format, for a report: `JSON Schema` when it names none.
+fn schema_format(payload: &Value) -> String {
+    match payload.get("schemaFormat").and_then(Value::as_str) {
+        Some(format) => format!("`{format}`"),
+        None => "JSON Schema".to_owned(),
+    }
 }
 
 /// Walks two payload schemas side by side.

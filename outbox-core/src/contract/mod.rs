@@ -32,6 +32,7 @@
 
 mod avro;
 mod compat;
+mod protobuf;
 mod yaml;
 
 use std::collections::BTreeMap;
@@ -559,8 +560,17 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
                 "schema": schema,
             });
         }
-        // A JSON Schema describes JSON only; another codec's payload (Protobuf, bytes) is
-        // opaque here: the document says its content type, not its fields.
+        // A Protobuf event's `.proto` (the derive wrote it from the fields' prost
+        // attributes): what protoc, and so every Protobuf runtime, reads.
+        Some(schema) if crate::codec::is_media_type(e.content_type, crate::codec::PROTOBUF) => {
+            message["payload"] = json!({
+                "schemaFormat": crate::codec::PROTOBUF_SCHEMA_FORMAT,
+                "schema": schema,
+            });
+        }
+        // A JSON Schema describes JSON only; another codec's payload (a Protobuf message
+        // with fields defined elsewhere, bytes) is opaque here: the document says its
+        // content type, not its fields.
         _ if !crate::payload::is_json(e.content_type) => {
             message["x-outbox-schema"] = json!("opaque");
         }

@@ -369,7 +369,22 @@ fn register(
         .codec
         .as_ref()
         .is_some_and(|c| c.value == Codec::Avro);
-    let schema = if avro {
+    let protobuf = input
+        .attrs
+        .codec
+        .as_ref()
+        .is_some_and(|c| c.value == Codec::Protobuf);
+    let proto = match &input.data {
+        Data::Struct(fields) if protobuf => super::proto::schema(ident, fields),
+        _ => None,
+    };
+    let schema = if let Some(text) = proto {
+        // The `.proto` read off the fields' prost attributes.
+        quote!(|_: &mut #p::SchemaGen| #p::proto_schema(#text))
+    } else if protobuf {
+        // A field defined elsewhere (a message, an enumeration ...): opaque.
+        quote!(#p::no_schema)
+    } else if avro {
         // The Avro schema (autoref: found only for an Avro event; the assertion on the
         // type reports any other).
         quote! {

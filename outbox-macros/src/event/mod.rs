@@ -1,9 +1,11 @@
-//! `#[derive(OutboxEvent)]`: parse (`ast`), check (`valid`), generate (`expand`), or on
-//! error emit the errors plus a stub impl (`fallback`).
+//! `#[derive(OutboxEvent)]`: parse (`ast`), check (`valid`), generate (`expand`, with a
+//! Protobuf event's `.proto` from `proto`), or on error emit the errors plus a stub impl
+//! (`fallback`).
 
 mod ast;
 mod expand;
 mod fallback;
+mod proto;
 mod serde_names;
 mod valid;
 
