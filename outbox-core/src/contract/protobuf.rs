@@ -51,14 +51,29 @@ pub(super) fn compare(old: &str, new: &str) -> Vec<(bool, String)> {
         ));
     }
     for (number, before) in &old.fields {
-        match new.fields.get(number) {
-            Some(after) => compare_field(*number, (before, after), (&old, &new), &mut found),
-            None if new.reserves(*number, &before.name) => found.push((
+        let moved_to = new.number_of(&before.name).filter(|n| n != number);
+        match (new.fields.get(number), moved_to) {
+            (after, Some(to)) => {
+                found.push((
+                    true,
+                    format!(
+                        "field `{}` moved from number {number} to {to}: readers of the baseline do not find it, and readers of this schema find nothing in the messages already written; keep its number",
+                        before.name
+                    ),
+                ));
+                // Its number given to another field: a reuse as well.
+                if let Some(after) = after {
+                    compare_field(*number, (before, after), (&old, &new), &mut found);
+                }
+            }
+            (Some(after), None) => {
+                compare_field(*number, (before, after), (&old, &new), &mut found)
+            }
+            (None, None) if new.reserves_number(*number) => found.push((
                 false,
                 format!("field `{}` ({number}) removed, its number reserved", before.name),
             )),
-            None if new.number_of(&before.name).is_some() => {} // moved: reported below
-            None => found.push((
+            (None, None) => found.push((
                 false,
                 format!(
                     "field `{}` ({number}) removed: readers get its default value; reserve its number (`reserved {number};`) so that no later field reuses it",
@@ -68,23 +83,24 @@ pub(super) fn compare(old: &str, new: &str) -> Vec<(bool, String)> {
         }
     }
     for (number, after) in &new.fields {
-        if old.fields.contains_key(number) {
+        if old.fields.contains_key(number) || old.number_of(&after.name).is_some() {
+            // Compared above, or a move reported above.
             continue;
         }
-        if let Some(was) = old.number_of(&after.name) {
-            found.push((
-                true,
-                format!(
-                    "field `{}` moved from number {was} to {number}: readers of the baseline skip it, and readers of this schema find nothing in the messages already written; keep its number",
-                    after.name
-                ),
-            ));
-        } else if old.reserves(*number, "") {
+        if old.reserves_number(*number) {
             found.push((
                 true,
                 format!(
                     "field number {number} (`{}`) was reserved in the baseline: a field removed before may have used it, so messages already written can hold other data there; take a new number",
                     after.name
+                ),
+            ));
+        } else if old.reserved_names.contains(&after.name) {
+            found.push((
+                false,
+                format!(
+                    "new field `{} {}` ({number}) takes a name the baseline reserved (the binary form has numbers; readers of old messages' JSON form may see another field's value under it)",
+                    after.ty, after.name
                 ),
             ));
         } else {
@@ -94,6 +110,9 @@ pub(super) fn compare(old: &str, new: &str) -> Vec<(bool, String)> {
             ));
         }
     }
+    // A oneof's verdict is found once per member: say it once.
+    let mut said = std::collections::HashSet::new();
+    found.retain(|f| said.insert(f.clone()));
     found
 }
 
@@ -103,7 +122,9 @@ fn compare_field(
     (old, new): (&Message, &Message),
     found: &mut Vec<(bool, String)>,
 ) {
-    let moved = before.name != after.name && new.number_of(&before.name).is_some();
+    // Another field's number given to this one, or this one's given to another.
+    let moved = before.name != after.name
+        && (new.number_of(&before.name).is_some() || old.number_of(&after.name).is_some());
     if before.ty != after.ty || moved {
         found.push((
             true,
@@ -169,24 +190,37 @@ fn oneof_change(
     new: &Message,
 ) -> (bool, String) {
     let name = &after.name;
+    // The members on both sides, by number.
+    let kept = |m: &Message, group: &str, other: &Message| -> Vec<u32> {
+        m.members(group)
+            .filter(|n| other.fields.contains_key(n))
+            .collect()
+    };
     match (&before.oneof, &after.oneof) {
         (None, Some(group)) => {
-            let moved_in = new
+            let moved_in: Vec<&str> = new
                 .members(group)
-                .filter(|n| old.fields.get(n).is_some_and(|f| f.oneof.is_none()))
-                .count();
-            if old.members(group).next().is_some() {
+                .filter_map(|n| old.fields.get(&n).filter(|f| f.oneof.is_none()))
+                .map(|f| f.name.as_str())
+                .collect();
+            // The oneof existed if one of its members was in a oneof in the baseline
+            // (renamed or not).
+            let existed = new
+                .members(group)
+                .any(|n| old.fields.get(&n).is_some_and(|f| f.oneof.is_some()));
+            if existed {
                 (
                     true,
                     format!(
-                        "field `{name}` ({number}) moved into the existing oneof `{group}`: a message that set it and another of the oneof keeps only one of them"
+                        "field `{name}` ({number}) moved into an existing oneof (`{group}`): a message that set it and another of the oneof keeps only one of them"
                     ),
                 )
-            } else if moved_in > 1 {
+            } else if moved_in.len() > 1 {
                 (
                     true,
                     format!(
-                        "{moved_in} fields moved into the new oneof `{group}`, `{name}` ({number}) among them: a message written with several of them set keeps only one"
+                        "fields `{}` moved into the new oneof `{group}`: a message written with several of them set keeps only one",
+                        moved_in.join("`, `")
                     ),
                 )
             } else {
@@ -198,7 +232,7 @@ fn oneof_change(
                 )
             }
         }
-        (Some(was), Some(group)) if old.members(was).eq(new.members(group)) => {
+        (Some(was), Some(group)) if kept(old, was, new) == kept(new, group, old) => {
             (false, format!("oneof `{was}` renamed to `{group}`"))
         }
         (Some(was), _) => (
@@ -255,11 +289,10 @@ impl Message {
             .map(|(n, _)| *n)
     }
 
-    fn reserves(&self, number: u32, name: &str) -> bool {
+    fn reserves_number(&self, number: u32) -> bool {
         self.reserved
             .iter()
             .any(|&(from, to)| (from..=to).contains(&number))
-            || self.reserved_names.iter().any(|n| n == name)
     }
 
     /// The first top-level message of a `.proto` text.
@@ -381,8 +414,10 @@ impl Parser {
 
     fn number(&mut self) -> Result<u32, String> {
         let t = self.need()?;
+        // Decimal, hexadecimal (`0x1F`) or octal (`017`), as protoc reads them.
         let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
             Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            None if t.len() > 1 && t.starts_with('0') => u32::from_str_radix(&t[1..], 8).ok(),
             None => t.parse().ok(),
         };
         parsed.ok_or_else(|| format!("expected a field number, found `{t}`"))
@@ -469,7 +504,20 @@ impl Parser {
                         ));
                     }
                     if self.peek() == Some("[") {
-                        while self.need()? != "]" {}
+                        // Field options, with the brackets and braces of their values.
+                        let mut depth = 0usize;
+                        loop {
+                            match self.need()?.as_str() {
+                                "[" | "{" => depth += 1,
+                                "]" | "}" => {
+                                    depth = depth.saturating_sub(1);
+                                    if depth == 0 {
+                                        break;
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
                     }
                     self.expect(";")?;
                     let field = Field {
@@ -494,12 +542,15 @@ impl Parser {
     fn reserved(&mut self, message: &mut Message) -> Result<(), String> {
         loop {
             let t = self.need()?;
-            if let Some(name) = t
+            let quoted = t
                 .strip_prefix('"')
                 .and_then(|t| t.strip_suffix('"'))
-                .or_else(|| t.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')))
-            {
+                .or_else(|| t.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')));
+            if let Some(name) = quoted {
                 message.reserved_names.push(name.to_owned());
+            } else if t.starts_with(|c: char| c.is_alphabetic() || c == '_') {
+                // Editions write reserved names as identifiers.
+                message.reserved_names.push(t);
             } else {
                 self.at -= 1;
                 let from = self.number()?;
@@ -584,6 +635,34 @@ mod tests {
     }
 
     #[test]
+    fn a_field_moved_to_another_fields_number_breaks() {
+        // Same type: found by the name, not the type.
+        let old = with("uint64 order_id = 1;\nuint64 total = 2;");
+        let new = with("uint64 order_id = 2;");
+        let found = compare(&old, &new);
+        assert!(found.iter().all(|(b, _)| *b), "{found:?}");
+        assert!(
+            found[0]
+                .1
+                .starts_with("field `order_id` moved from number 1 to 2"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].1.starts_with(
+                "field number 2 reused: it was `uint64 total`, it is `uint64 order_id`"
+            ),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn numbers_and_options_are_read_as_protoc_reads_them() {
+        // Octal and hexadecimal numbers; options with brackets and braces in their values.
+        let text = "message OrderPlaced { uint64 order_id = 01 [(a.b) = { list: [1, 2] }, deprecated = true]; string customer = 0x2; bytes signature = 03; reserved 010, foo; }";
+        assert_eq!(verdicts(text), vec![]);
+    }
+
+    #[test]
     fn a_reserved_number_used_again_breaks() {
         let old = with("uint64 order_id = 1;\nreserved 2, 5 to 7;\nreserved \"customer\";");
         let new = with("uint64 order_id = 1;\nstring coupon = 6;");
@@ -658,11 +737,10 @@ mod tests {
     fn oneof_moves_that_lose_values_break() {
         let both =
             with("oneof who { uint64 order_id = 1; string customer = 2; }\nbytes signature = 3;");
-        let found = breaking(&both);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(
-            found[0].starts_with("2 fields moved into the new oneof `who`"),
-            "{found:?}"
+        // Said once for the oneof, not once per member.
+        assert_eq!(
+            breaking(&both),
+            vec!["fields `order_id`, `customer` moved into the new oneof `who`: a message written with several of them set keeps only one".to_owned()]
         );
         let old =
             with("uint64 order_id = 1;\noneof who { string customer = 2; }\nbytes signature = 3;");
@@ -673,7 +751,16 @@ mod tests {
             found[0].0
                 && found[0]
                     .1
-                    .starts_with("field `order_id` (1) moved into the existing oneof `who`"),
+                    .starts_with("field `order_id` (1) moved into an existing oneof (`who`)"),
+            "{found:?}"
+        );
+        // Into the same oneof under a new name: still an existing one.
+        let into_renamed =
+            with("oneof party { uint64 order_id = 1; string customer = 2; }\nbytes signature = 3;");
+        let found = compare(&old, &into_renamed);
+        assert!(
+            found.iter().any(|(b, w)| *b
+                && w.starts_with("field `order_id` (1) moved into an existing oneof (`party`)")),
             "{found:?}"
         );
         let out = compare(&old, BASE);
@@ -690,6 +777,18 @@ mod tests {
         assert_eq!(
             compare(&old, &renamed),
             vec![(false, "oneof `who` renamed to `party`".to_owned())]
+        );
+        // Renamed and given a new member: the old member did not leave it.
+        let grown = with(
+            "uint64 order_id = 1;\noneof party { string customer = 2; string coupon = 5; }\nbytes signature = 3;",
+        );
+        let found = compare(&old, &grown);
+        assert!(found.iter().all(|(b, _)| !b), "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|(_, w)| w == "oneof `who` renamed to `party`"),
+            "{found:?}"
         );
     }
 

@@ -4,9 +4,11 @@
 //! `application/vnd.google.protobuf;version=3` schema format).
 //!
 //! A proto3 message of scalar fields (`optional`, `repeated`, packed or not) and maps of
-//! scalars is written out whole. A field whose type is defined elsewhere (a message, an
-//! enumeration, a oneof, a group) or a proto2 field (`required`, `default`) has no
-//! complete schema here: the document then says the payload is opaque.
+//! scalars is written out whole, tags given or inferred as prost infers them. A field
+//! whose type is defined elsewhere (a message, an enumeration, a oneof, a group), a
+//! proto2 field (`required`, `default`), or anything protoc would refuse (a name that is
+//! not ASCII, two fields with one JSON name, a number protoc reserves) has no complete
+//! schema here: the document then says the payload is opaque.
 
 use syn::punctuated::Punctuated;
 use syn::{Fields, Ident, Lit, Meta, Token};
@@ -30,8 +32,15 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
         return None;
     };
     let mut lines = Vec::new();
+    let mut json_names = std::collections::HashSet::new();
+    // prost gives a field without a tag the one after the previous field's.
+    let mut next_tag = 1;
     for field in &named.named {
         let name = syn::ext::IdentExt::unraw(field.ident.as_ref()?).to_string();
+        // protoc takes ASCII names only, and refuses two fields with one JSON name.
+        if !name.is_ascii() || !json_names.insert(json_name(&name)) {
+            return None;
+        }
         let mut prost = field.attrs.iter().filter(|a| a.path().is_ident("prost"));
         let attr = prost.next()?;
         if prost.next().is_some() {
@@ -40,9 +49,14 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
         let metas = attr
             .parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)
             .ok()?;
-        lines.push(field_line(&name, &metas)?);
+        let (line, tag) = field_line(&name, &metas, next_tag)?;
+        lines.push(line);
+        next_tag = tag.checked_add(1)?;
     }
     let message = syn::ext::IdentExt::unraw(message).to_string();
+    if !message.is_ascii() {
+        return None;
+    }
     let mut text = format!("syntax = \"proto3\";\n\nmessage {message} {{\n");
     for line in lines {
         text.push_str("  ");
@@ -53,9 +67,30 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
     Some(text)
 }
 
-/// One field's line (`repeated uint64 ids = 4 [packed = false];`), from its prost
-/// attribute's items.
-fn field_line(name: &str, metas: &Punctuated<Meta, Token![,]>) -> Option<String> {
+/// protoc's JSON name of a field: `order_id` is `orderId`.
+fn json_name(name: &str) -> String {
+    let mut out = String::new();
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One field's line (`repeated uint64 ids = 4 [packed = false];`) and its number, from
+/// its prost attribute's items (`inferred`: its number if it names none).
+fn field_line(
+    name: &str,
+    metas: &Punctuated<Meta, Token![,]>,
+    inferred: u32,
+) -> Option<(String, u32)> {
     let (mut kind, mut label, mut tag, mut packed) = (None, None, None, None);
     let mut map = None;
     for meta in metas {
@@ -94,10 +129,21 @@ fn field_line(name: &str, metas: &Punctuated<Meta, Token![,]>) -> Option<String>
                     _ => return None,
                 }
             }
+            // `tag(4)`
+            Meta::List(list) if list.path.is_ident("tag") => {
+                tag = list
+                    .parse_args::<syn::LitInt>()
+                    .ok()?
+                    .base10_parse::<u32>()
+                    .ok();
+            }
             Meta::List(_) => return None,
         }
     }
-    let tag = tag.filter(|t| (1..=536_870_911).contains(t))?;
+    // Protobuf's range, without the numbers protoc keeps for itself (19000 to 19999).
+    let tag = tag
+        .or(Some(inferred))
+        .filter(|t| (1..=536_870_911).contains(t) && !(19_000..=19_999).contains(t))?;
     let ty = match (map, kind) {
         (Some(map), None) if label.is_none() => map,
         (None, Some(kind)) => kind,
@@ -108,7 +154,7 @@ fn field_line(name: &str, metas: &Punctuated<Meta, Token![,]>) -> Option<String>
         Some(false) if label == "repeated " => " [packed = false]",
         _ => "",
     };
-    Some(format!("{label}{ty} {name} = {tag}{options};"))
+    Some((format!("{label}{ty} {name} = {tag}{options};"), tag))
 }
 
 #[cfg(test)]
@@ -135,12 +181,16 @@ mod tests {
                 totals: HashMap<String, i64>,
                 #[prost(double, repeated, tag = 6)]
                 weights: Vec<f64>,
+                #[prost(bool)]
+                gift: bool,
+                #[prost(int32, tag(9))]
+                priority: i32,
             }
         });
         assert_eq!(
             text.as_deref(),
             Some(
-                "syntax = \"proto3\";\n\nmessage OrderPlaced {\n  uint64 order_id = 1;\n  optional string note = 2;\n  bytes signature = 3;\n  repeated uint32 lines = 4 [packed = false];\n  map<string, sint64> totals = 5;\n  repeated double weights = 6;\n}\n"
+                "syntax = \"proto3\";\n\nmessage OrderPlaced {\n  uint64 order_id = 1;\n  optional string note = 2;\n  bytes signature = 3;\n  repeated uint32 lines = 4 [packed = false];\n  map<string, sint64> totals = 5;\n  repeated double weights = 6;\n  bool gift = 7;\n  int32 priority = 9;\n}\n"
             )
         );
     }
@@ -156,6 +206,9 @@ mod tests {
             quote::quote!(#[prost(uint64, optional, default = "7", tag = "1")] a: Option<u64>),
             quote::quote!(a: u64),
             quote::quote!(#[prost(uint64, tag = "0")] a: u64),
+            quote::quote!(#[prost(uint64, tag = "19000")] a: u64),
+            quote::quote!(#[prost(uint64, tag = "1")] größe: u64),
+            quote::quote!(#[prost(uint64, tag = "1")] a_b: u64, #[prost(uint64, tag = "2")] a__b: u64),
         ] {
             let item: syn::ItemStruct = syn::parse_quote!(struct E { #field });
             assert_eq!(of(item), None, "{field}");
