@@ -255,11 +255,23 @@ fn compare_event(
     };
     let (old, new) = match (before.payload, after.payload) {
         (Some(old), Some(new)) => (old, new),
-        (Some(_), None) if after.opaque => {
-            push(
-                true,
-                "its payload has no schema in the document any more (opaque: a Protobuf event's `.proto` is written only while every field is a scalar or a map of scalars, so a message, enumeration or oneof field was likely added): what changed cannot be checked; check it by hand, then bump the version or accept the new baseline".to_owned(),
+        (Some(old), None) if after.opaque => {
+            let why = if proto_schema(old).is_some() {
+                " (a Protobuf event's `.proto` is written only while every field is a scalar or a map of scalars: a message, enumeration or oneof field was likely added)"
+            } else {
+                ""
+            };
+            let what = format!(
+                "its payload has no schema in the document any more (opaque){why}: what changed cannot be checked; check it by hand, then bump the version or accept the new baseline"
             );
+            // The bump the message asks for is what allows it, as for every schema.
+            match after.version {
+                Some(version) if bumped => push(
+                    false,
+                    format!("{what} (allowed: the version went to {version})"),
+                ),
+                _ => push(true, what),
+            }
             return;
         }
         (Some(_), None) => {
@@ -1005,7 +1017,16 @@ mod tests {
         message["x-outbox-schema"] = json!("opaque");
         let r = check(&old, &opaque);
         assert!(
-            r.is_breaking() && r.to_string().contains("what changed cannot be checked"),
+            r.is_breaking() && r.to_string().contains("a message, enumeration or oneof field was likely added): what changed cannot be checked"),
+            "{r}"
+        );
+        // With the version bump the message asks for, it is allowed.
+        let mut bumped = opaque.clone();
+        bumped["components"]["messages"]["OrderPlaced.1"]["x-outbox-version"] = json!(2);
+        let r = check(&old, &bumped);
+        assert!(!r.is_breaking(), "{r}");
+        assert!(
+            r.to_string().contains("(allowed: the version went to 2)"),
             "{r}"
         );
     }

@@ -83,10 +83,10 @@ pub(super) fn compare(old: &str, new: &str) -> Vec<(bool, String)> {
         }
     }
     for (number, after) in &new.fields {
-        if old.fields.contains_key(number) || old.number_of(&after.name).is_some() {
-            // Compared above, or a move reported above.
-            continue;
+        if old.fields.contains_key(number) {
+            continue; // compared above
         }
+        let moved = old.number_of(&after.name).is_some();
         if old.reserves_number(*number) {
             found.push((
                 true,
@@ -95,11 +95,13 @@ pub(super) fn compare(old: &str, new: &str) -> Vec<(bool, String)> {
                     after.name
                 ),
             ));
+        } else if moved {
+            // Its move is reported above.
         } else if old.reserved_names.contains(&after.name) {
             found.push((
                 false,
                 format!(
-                    "new field `{} {}` ({number}) takes a name the baseline reserved (the binary form has numbers; readers of old messages' JSON form may see another field's value under it)",
+                    "new field `{} {}` ({number}) takes a name the baseline reserved (the binary form is by number; in the JSON form, messages written before the name was reserved hold another field's value under it)",
                     after.ty, after.name
                 ),
             ));
@@ -190,10 +192,11 @@ fn oneof_change(
     new: &Message,
 ) -> (bool, String) {
     let name = &after.name;
-    // The members on both sides, by number.
-    let kept = |m: &Message, group: &str, other: &Message| -> Vec<u32> {
+    // The members of a oneof that are in a oneof on the other side too (fields moving in
+    // or out have verdicts of their own).
+    let stayed = |m: &Message, group: &str, other: &Message| -> Vec<u32> {
         m.members(group)
-            .filter(|n| other.fields.contains_key(n))
+            .filter(|n| other.fields.get(n).is_some_and(|f| f.oneof.is_some()))
             .collect()
     };
     match (&before.oneof, &after.oneof) {
@@ -232,7 +235,7 @@ fn oneof_change(
                 )
             }
         }
-        (Some(was), Some(group)) if kept(old, was, new) == kept(new, group, old) => {
+        (Some(was), Some(group)) if stayed(old, was, new) == stayed(new, group, old) => {
             (false, format!("oneof `{was}` renamed to `{group}`"))
         }
         (Some(was), _) => (
@@ -414,9 +417,14 @@ impl Parser {
 
     fn number(&mut self) -> Result<u32, String> {
         let t = self.need()?;
-        // Decimal, hexadecimal (`0x1F`) or octal (`017`), as protoc reads them.
+        // Decimal, hexadecimal (`0x1F`) or octal (`017`), as protoc reads them (digits
+        // only: Rust's parsers would take a sign).
         let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-            Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            Some(hex) if hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                u32::from_str_radix(hex, 16).ok()
+            }
+            Some(_) => None,
+            None if !t.bytes().all(|b| b.is_ascii_digit()) => None,
             None if t.len() > 1 && t.starts_with('0') => u32::from_str_radix(&t[1..], 8).ok(),
             None => t.parse().ok(),
         };
@@ -527,6 +535,9 @@ impl Parser {
                         optional,
                         oneof: oneof.map(str::to_owned),
                     };
+                    if message.number_of(&field.name).is_some() {
+                        return Err(format!("field name `{}` is used twice", field.name));
+                    }
                     if let Some(other) = message.fields.insert(number, field) {
                         return Err(format!(
                             "field number {number} is used twice (`{}`)",
@@ -640,6 +651,7 @@ mod tests {
         let old = with("uint64 order_id = 1;\nuint64 total = 2;");
         let new = with("uint64 order_id = 2;");
         let found = compare(&old, &new);
+        assert_eq!(found.len(), 2, "{found:?}");
         assert!(found.iter().all(|(b, _)| *b), "{found:?}");
         assert!(
             found[0]
@@ -657,9 +669,71 @@ mod tests {
 
     #[test]
     fn numbers_and_options_are_read_as_protoc_reads_them() {
-        // Octal and hexadecimal numbers; options with brackets and braces in their values.
-        let text = "message OrderPlaced { uint64 order_id = 01 [(a.b) = { list: [1, 2] }, deprecated = true]; string customer = 0x2; bytes signature = 03; reserved 010, foo; }";
+        // Options with brackets and braces in their values; hexadecimal numbers.
+        let text = "message OrderPlaced { uint64 order_id = 1 [(a.b) = { list: [1, 2] }, deprecated = true]; string customer = 0x2; bytes signature = 3; }";
         assert_eq!(verdicts(text), vec![]);
+        // Octal: 010 is 8, not 10.
+        let octal = "message A { uint64 a = 010; }";
+        assert_eq!(compare("message A { uint64 a = 8; }", octal), vec![]);
+        let found = compare("message A { uint64 a = 10; }", octal);
+        assert!(
+            found[0].0
+                && found[0]
+                    .1
+                    .starts_with("field `a` moved from number 10 to 8"),
+            "{found:?}"
+        );
+        // Digits only: protoc takes no sign.
+        for number in ["+5", "0x+1F", "0+7", "-1", "0x", "08"] {
+            let text = format!("message A {{ uint64 a = {number}; }}");
+            assert_eq!(
+                compare(BASE, &text),
+                vec![(
+                    true,
+                    format!(
+                        "the Protobuf schema cannot be read (expected a field number, found `{number}`)"
+                    )
+                )],
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn reserved_names_are_not_reserved_numbers() {
+        // A removed field whose name alone is reserved still gets the advice for its number.
+        let name_only = with("uint64 order_id = 1;\nreserved \"customer\";\nbytes signature = 3;");
+        let found = verdicts(&name_only);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].1.contains("reserve its number (`reserved 2;`)"),
+            "{found:?}"
+        );
+        // A new field taking a reserved name (editions write it as an identifier).
+        let old = with("uint64 order_id = 1;\nreserved note;");
+        let new = with("uint64 order_id = 1;\nstring note = 2;");
+        let found = compare(&old, &new);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            !found[0].0 && found[0].1.contains("takes a name the baseline reserved"),
+            "{found:?}"
+        );
+        // A field moved onto a reserved number: both are said.
+        let old = with("uint64 order_id = 1;\nreserved 2;");
+        let new = with("uint64 order_id = 2;");
+        let found = compare(&old, &new);
+        assert!(
+            found
+                .iter()
+                .any(|(b, w)| *b && w.starts_with("field `order_id` moved from number 1 to 2")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|(b, w)| *b && w.starts_with("field number 2 (`order_id`) was reserved")),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -758,10 +832,12 @@ mod tests {
         let into_renamed =
             with("oneof party { uint64 order_id = 1; string customer = 2; }\nbytes signature = 3;");
         let found = compare(&old, &into_renamed);
-        assert!(
-            found.iter().any(|(b, w)| *b
-                && w.starts_with("field `order_id` (1) moved into an existing oneof (`party`)")),
-            "{found:?}"
+        assert_eq!(
+            found,
+            vec![
+                (true, "field `order_id` (1) moved into an existing oneof (`party`): a message that set it and another of the oneof keeps only one of them".to_owned()),
+                (false, "oneof `who` renamed to `party`".to_owned()),
+            ]
         );
         let out = compare(&old, BASE);
         assert!(
@@ -799,6 +875,10 @@ mod tests {
             (
                 "message A { uint64 a = 1; uint64 b = 1; }",
                 "field number 1 is used twice (`a`)",
+            ),
+            (
+                "message A { uint64 a = 1; string a = 2; }",
+                "field name `a` is used twice",
             ),
             (
                 "message A { uint64 a = 0; }",

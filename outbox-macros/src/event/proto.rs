@@ -67,21 +67,14 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
     Some(text)
 }
 
-/// protoc's JSON name of a field: `order_id` is `orderId`.
+/// What two fields must not share for protoc: its JSON name (`order_id` is `orderId`),
+/// and, as protoc up to 3.20 compared them, lowercased without underscores (so `foo_bar`
+/// and `foobar` clash too).
 fn json_name(name: &str) -> String {
-    let mut out = String::new();
-    let mut upper = false;
-    for c in name.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    name.chars()
+        .filter(|c| *c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
 }
 
 /// One field's line (`repeated uint64 ids = 4 [packed = false];`) and its number, from
@@ -111,8 +104,8 @@ fn field_line(
                     _ => return None,
                 };
                 match (key.as_str(), value) {
-                    ("tag", Lit::Str(s)) => tag = s.value().trim().parse::<u32>().ok(),
-                    ("tag", Lit::Int(i)) => tag = i.base10_parse::<u32>().ok(),
+                    ("tag", Lit::Str(s)) => tag = Some(s.value().trim().parse::<u32>().ok()?),
+                    ("tag", Lit::Int(i)) => tag = Some(i.base10_parse::<u32>().ok()?),
                     // `bytes = "vec"` / `bytes = "bytes"`: the Rust type, not the wire's.
                     ("bytes", Lit::Str(_)) => kind = Some("bytes".to_owned()),
                     ("packed", Lit::Str(s)) => packed = Some(s.value() == "true"),
@@ -131,11 +124,12 @@ fn field_line(
             }
             // `tag(4)`
             Meta::List(list) if list.path.is_ident("tag") => {
-                tag = list
-                    .parse_args::<syn::LitInt>()
-                    .ok()?
-                    .base10_parse::<u32>()
-                    .ok();
+                tag = Some(
+                    list.parse_args::<syn::LitInt>()
+                        .ok()?
+                        .base10_parse::<u32>()
+                        .ok()?,
+                );
             }
             Meta::List(_) => return None,
         }
@@ -209,6 +203,8 @@ mod tests {
             quote::quote!(#[prost(uint64, tag = "19000")] a: u64),
             quote::quote!(#[prost(uint64, tag = "1")] größe: u64),
             quote::quote!(#[prost(uint64, tag = "1")] a_b: u64, #[prost(uint64, tag = "2")] a__b: u64),
+            quote::quote!(#[prost(uint64, tag = "1")] foo_bar: u64, #[prost(uint64, tag = "2")] foobar: u64),
+            quote::quote!(#[prost(uint64, tag = "x")] a: u64),
         ] {
             let item: syn::ItemStruct = syn::parse_quote!(struct E { #field });
             assert_eq!(of(item), None, "{field}");
