@@ -257,20 +257,25 @@ fn compare_event(
         (Some(old), Some(new)) => (old, new),
         (Some(old), None) if after.opaque => {
             let why = if proto_schema(old).is_some() {
-                " (a Protobuf event's `.proto` is written only while every field is a scalar or a map of scalars: a message, enumeration or oneof field was likely added)"
+                " (a Protobuf event's `.proto` is written only while every field is a scalar or a map of scalars and protoc would take it: a message, enumeration or oneof field was likely added, or a name or tag protoc refuses)"
             } else {
                 ""
             };
             let what = format!(
-                "its payload has no schema in the document any more (opaque){why}: what changed cannot be checked; check it by hand, then bump the version or accept the new baseline"
+                "its payload has no schema in the document any more (opaque){why}: what changed cannot be checked"
             );
-            // The bump the message asks for is what allows it, as for every schema.
+            // A version bump allows it, as for every schema.
             match after.version {
                 Some(version) if bumped => push(
                     false,
                     format!("{what} (allowed: the version went to {version})"),
                 ),
-                _ => push(true, what),
+                _ => push(
+                    true,
+                    format!(
+                        "{what}; check it by hand, then bump the version or accept the new baseline"
+                    ),
+                ),
             }
             return;
         }
@@ -1017,7 +1022,7 @@ mod tests {
         message["x-outbox-schema"] = json!("opaque");
         let r = check(&old, &opaque);
         assert!(
-            r.is_breaking() && r.to_string().contains("a message, enumeration or oneof field was likely added): what changed cannot be checked"),
+            r.is_breaking() && r.to_string().contains("a message, enumeration or oneof field was likely added, or a name or tag protoc refuses): what changed cannot be checked; check it by hand"),
             "{r}"
         );
         // With the version bump the message asks for, it is allowed.

@@ -7,7 +7,8 @@
 //! scalars is written out whole, tags given or inferred as prost infers them. A field
 //! whose type is defined elsewhere (a message, an enumeration, a oneof, a group), a
 //! proto2 field (`required`, `default`), or anything protoc would refuse (a name that is
-//! not ASCII, two fields with one JSON name, a number protoc reserves) has no complete
+//! not ASCII, two field names that match lowercased without underscores, a number
+//! protoc reserves) has no complete
 //! schema here: the document then says the payload is opaque.
 
 use syn::punctuated::Punctuated;
@@ -32,13 +33,13 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
         return None;
     };
     let mut lines = Vec::new();
-    let mut json_names = std::collections::HashSet::new();
+    let mut clash_keys = std::collections::HashSet::new();
     // prost gives a field without a tag the one after the previous field's.
     let mut next_tag = 1;
     for field in &named.named {
         let name = syn::ext::IdentExt::unraw(field.ident.as_ref()?).to_string();
-        // protoc takes ASCII names only, and refuses two fields with one JSON name.
-        if !name.is_ascii() || !json_names.insert(json_name(&name)) {
+        // protoc takes ASCII names only, and refuses two fields whose names clash.
+        if !name.is_ascii() || !clash_keys.insert(clash_key(&name)) {
             return None;
         }
         let mut prost = field.attrs.iter().filter(|a| a.path().is_ident("prost"));
@@ -67,10 +68,10 @@ pub(crate) fn schema(message: &Ident, fields: &Fields) -> Option<String> {
     Some(text)
 }
 
-/// What two fields must not share for protoc: its JSON name (`order_id` is `orderId`),
-/// and, as protoc up to 3.20 compared them, lowercased without underscores (so `foo_bar`
-/// and `foobar` clash too).
-fn json_name(name: &str) -> String {
+/// What two fields must not share for protoc: the name lowercased without underscores,
+/// as protoc up to 3.20 compared them (`foo_bar` and `foobar` clash), which covers the
+/// JSON names later versions compare (`order_id` is `orderId`).
+fn clash_key(name: &str) -> String {
     name.chars()
         .filter(|c| *c != '_')
         .map(|c| c.to_ascii_lowercase())
