@@ -29,16 +29,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 
 def schema_of(document_path, event_type):
-    with open(document_path) as f:
-        document = json.load(f)
-    for message in document["components"]["messages"].values():
-        if message.get("x-outbox-event-type") == event_type:
-            payload = message.get("payload") or {}
-            schema_format = payload.get("schemaFormat", "(none)")
-            if not schema_format.startswith("application/vnd.apache.avro"):
-                sys.exit(f"{event_type}: the payload's schemaFormat is {schema_format}, not Avro")
-            return payload["schema"]
-    sys.exit(f"no message of event type {event_type} in {document_path}")
+    return brokers_.payload_schema(document_path, event_type, "application/vnd.apache.avro", "Avro")
 
 
 def text(value):

@@ -1,9 +1,28 @@
 """What the interop decoders share: each broker's messages, read with the broker's own
 Python client (kafka-python, nats-py, pika), as (headers, body) with the client's view
-of the message for decoders that need more (a Kafka record, a pika properties object).
+of the message for decoders that need more (a Kafka record, a pika properties object);
+and an event type's payload schema from an AsyncAPI document.
 """
 
+import json
+import sys
 import time
+
+
+def payload_schema(document_path, event_type, schema_format, what):
+    """The `schema` of the payload the AsyncAPI document (JSON) gives the message whose
+    `x-outbox-event-type` is `event_type`; exits, saying why, when that message is
+    missing or its `schemaFormat` does not start with `schema_format` (`what` names it)."""
+    with open(document_path) as f:
+        document = json.load(f)
+    for message in document["components"]["messages"].values():
+        if message.get("x-outbox-event-type") == event_type:
+            payload = message.get("payload") or {}
+            found = payload.get("schemaFormat", "(none)")
+            if not found.startswith(schema_format):
+                sys.exit(f"{event_type}: the payload's schemaFormat is {found}, not {what}")
+            return payload["schema"]
+    sys.exit(f"no message of event type {event_type} in {document_path}")
 
 
 def kafka_records(brokers, topic, count, timeout=60):

@@ -29,16 +29,7 @@ from grpc_tools import protoc
 
 
 def schema_of(document_path, event_type):
-    with open(document_path) as f:
-        document = json.load(f)
-    for message in document["components"]["messages"].values():
-        if message.get("x-outbox-event-type") == event_type:
-            payload = message.get("payload") or {}
-            schema_format = payload.get("schemaFormat", "(none)")
-            if not schema_format.startswith("application/vnd.google.protobuf"):
-                sys.exit(f"{event_type}: the payload's schemaFormat is {schema_format}, not Protobuf")
-            return payload["schema"]
-    sys.exit(f"no message of event type {event_type} in {document_path}")
+    return brokers_.payload_schema(document_path, event_type, "application/vnd.google.protobuf", "Protobuf")
 
 
 def message_class(proto_text):

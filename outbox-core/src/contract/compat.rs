@@ -328,33 +328,24 @@ fn compare_event(
     }
 }
 
-/// The Avro schema of a payload that AsyncAPI's multi-format schema object gives as one
-/// (`schemaFormat` `application/vnd.apache.avro...`).
-fn avro_schema(payload: &Value) -> Option<&Value> {
+/// The schema of a payload that AsyncAPI's multi-format schema object gives in a format
+/// whose `schemaFormat` starts with `format` (case aside).
+fn schema_of<'v>(payload: &'v Value, format: &str) -> Option<&'v Value> {
     payload
         .get("schemaFormat")
         .and_then(Value::as_str)
-        .filter(|f| {
-            f.trim()
-                .to_ascii_lowercase()
-                .starts_with("application/vnd.apache.avro")
-        })
+        .filter(|f| f.trim().to_ascii_lowercase().starts_with(format))
         .and(payload.get("schema"))
 }
 
-/// The `.proto` text of a payload that AsyncAPI's multi-format schema object gives as
-/// one (`schemaFormat` `application/vnd.google.protobuf...`).
+/// An Avro schema (`schemaFormat` `application/vnd.apache.avro...`).
+fn avro_schema(payload: &Value) -> Option<&Value> {
+    schema_of(payload, "application/vnd.apache.avro")
+}
+
+/// A `.proto` text (`schemaFormat` `application/vnd.google.protobuf...`).
 fn proto_schema(payload: &Value) -> Option<&str> {
-    payload
-        .get("schemaFormat")
-        .and_then(Value::as_str)
-        .filter(|f| {
-            f.trim()
-                .to_ascii_lowercase()
-                .starts_with("application/vnd.google.protobuf")
-        })
-        .and(payload.get("schema"))
-        .and_then(Value::as_str)
+    schema_of(payload, "application/vnd.google.protobuf").and_then(Value::as_str)
 }
 
 /// A payload's schema format, for a report: `JSON Schema` when it names none.

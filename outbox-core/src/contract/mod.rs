@@ -551,22 +551,19 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
         "contentType": e.content_type,
         "headers": message_headers(e, info),
     });
-    match e.schema_in(generator) {
-        // An Avro event's schema, as AsyncAPI's multi-format schema object: what any
-        // Avro library decodes its payloads with.
-        Some(schema) if crate::codec::is_media_type(e.content_type, crate::codec::AVRO) => {
-            message["payload"] = json!({
-                "schemaFormat": crate::codec::AVRO_SCHEMA_FORMAT,
-                "schema": schema,
-            });
-        }
-        // A Protobuf event's `.proto` (the derive wrote it from the fields' prost
-        // attributes): what protoc, and so every Protobuf runtime, reads.
-        Some(schema) if crate::codec::is_media_type(e.content_type, crate::codec::PROTOBUF) => {
-            message["payload"] = json!({
-                "schemaFormat": crate::codec::PROTOBUF_SCHEMA_FORMAT,
-                "schema": schema,
-            });
+    // An Avro or Protobuf event's schema, as AsyncAPI's multi-format schema object:
+    // what any Avro library, or protoc, reads its payloads with (the Protobuf one is the
+    // `.proto` the derive wrote from the fields' prost attributes).
+    let format = [
+        (crate::codec::AVRO, crate::codec::AVRO_SCHEMA_FORMAT),
+        (crate::codec::PROTOBUF, crate::codec::PROTOBUF_SCHEMA_FORMAT),
+    ]
+    .into_iter()
+    .find(|(content_type, _)| crate::codec::is_media_type(e.content_type, content_type))
+    .map(|(_, format)| format);
+    match (e.schema_in(generator), format) {
+        (Some(schema), Some(format)) => {
+            message["payload"] = json!({ "schemaFormat": format, "schema": schema });
         }
         // A JSON Schema describes JSON only; another codec's payload (a Protobuf message
         // with fields defined elsewhere, bytes) is opaque here: the document says its
@@ -574,8 +571,8 @@ fn message(e: &EventInfo, name: &str, generator: &mut SchemaGen, info: &Info) ->
         _ if !crate::payload::is_json(e.content_type) => {
             message["x-outbox-schema"] = json!("opaque");
         }
-        Some(schema) => message["payload"] = schema,
-        None => message["x-outbox-schema"] = json!("missing"),
+        (Some(schema), None) => message["payload"] = schema,
+        (None, _) => message["x-outbox-schema"] = json!("missing"),
     }
     if let Some(key) = e.key {
         message["x-outbox-key"] = json!(key);

@@ -364,16 +364,8 @@ fn register(
     // The schema, found through `schemars::JsonSchema` when the type implements it
     // (autoref: the bounded impl is tried first). A generic type has no one schema.
     let generic = !input.generics.params.is_empty();
-    let avro = input
-        .attrs
-        .codec
-        .as_ref()
-        .is_some_and(|c| c.value == Codec::Avro);
-    let protobuf = input
-        .attrs
-        .codec
-        .as_ref()
-        .is_some_and(|c| c.value == Codec::Protobuf);
+    let codec = input.attrs.codec.as_ref().map(|c| c.value);
+    let (avro, protobuf) = (codec == Some(Codec::Avro), codec == Some(Codec::Protobuf));
     let proto = match &input.data {
         Data::Struct(fields) if protobuf => super::proto::schema(ident, fields),
         _ => None,
